@@ -1,0 +1,85 @@
+// core/math: the numeric kernels every layer of the engine uses.
+//
+// Each function dispatches at run time (first call reads CPUID) to the best
+// implementation this CPU supports: AVX-512, AVX2+FMA, or portable scalar.
+// CORTIQ_ISA=scalar|avx2|avx512 in the environment caps the choice (tests use
+// it to check every path against the float64 reference).
+//
+// All functions are thread-compatible: they touch only their arguments.
+// Pointers need no particular alignment. Lengths are element counts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cortiq::util {
+class ThreadPool;
+}
+
+namespace cortiq::math {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// The ISA the dispatcher selected for this process.
+Isa ActiveIsa();
+const char* IsaName(Isa isa);
+
+// ---- Level 1 (f32) ----
+// sum_i a[i] * b[i], f32 accumulation.
+float Dot(const float* a, const float* b, size_t n);
+// y[i] += alpha * x[i]
+void Axpy(float alpha, const float* x, float* y, size_t n);
+// x[i] *= alpha
+void Scale(float* x, float alpha, size_t n);
+
+// ---- int8 rows (KV cache) ----
+// sum_i a[i] * float(b[i]), f32 accumulation (caller applies the row scale).
+float DotI8(const float* a, const int8_t* b, size_t n);
+// y[i] += alpha * float(x[i])
+void AxpyI8(float alpha, const int8_t* x, float* y, size_t n);
+// Symmetric per-row quantisation: scale = max|x| / 127, q[i] = round(x[i] / scale).
+// Returns the scale (0 for an all-zero row, with q all zero).
+float QuantizeRowI8(const float* x, int8_t* q, size_t n);
+
+// ---- Normalisation / activation ----
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i]; out may alias x.
+void RmsNorm(const float* x, const float* weight, float eps, size_t n, float* out);
+// In-place numerically stable softmax over x[0..n).
+void Softmax(float* x, size_t n);
+// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
+void SwiGlu(const float* gate, const float* up, size_t n, float* out);
+
+// ---- RoPE (rotate-half / NeoX layout, as Qwen and Llama use) ----
+// x is [head_dim]; pairs (i, i + head_dim/2) rotate by angle pos * inv_freq[i].
+// cos/sin are [head_dim / 2] tables for this position.
+void RopeRotateHalf(float* x, size_t head_dim, const float* cos, const float* sin);
+
+// ---- Matrix products ----
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+size_t DTypeSize(DType t);
+const char* DTypeName(DType t);
+
+// A weight matrix in the nn.Linear layout: [rows = out_features][cols =
+// in_features], row-major, dense (row stride == cols). Not owned (typically a
+// view into a memory-mapped checkpoint).
+struct WeightView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  size_t rows = 0;
+  size_t cols = 0;
+};
+
+// y[b][r] = sum_c x[b][c] * W[r][c] for b < batch: x is [batch][W.cols], y is
+// [batch][W.rows]. Reads W once for the whole batch (decode of B sequences);
+// for large batches (prefill) it runs a blocked GEMM. Parallel over rows of W
+// on `pool` (nullptr = single-threaded).
+void MatMul(const float* x, size_t batch, const WeightView& w, float* y,
+            util::ThreadPool* pool);
+
+// Conversions.
+float Bf16ToF32(uint16_t h);
+uint16_t F32ToBf16(float f);  // round to nearest even
+float F16ToF32(uint16_t h);
+uint16_t F32ToF16(float f);  // round to nearest even
+void ConvertToF32(const void* src, DType dtype, size_t n, float* dst);
+
+}  // namespace cortiq::math
