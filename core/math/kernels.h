@@ -7,6 +7,12 @@
 //
 // All functions are thread-compatible: they touch only their arguments.
 // Pointers need no particular alignment. Lengths are element counts.
+//
+// Determinism: for a given ISA every kernel is a pure function of its input
+// values: the order of floating-point operations depends on the lengths only,
+// never on pointer alignment or thread count, so two code paths that call the
+// same kernel on equal inputs get bit-equal results. (MatMul: see there for
+// how the batch size enters.)
 #pragma once
 
 #include <cstddef>
@@ -21,7 +27,14 @@ namespace cortiq::math {
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 // The ISA the dispatcher selected for this process.
 Isa ActiveIsa();
+// The best ISA this CPU supports (ignores CORTIQ_ISA).
+Isa DetectedIsa();
 const char* IsaName(Isa isa);
+// Tests and benchmarks only: switches every kernel to min(isa, DetectedIsa())
+// and returns the ISA now active. Not synchronised with kernels running on
+// other threads (they may finish on the old ISA); results of a kernel are
+// deterministic only for a fixed ISA.
+Isa SetIsaForTesting(Isa isa);
 
 // ---- Level 1 (f32) ----
 // sum_i a[i] * b[i], f32 accumulation.
@@ -36,14 +49,16 @@ void Scale(float* x, float alpha, size_t n);
 float DotI8(const float* a, const int8_t* b, size_t n);
 // y[i] += alpha * float(x[i])
 void AxpyI8(float alpha, const int8_t* x, float* y, size_t n);
-// Symmetric per-row quantisation: scale = max|x| / 127, q[i] = round(x[i] / scale).
-// Returns the scale (0 for an all-zero row, with q all zero).
+// Symmetric per-row quantisation: scale = max|x| / 127, q[i] = round(x[i] / scale)
+// (round half to even, so q is in [-127, 127]). Returns the scale (0 for an
+// all-zero row, with q all zero).
 float QuantizeRowI8(const float* x, int8_t* q, size_t n);
 
 // ---- Normalisation / activation ----
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i]; out may alias x.
 void RmsNorm(const float* x, const float* weight, float eps, size_t n, float* out);
-// In-place numerically stable softmax over x[0..n).
+// In-place numerically stable softmax over x[0..n). -inf entries (masked
+// scores) get exactly 0; a row that is all -inf becomes uniform 1/n.
 void Softmax(float* x, size_t n);
 // out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
 void SwiGlu(const float* gate, const float* up, size_t n, float* out);
@@ -71,9 +86,23 @@ struct WeightView {
 // y[b][r] = sum_c x[b][c] * W[r][c] for b < batch: x is [batch][W.cols], y is
 // [batch][W.rows]. Reads W once for the whole batch (decode of B sequences);
 // for large batches (prefill) it runs a blocked GEMM. Parallel over rows of W
-// on `pool` (nullptr = single-threaded).
-void MatMul(const float* x, size_t batch, const WeightView& w, float* y,
-            util::ThreadPool* pool);
+// on `pool` (nullptr = single-threaded). x and y must not overlap.
+//
+// Cost: decode (batch < kMatMulGemmMinBatch) streams W once, converting
+// bf16/f16 in registers, at close to memory bandwidth for small batches; the
+// packed GEMM (AVX2/AVX-512 only) runs at ~75% of FMA peak per core. Scratch
+// lives in thread-local buffers that grow to the largest call and are then
+// reused (no allocation per call after warm-up), so concurrent calls from
+// different threads are safe.
+//
+// Batch invariance: below kMatMulGemmMinBatch (and at any batch on the scalar
+// ISA), row y[b] is bit-equal to what a batch-1 call on x[b] returns, so a
+// sequence decodes the same tokens alone or in a continuous batch. The GEMM
+// sums in another order: its rows differ from decode in the last bits.
+void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::ThreadPool* pool);
+// Batches of at least this many rows take the packed GEMM path (measured
+// crossover on AVX-512: below it, packing W costs more than the GEMM saves).
+inline constexpr size_t kMatMulGemmMinBatch = 64;
 
 // Conversions.
 float Bf16ToF32(uint16_t h);
@@ -81,5 +110,7 @@ uint16_t F32ToBf16(float f);  // round to nearest even
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);  // round to nearest even
 void ConvertToF32(const void* src, DType dtype, size_t n, float* dst);
+// dst[i] = src[i] in dtype (round to nearest even; NaN stays NaN).
+void ConvertFromF32(const float* src, DType dtype, size_t n, void* dst);
 
 }  // namespace cortiq::math

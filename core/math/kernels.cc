@@ -1,0 +1,442 @@
+// Portable scalar kernels, the run-time dispatcher and the public entry points
+// of kernels.h. The scalar code is the reference the SIMD files must agree
+// with (within rounding), and the fallback on CPUs without AVX2.
+#include "core/math/kernels.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "core/math/kernels_internal.h"
+
+namespace cortiq::math {
+namespace {
+
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// ---- Level 1 ----
+// Eight partial sums in a fixed order: the order depends on n only.
+float ScalarDot(const float* a, const float* b, size_t n) {
+  float acc[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+void ScalarAxpy(float alpha, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void ScalarScale(float* x, float alpha, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] *= alpha;
+}
+
+float ScalarDotI8(const float* a, const int8_t* b, size_t n) {
+  float acc[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * static_cast<float>(b[i + j]);
+  }
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * static_cast<float>(b[i]);
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+void ScalarAxpyI8(float alpha, const int8_t* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += alpha * static_cast<float>(x[i]);
+}
+
+// Round half to even for |v| < 2^22 (what the SIMD conversions do).
+float RoundEven(float v) { return (v + internal::kRoundMagic) - internal::kRoundMagic; }
+
+float ScalarQuantizeRowI8(const float* x, int8_t* q, size_t n) {
+  float amax = 0.0f;
+  for (size_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  if (!(amax > 0.0f)) {
+    std::memset(q, 0, n);
+    return 0.0f;
+  }
+  float scale = amax / 127.0f;
+  for (size_t i = 0; i < n; ++i) {
+    float v = RoundEven(x[i] / scale);
+    v = std::fmin(127.0f, std::fmax(-127.0f, v));
+    q[i] = static_cast<int8_t>(v);
+  }
+  return scale;
+}
+
+// ---- Normalisation / activation ----
+void ScalarRmsNorm(const float* x, const float* weight, float eps, size_t n, float* out) {
+  if (n == 0) return;
+  float acc[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += x[i + j] * x[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) acc[j] += x[i] * x[i];
+  float ss = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (size_t k = 0; k < n; ++k) out[k] = (x[k] * inv) * weight[k];
+}
+
+// exp(x) by the shared polynomial (kernels_internal.h).
+float ExpPoly(float x) {
+  using namespace internal;      // NOLINT(google-build-using-namespace): constants
+  if (x < kExpMin) return 0.0f;  // written so NaN falls through unchanged
+  if (x > kExpMax) x = kExpMax;
+  float n = (x * kExpLog2e + kRoundMagic) - kRoundMagic;
+  float r = x - n * kExpLn2Hi;
+  r = r - n * kExpLn2Lo;
+  float p = kExpP0;
+  p = p * r + kExpP1;
+  p = p * r + kExpP2;
+  p = p * r + kExpP3;
+  p = p * r + kExpP4;
+  p = p * r + kExpP5;
+  p = p * (r * r) + r + 1.0f;
+  if (std::isnan(p)) return p;
+  int ni = static_cast<int>(n);
+  int n1 = ni >> 1;  // arithmetic shift: floor(n / 2)
+  int n2 = ni - n1;
+  float s1 = BitsFloat(static_cast<uint32_t>(n1 + 127) << 23);
+  float s2 = BitsFloat(static_cast<uint32_t>(n2 + 127) << 23);
+  return (p * s1) * s2;
+}
+
+void ScalarSoftmax(float* x, size_t n) {
+  if (n == 0) return;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < n; ++i) mx = std::fmax(mx, x[i]);
+  if (mx == -std::numeric_limits<float>::infinity()) {
+    for (size_t i = 0; i < n; ++i) x[i] = 1.0f / static_cast<float>(n);
+    return;
+  }
+  float acc[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) {
+      x[i + j] = ExpPoly(x[i + j] - mx);
+      acc[j] += x[i + j];
+    }
+  }
+  for (int j = 0; i < n; ++i, ++j) {
+    x[i] = ExpPoly(x[i] - mx);
+    acc[j] += x[i];
+  }
+  float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  float inv = 1.0f / sum;
+  for (size_t k = 0; k < n; ++k) x[k] *= inv;
+}
+
+void ScalarSwiGlu(const float* gate, const float* up, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    float g = gate[i];
+    out[i] = g / (1.0f + ExpPoly(-g)) * up[i];
+  }
+}
+
+void ScalarRope(float* x, size_t head_dim, const float* cos, const float* sin) {
+  size_t half = head_dim / 2;
+  float* x1 = x + half;
+  for (size_t i = 0; i < half; ++i) {
+    float a = x[i], b = x1[i];
+    x[i] = a * cos[i] - b * sin[i];
+    x1[i] = b * cos[i] + a * sin[i];
+  }
+}
+
+void ScalarConvertToF32(const void* src, DType dtype, size_t n, float* dst) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memmove(dst, src, n * sizeof(float));
+      return;
+    case DType::kBF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
+      return;
+    }
+    case DType::kF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
+      return;
+    }
+  }
+}
+
+void ScalarConvertFromF32(const float* src, DType dtype, size_t n, void* dst) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memmove(dst, src, n * sizeof(float));
+      return;
+    case DType::kBF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = F32ToBf16(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i]);
+      return;
+    }
+  }
+}
+
+// ---- Decode MatMul ----
+// Converts W a block of columns at a time into a stack buffer and accumulates
+// per-block dot products into y, so a row's result never depends on batch.
+void ScalarGemv(const internal::GemvArgs& a, size_t row_begin, size_t row_end) {
+  constexpr size_t kBlock = 256;
+  float wbuf[kBlock];
+  const size_t esize = DTypeSize(a.dtype);
+  const char* w = static_cast<const char*>(a.w);
+  for (size_t r = row_begin; r < row_end; ++r) {
+    for (size_t b = 0; b < a.batch; ++b) a.y[b * a.rows + r] = 0.0f;
+    for (size_t c0 = 0; c0 < a.cols; c0 += kBlock) {
+      size_t len = a.cols - c0 < kBlock ? a.cols - c0 : kBlock;
+      ScalarConvertToF32(w + (r * a.cols + c0) * esize, a.dtype, len, wbuf);
+      for (size_t b = 0; b < a.batch; ++b) {
+        a.y[b * a.rows + r] += ScalarDot(wbuf, a.x + b * a.x_stride + c0, len);
+      }
+    }
+  }
+}
+
+uint64_t ScalarReadStream(const void* p, size_t bytes) {
+  const uint64_t* q = static_cast<const uint64_t*>(p);
+  uint64_t acc[4] = {};
+  for (size_t i = 0; i + 4 <= bytes / 8; i += 4) {
+    for (int j = 0; j < 4; ++j) acc[j] ^= q[i + j];
+  }
+  return acc[0] ^ acc[1] ^ acc[2] ^ acc[3];
+}
+
+double ScalarFmaLoop(uint64_t iters) {
+  float acc[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const float m = 0.999f, c = 0.001f;
+  for (uint64_t it = 0; it < iters; ++it) {
+    for (int j = 0; j < 8; ++j) acc[j] = acc[j] * m + c;
+  }
+  volatile float sink = acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+  (void)sink;
+  return 2.0 * 8.0 * static_cast<double>(iters);
+}
+
+const internal::KernelTable kScalar = {
+    .isa = Isa::kScalar,
+    .dot = ScalarDot,
+    .axpy = ScalarAxpy,
+    .scale = ScalarScale,
+    .dot_i8 = ScalarDotI8,
+    .axpy_i8 = ScalarAxpyI8,
+    .quantize_row_i8 = ScalarQuantizeRowI8,
+    .rms_norm = ScalarRmsNorm,
+    .softmax = ScalarSoftmax,
+    .swiglu = ScalarSwiGlu,
+    .rope_rotate_half = ScalarRope,
+    .convert_to_f32 = ScalarConvertToF32,
+    .convert_from_f32 = ScalarConvertFromF32,
+    .gemv_col_block = 1,
+    .gemv_bf16_even_odd = false,
+    .gemv_pack_x = nullptr,
+    .gemv = ScalarGemv,
+    .gemm_mr = 0,
+    .gemm_nr = 0,
+    .gemm_kc = 0,
+    .gemm_nc = 0,
+    .gemm_pack_x = nullptr,
+    .gemm = nullptr,
+    .read_stream = ScalarReadStream,
+    .fma_loop = ScalarFmaLoop,
+};
+
+// ---- Dispatch ----
+Isa Detect() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (internal::Avx512Table() != nullptr && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma")) {
+    return Isa::kAvx512;
+  }
+  // F16C has no __builtin_cpu_supports name in GCC 12; every CPU with AVX2
+  // and FMA (Haswell, Zen and later) has it.
+  if (internal::Avx2Table() != nullptr && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma")) {
+    return Isa::kAvx2;
+  }
+#endif
+  return Isa::kScalar;
+}
+
+Isa CapFromEnv(Isa detected) {
+  const char* env = std::getenv("CORTIQ_ISA");
+  if (env == nullptr || *env == '\0') return detected;
+  Isa want = detected;
+  if (std::strcmp(env, "scalar") == 0) want = Isa::kScalar;
+  if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
+  if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
+  return static_cast<int>(want) < static_cast<int>(detected) ? want : detected;
+}
+
+std::atomic<const internal::KernelTable*> g_active{nullptr};
+
+const internal::KernelTable& InitActive() {
+  const internal::KernelTable* t = &internal::TableFor(CapFromEnv(DetectedIsa()));
+  g_active.store(t, std::memory_order_release);
+  return *t;
+}
+
+}  // namespace
+
+namespace internal {
+
+const KernelTable& ScalarTable() { return kScalar; }
+
+const KernelTable& TableFor(Isa isa) {
+  if (isa == Isa::kAvx512 && Avx512Table() != nullptr) return *Avx512Table();
+  if (isa != Isa::kScalar && Avx2Table() != nullptr) return *Avx2Table();
+  return kScalar;
+}
+
+const KernelTable& Active() {
+  const KernelTable* t = g_active.load(std::memory_order_acquire);
+  if (t != nullptr) [[likely]]
+    return *t;
+  return InitActive();
+}
+
+}  // namespace internal
+
+Isa DetectedIsa() {
+  static const Isa detected = Detect();
+  return detected;
+}
+
+Isa ActiveIsa() { return internal::Active().isa; }
+
+Isa SetIsaForTesting(Isa isa) {
+  Isa capped = static_cast<int>(isa) < static_cast<int>(DetectedIsa()) ? isa : DetectedIsa();
+  const internal::KernelTable* t = &internal::TableFor(capped);
+  g_active.store(t, std::memory_order_release);
+  return t->isa;
+}
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+  }
+  return "unknown";
+}
+
+float Dot(const float* a, const float* b, size_t n) { return internal::Active().dot(a, b, n); }
+void Axpy(float alpha, const float* x, float* y, size_t n) {
+  internal::Active().axpy(alpha, x, y, n);
+}
+void Scale(float* x, float alpha, size_t n) { internal::Active().scale(x, alpha, n); }
+float DotI8(const float* a, const int8_t* b, size_t n) {
+  return internal::Active().dot_i8(a, b, n);
+}
+void AxpyI8(float alpha, const int8_t* x, float* y, size_t n) {
+  internal::Active().axpy_i8(alpha, x, y, n);
+}
+float QuantizeRowI8(const float* x, int8_t* q, size_t n) {
+  return internal::Active().quantize_row_i8(x, q, n);
+}
+void RmsNorm(const float* x, const float* weight, float eps, size_t n, float* out) {
+  internal::Active().rms_norm(x, weight, eps, n, out);
+}
+void Softmax(float* x, size_t n) { internal::Active().softmax(x, n); }
+void SwiGlu(const float* gate, const float* up, size_t n, float* out) {
+  internal::Active().swiglu(gate, up, n, out);
+}
+void RopeRotateHalf(float* x, size_t head_dim, const float* cos, const float* sin) {
+  internal::Active().rope_rotate_half(x, head_dim, cos, sin);
+}
+void ConvertToF32(const void* src, DType dtype, size_t n, float* dst) {
+  internal::Active().convert_to_f32(src, dtype, n, dst);
+}
+void ConvertFromF32(const float* src, DType dtype, size_t n, void* dst) {
+  internal::Active().convert_from_f32(src, dtype, n, dst);
+}
+
+// ---- Scalar conversions (exact; the SIMD paths match them bit for bit) ----
+float Bf16ToF32(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+
+uint16_t F32ToBf16(float f) {
+  uint32_t b = FloatBits(f);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u)
+    return static_cast<uint16_t>((b >> 16) | 0x40u);  // quiet NaN
+  b += 0x7FFFu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+float F16ToF32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1Fu;
+  uint32_t m = h & 0x3FFu;
+  if (e == 0) {
+    // Zero or subnormal: m * 2^-24, exact in f32.
+    float v = static_cast<float>(m) * 5.9604644775390625e-8f;
+    return BitsFloat(FloatBits(v) | sign);
+  }
+  if (e == 31) {  // inf, or NaN made quiet (as F16C does)
+    return BitsFloat(sign | 0x7F800000u | (m << 13) | (m != 0 ? 0x400000u : 0u));
+  }
+  return BitsFloat(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+uint16_t F32ToF16(float f) {
+  uint32_t b = FloatBits(f);
+  uint32_t sign = (b >> 16) & 0x8000u;
+  uint32_t a = b & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: inf
+  if (a < 0x38800000u) {                                               // below 2^-14
+    if (a <= 0x33000000u) return static_cast<uint16_t>(sign);          // <= 2^-25: 0
+    uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 126u - (a >> 23);  // 14..24
+    uint32_t q = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t t = a - 0x38000000u;  // rebias the exponent from 127 to 15
+  t += 0xFFFu + ((t >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (t >> 13));
+}
+
+}  // namespace cortiq::math

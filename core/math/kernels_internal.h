@@ -1,0 +1,131 @@
+// core/math/kernels_internal.h: the per-ISA dispatch table behind kernels.h.
+// Internal to core/math (and its tests); callers use kernels.h.
+//
+// One KernelTable per ISA, each a constant with static storage: the scalar one
+// in kernels.cc, the AVX2 one in kernels_avx2.cc, the AVX-512 one in
+// kernels_avx512.cc. kernels.cc picks one at first use (CPUID, capped by
+// CORTIQ_ISA) and every public function forwards through it.
+//
+// Why this header holds only declarations, plain aggregates and constants: it
+// is included by translation units compiled with -mavx2 / -mavx512f. An inline
+// function (or an implicit constructor) defined here and emitted out of line in
+// such a unit is a weak symbol the linker may pick for the whole program, and
+// the AVX-512 copy would then run on a CPU without AVX-512. So: no inline code
+// here, and the ISA files use no std:: templates (containers, algorithms).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/math/kernels.h"
+
+namespace cortiq::math::internal {
+
+// Decode-path matrix product over a range of W rows. x has been packed by the
+// table's gemv_pack_x (zero-padded to x_stride, possibly permuted: see there).
+struct GemvArgs {
+  const float* x;   // [batch][x_stride], packed
+  size_t x_stride;  // floats between batch rows of x (a multiple of gemv_col_block)
+  size_t batch;
+  const void* w;  // [rows][cols] of dtype, row-major, unaligned
+  DType dtype;
+  size_t rows;
+  size_t cols;
+  float* y;  // [batch][rows]
+};
+
+// Prefill-path matrix product (blocked GEMM) over a range of W rows (N).
+struct GemmArgs {
+  const float* xp;  // x packed by gemm_pack_x: [ceil(m / mr)][k][mr], zero-padded
+  size_t m;         // batch rows of x and y
+  const void* w;    // [n][k] of dtype
+  DType dtype;
+  size_t n;  // rows of W = columns of y
+  size_t k;  // cols of W = cols of x
+  float* y;  // [m][n]
+};
+
+struct KernelTable {
+  Isa isa;
+
+  // Level 1 and friends: exactly the kernels.h contracts.
+  float (*dot)(const float* a, const float* b, size_t n);
+  void (*axpy)(float alpha, const float* x, float* y, size_t n);
+  void (*scale)(float* x, float alpha, size_t n);
+  float (*dot_i8)(const float* a, const int8_t* b, size_t n);
+  void (*axpy_i8)(float alpha, const int8_t* x, float* y, size_t n);
+  float (*quantize_row_i8)(const float* x, int8_t* q, size_t n);
+  void (*rms_norm)(const float* x, const float* weight, float eps, size_t n, float* out);
+  void (*softmax)(float* x, size_t n);
+  void (*swiglu)(const float* gate, const float* up, size_t n, float* out);
+  void (*rope_rotate_half)(float* x, size_t head_dim, const float* cos, const float* sin);
+  void (*convert_to_f32)(const void* src, DType dtype, size_t n, float* dst);
+  void (*convert_from_f32)(const float* src, DType dtype, size_t n, void* dst);
+
+  // ---- Decode (GEMV over a small batch) ----
+  // x rows are packed into blocks of gemv_col_block floats, zero-padded at the
+  // end. For bf16 weights with gemv_bf16_even_odd, each block holds first the
+  // even-indexed then the odd-indexed elements of its columns, so the kernel
+  // widens bf16 pairs with one shift and one AND instead of a shuffle.
+  size_t gemv_col_block;
+  bool gemv_bf16_even_odd;
+  // Packs x [batch][cols] into out [batch][stride] (stride: cols rounded up to
+  // gemv_col_block), with the even/odd split when `even_odd`. nullptr (scalar
+  // table): the kernel reads x as is, stride = cols.
+  void (*gemv_pack_x)(const float* x, size_t batch, size_t cols, bool even_odd, size_t stride,
+                      float* out);
+  void (*gemv)(const GemvArgs& a, size_t row_begin, size_t row_end);
+
+  // ---- Prefill (packed GEMM); gemm == nullptr: use gemv for every batch ----
+  size_t gemm_mr;  // x rows per micro-tile (broadcast operand)
+  size_t gemm_nr;  // W rows per micro-tile (vector operand); row_begin multiple of it
+  size_t gemm_kc;  // k-block
+  size_t gemm_nc;  // W rows packed at once into the per-thread scratch
+  // Packs x panels [panel_begin, panel_end) into xp (layout in GemmArgs).
+  void (*gemm_pack_x)(const float* x, size_t m, size_t k, float* xp, size_t panel_begin,
+                      size_t panel_end);
+  // y[:, row_begin:row_end] = x . W[row_begin:row_end]^T. scratch holds at
+  // least gemm_kc * gemm_nc floats, 64-byte aligned, owned by the calling thread.
+  void (*gemm)(const GemmArgs& a, size_t row_begin, size_t row_end, float* scratch);
+
+  // ---- Benchmark helpers (bench_util.h) ----
+  // Reads [p, p + bytes) with full-width loads; returns a value that depends
+  // on every byte so the loads cannot be optimised away. bytes % 256 == 0.
+  uint64_t (*read_stream)(const void* p, size_t bytes);
+  // Runs `iters` iterations of a register-only FMA loop; returns the flops done.
+  double (*fma_loop)(uint64_t iters);
+};
+
+const KernelTable& ScalarTable();
+// Defined in kernels_avx2.cc / kernels_avx512.cc (always built on x86-64);
+// the dispatcher treats nullptr as "not available".
+const KernelTable* Avx2Table();
+const KernelTable* Avx512Table();
+
+// The table for an ISA (falls back to the next lower compiled one).
+const KernelTable& TableFor(Isa isa);
+// The table in use (ActiveIsa()).
+const KernelTable& Active();
+
+// Shared polynomial for exp (Cephes expf, |rel err| < 2 ulp on the reduced
+// range), so every ISA computes Softmax / SwiGlu the same way.
+inline constexpr float kExpLog2e = 1.44269504088896341f;
+inline constexpr float kExpLn2Hi = 0.693359375f;
+inline constexpr float kExpLn2Lo = -2.12194440e-4f;
+inline constexpr float kExpP0 = 1.9875691500e-4f;
+inline constexpr float kExpP1 = 1.3981999507e-3f;
+inline constexpr float kExpP2 = 8.3334519073e-3f;
+inline constexpr float kExpP3 = 4.1665795894e-2f;
+inline constexpr float kExpP4 = 1.6666665459e-1f;
+inline constexpr float kExpP5 = 5.0000001201e-1f;
+// Below kExpMin = ln(FLT_MIN) the result is exactly 0: no subnormal outputs,
+// which cost a microcode assist per operation on Intel cores and happen a lot
+// in softmax over masked / far-below-max scores. Above kExpMax the result
+// overflows to +inf; the scale 2^n is applied as two factors so n up to 129
+// never needs an out-of-range exponent field.
+inline constexpr float kExpMin = -87.33654475f;
+inline constexpr float kExpMax = 89.0f;
+// Adding then subtracting 1.5 * 2^23 rounds to nearest-even on every ISA.
+inline constexpr float kRoundMagic = 12582912.0f;
+
+}  // namespace cortiq::math::internal

@@ -1,0 +1,20 @@
+// Small POSIX file helpers shared by the checkpoint loaders (config.json,
+// model.safetensors.index.json). Internal to core/model.
+//
+// Errors name the path: unreadable -> the errno's code (NOT_FOUND for ENOENT,
+// PERMISSION_DENIED, ...); larger than `max_bytes` -> INVALID_ARGUMENT.
+// Thread-compatible: touches only its arguments.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace cortiq::model {
+
+// The whole file as bytes. `max_bytes` guards against reading a multi-GB file
+// where a small JSON document is expected.
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes);
+
+}  // namespace cortiq::model

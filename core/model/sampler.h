@@ -1,0 +1,163 @@
+// Sampler: turns one step's logits into a token id -- greedy, temperature,
+// top-k, top-p, min-p, repetition penalty -- deterministically for a seed, with
+// its whole state (parameters, RNG words, sample count) serialisable so that a
+// continued or migrated session samples exactly what it would have.
+//
+// Pipeline of Sample(), in this order (that of Hugging Face's warpers):
+//   1. repetition penalty on raw logits, once per distinct id in `history`
+//      (HF: logit > 0 -> logit / penalty, else logit * penalty);
+//   2. temperature == 0 -> greedy: argmax, lowest id on ties; no RNG draw;
+//   3. x = logit / temperature;
+//   4. top-k: keep the k largest (ties broken by lower id);
+//   5. top-p: keep the shortest prefix of the kept tokens, in descending order
+//      (ties by lower id), whose probability mass reaches top_p (always >= 1
+//      token);
+//   6. min-p: of those, keep tokens whose probability is >= min_p x the top
+//      token's probability;
+//   7. draw u in [0, 1) (one RNG word) and pick by inverse CDF over the kept
+//      tokens (unnormalised weights exp(x - max), summed in double).
+// Non-finite logits: NaN counts as -inf; if any logit is +inf the lowest such
+// id is returned; if every logit is -inf/NaN, id 0 is returned.
+//
+// Determinism: the RNG is xoshiro256** seeded through splitmix64 (both fully
+// specified, see Rng) and the uniform is u = (word >> 11) * 2^-53, so the random
+// stream is bit-identical on every machine and compiler. The token chosen also
+// depends on the logits (which the math kernels may compute differently on
+// different ISAs) and on std::exp, so bit-identical *tokens* across machines
+// need bit-identical logits; on one build and CPU they are exact.
+//
+// Cost: O(vocab) per call plus O(k log k) for top-k and O(m log m) for top-p
+// where m is the number of tokens the nucleus needed. After the first call (or
+// a vocabulary size change) Sample allocates nothing: scratch buffers sized to
+// the vocabulary are reused.
+//
+// Thread-safety: a Sampler is mutable state owned by one session; not
+// thread-safe. Move-only (its scratch is vocab-sized).
+//
+// Example:
+//   CORTIQ_ASSIGN_OR_RETURN(Sampler s, Sampler::Create(params));
+//   int32_t tok = s.Sample(logits, history);
+//   std::string blob = s.SerializeState();   // ... later, elsewhere:
+//   CORTIQ_ASSIGN_OR_RETURN(Sampler s2, Sampler::Deserialize(blob));
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace cortiq::model {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // >= 0, finite; 0 = greedy
+  int32_t top_k = 0;                // >= 0; 0 = off
+  float top_p = 1.0f;               // (0, 1]; 1 = off
+  float min_p = 0.0f;               // [0, 1]; 0 = off
+  float repetition_penalty = 1.0f;  // > 0, finite; 1 = off
+  uint64_t seed = 0;
+
+  // INVALID_ARGUMENT naming the field and its limit.
+  absl::Status Validate() const;
+  bool operator==(const SamplingParams&) const = default;
+};
+
+// xoshiro256** 1.0 (Blackman & Vigna, https://prng.di.unimi.it/), state seeded
+// with four successive outputs of splitmix64(seed). Fully specified, portable.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed);
+  // Restores a saved state; the all-zero state is invalid (the generator would
+  // stay at zero) -- Deserialize refuses it.
+  explicit Rng(const std::array<uint64_t, 4>& state) : s_(state) {}
+
+  uint64_t Next();
+  // (Next() >> 11) * 2^-53: uniform on [0, 1) with 53 random bits, exact in
+  // IEEE double on any platform.
+  double Uniform();
+  const std::array<uint64_t, 4>& state() const { return s_; }
+
+ private:
+  std::array<uint64_t, 4> s_;
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+struct Logprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;  // descending logprob, ties by lower id
+};
+
+// Log-probabilities of the *model's* distribution at `temperature`:
+// log_softmax(logits / temperature) (temperature 0 is taken as 1, i.e. raw
+// logits), before repetition penalty and before any top-k/top-p/min-p
+// truncation -- so they describe the model, not the sampler's filters.
+// Returns the chosen token's entry and the `top_n` most likely tokens.
+// INVALID_ARGUMENT when logits is empty, chosen is out of range, top_n < 0 or
+// temperature is negative/non-finite. O(vocab log top_n).
+absl::StatusOr<Logprobs> ComputeLogprobs(std::span<const float> logits, float temperature,
+                                         int32_t chosen, int top_n);
+
+class Sampler {
+ public:
+  // INVALID_ARGUMENT when params.Validate() fails.
+  static absl::StatusOr<Sampler> Create(const SamplingParams& params);
+
+  Sampler(Sampler&&) noexcept = default;
+  Sampler& operator=(Sampler&&) noexcept = default;
+  Sampler(const Sampler&) = delete;
+  Sampler& operator=(const Sampler&) = delete;
+
+  // One token id in [0, logits.size()), or -1 when logits is empty. History
+  // ids outside the vocabulary are ignored.
+  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  const SamplingParams& params() const { return params_; }
+  uint64_t samples_drawn() const { return samples_drawn_; }
+  const Rng& rng() const { return rng_; }
+
+  // Versioned little-endian blob (kStateBytes bytes):
+  //   off  0  "CQSM"              magic
+  //   off  4  u32 version         (kStateVersion)
+  //   off  8  f32 temperature     (IEEE-754 bits)
+  //   off 12  i32 top_k
+  //   off 16  f32 top_p
+  //   off 20  f32 min_p
+  //   off 24  f32 repetition_penalty
+  //   off 28  u64 seed
+  //   off 36  u64 rng[4]          xoshiro256** state
+  //   off 68  u64 samples_drawn
+  // Scratch buffers are not state and are not serialised.
+  std::string SerializeState() const;
+  // DATA_LOSS on a wrong length, bad magic, invalid parameters or the all-zero
+  // RNG state; FAILED_PRECONDITION on an unknown version.
+  static absl::StatusOr<Sampler> Deserialize(std::string_view blob);
+
+  static constexpr uint32_t kStateVersion = 1;
+  static constexpr size_t kStateBytes = 76;
+
+ private:
+  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+  void EnsureScratch(size_t vocab);
+  // Index order used everywhere: larger x first, then lower id.
+  bool Before(int32_t a, int32_t b) const;
+
+  SamplingParams params_;
+  Rng rng_;
+  uint64_t samples_drawn_ = 0;
+
+  // Scratch, sized to the vocabulary (not state).
+  std::vector<float> x_;       // (vocab) processed logits
+  std::vector<float> w_;       // (vocab) exp(x - max) for candidates
+  std::vector<int32_t> idx_;   // (vocab) candidate ids
+  std::vector<uint8_t> seen_;  // (vocab) repetition-penalty dedup marks, kept all-zero
+};
+
+}  // namespace cortiq::model

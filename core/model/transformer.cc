@@ -1,0 +1,384 @@
+#include "core/model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+
+namespace cortiq::model {
+namespace {
+
+using math::WeightView;
+
+absl::StatusOr<WeightView> BindMatrix(const Checkpoint& ckpt, const std::string& name,
+                                      int64_t rows, int64_t cols) {
+  const int64_t shape[2] = {rows, cols};
+  CORTIQ_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name, std::span<const int64_t>(shape)));
+  WeightView w;
+  w.data = t.data;
+  w.dtype = t.dtype;
+  w.rows = static_cast<size_t>(rows);
+  w.cols = static_cast<size_t>(cols);
+  return w;
+}
+
+absl::StatusOr<std::vector<float>> BindVector(const Checkpoint& ckpt, const std::string& name,
+                                              int64_t n) {
+  const int64_t shape[1] = {n};
+  CORTIQ_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name, std::span<const int64_t>(shape)));
+  std::vector<float> out(static_cast<size_t>(n));
+  math::ConvertToF32(t.data, t.dtype, out.size(), out.data());
+  return out;
+}
+
+// Per-thread attention scratch: grows to the longest context seen by this
+// thread, then is reused (no allocation per decode step once warm).
+float* ThreadScores(size_t n) {
+  thread_local util::AlignedBuffer<float> buf;
+  if (buf.size() < n) buf.Resize(std::max(n, buf.size() * 2));
+  return buf.data();
+}
+
+void Grow(util::AlignedBuffer<float>& b, size_t n) {
+  if (b.size() < n) b.Resize(n);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- SequenceKv
+
+SequenceKv::SequenceKv(const ModelConfig& config, kv::KvMode mode) : mode_(mode) {
+  layers_.reserve(config.num_hidden_layers);
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    layers_.emplace_back(config.num_key_value_heads, config.head_dim, mode);
+  }
+}
+
+void SequenceKv::Reserve(size_t positions) {
+  for (auto& l : layers_) l.Reserve(positions);
+}
+
+void SequenceKv::TruncateLast(size_t n) {
+  for (auto& l : layers_) l.TruncateLast(n);
+}
+
+void SequenceKv::Release() {
+  for (auto& l : layers_) l.Release();
+}
+
+size_t SequenceKv::MemoryBytes() const {
+  size_t total = 0;
+  for (const auto& l : layers_) total += l.MemoryBytes();
+  return total;
+}
+
+SequenceKv SequenceKv::Copy() const {
+  SequenceKv out;
+  out.mode_ = mode_;
+  out.layers_.reserve(layers_.size());
+  for (const auto& l : layers_) out.layers_.push_back(l.Copy());
+  return out;
+}
+
+// --------------------------------------------------------------- Transformer
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& model_dir,
+                                                               util::ThreadPool* pool) {
+  std::unique_ptr<Transformer> t(new Transformer());
+  CORTIQ_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
+  t->checkpoint_.emplace(std::move(ckpt));
+  t->config_ = t->checkpoint_->config();
+  t->pool_ = pool != nullptr ? pool : &util::ThreadPool::Default();
+  CORTIQ_RETURN_IF_ERROR(t->Bind());
+  return t;
+}
+
+absl::Status Transformer::Bind() {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size, hd = c.head_dim, nq = c.num_attention_heads,
+                nkv = c.num_key_value_heads, inter = c.intermediate_size, vocab = c.vocab_size;
+  CORTIQ_ASSIGN_OR_RETURN(embed_, BindMatrix(*checkpoint_, "model.embed_tokens.weight", vocab, hidden));
+  if (c.tie_word_embeddings && !checkpoint_->Has("lm_head.weight")) {
+    lm_head_ = embed_;
+  } else {
+    CORTIQ_ASSIGN_OR_RETURN(lm_head_, BindMatrix(*checkpoint_, "lm_head.weight", vocab, hidden));
+  }
+  CORTIQ_ASSIGN_OR_RETURN(final_norm_, BindVector(*checkpoint_, "model.norm.weight", hidden));
+
+  layers_.resize(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights& w = layers_[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    CORTIQ_ASSIGN_OR_RETURN(w.q_proj, BindMatrix(*checkpoint_, p + "self_attn.q_proj.weight", nq * hd, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(w.k_proj, BindMatrix(*checkpoint_, p + "self_attn.k_proj.weight", nkv * hd, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(w.v_proj, BindMatrix(*checkpoint_, p + "self_attn.v_proj.weight", nkv * hd, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(w.o_proj, BindMatrix(*checkpoint_, p + "self_attn.o_proj.weight", hidden, nq * hd));
+    CORTIQ_ASSIGN_OR_RETURN(w.gate_proj, BindMatrix(*checkpoint_, p + "mlp.gate_proj.weight", inter, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(w.up_proj, BindMatrix(*checkpoint_, p + "mlp.up_proj.weight", inter, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(w.down_proj, BindMatrix(*checkpoint_, p + "mlp.down_proj.weight", hidden, inter));
+    CORTIQ_ASSIGN_OR_RETURN(w.input_norm, BindVector(*checkpoint_, p + "input_layernorm.weight", hidden));
+    CORTIQ_ASSIGN_OR_RETURN(w.post_attn_norm,
+                            BindVector(*checkpoint_, p + "post_attention_layernorm.weight", hidden));
+    if (c.attention_bias) {
+      CORTIQ_ASSIGN_OR_RETURN(w.q_bias, BindVector(*checkpoint_, p + "self_attn.q_proj.bias", nq * hd));
+      CORTIQ_ASSIGN_OR_RETURN(w.k_bias, BindVector(*checkpoint_, p + "self_attn.k_proj.bias", nkv * hd));
+      CORTIQ_ASSIGN_OR_RETURN(w.v_bias, BindVector(*checkpoint_, p + "self_attn.v_proj.bias", nkv * hd));
+    }
+    if (c.o_proj_bias) {
+      CORTIQ_ASSIGN_OR_RETURN(w.o_bias, BindVector(*checkpoint_, p + "self_attn.o_proj.bias", hidden));
+    }
+    if (c.qk_norm) {
+      CORTIQ_ASSIGN_OR_RETURN(w.q_norm, BindVector(*checkpoint_, p + "self_attn.q_norm.weight", hd));
+      CORTIQ_ASSIGN_OR_RETURN(w.k_norm, BindVector(*checkpoint_, p + "self_attn.k_norm.weight", hd));
+    }
+  }
+  // inv_freq[i] = theta^(-2i/hd), computed in f64 (angles are formed in f64
+  // too, so long positions keep full precision).
+  inv_freq_.resize(hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    inv_freq_[i] = static_cast<float>(std::pow(c.rope_theta, -2.0 * double(i) / double(hd)));
+  }
+  return absl::OkStatus();
+}
+
+size_t Transformer::WeightBytesPerStep() const {
+  auto bytes = [](const WeightView& w) { return w.rows * w.cols * math::DTypeSize(w.dtype); };
+  size_t total = bytes(lm_head_);
+  for (const auto& w : layers_) {
+    total += bytes(w.q_proj) + bytes(w.k_proj) + bytes(w.v_proj) + bytes(w.o_proj) +
+             bytes(w.gate_proj) + bytes(w.up_proj) + bytes(w.down_proj);
+  }
+  return total;
+}
+
+absl::Status Transformer::CheckTokens(std::span<const int32_t> tokens) const {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("tokens[", i, "] = ", tokens[i],
+                                                     " is outside the vocabulary [0, ",
+                                                     config_.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Transformer::EnsureScratch(ForwardScratch& s, size_t rows, size_t max_len) const {
+  const ModelConfig& c = config_;
+  const size_t hidden = c.hidden_size, hd = c.head_dim;
+  if (s.rows < rows) {
+    Grow(s.x, rows * hidden);
+    Grow(s.xn, rows * hidden);
+    Grow(s.q, rows * c.num_attention_heads * hd);
+    Grow(s.k, rows * c.num_key_value_heads * hd);
+    Grow(s.v, rows * c.num_key_value_heads * hd);
+    Grow(s.att, rows * c.num_attention_heads * hd);
+    Grow(s.gate, rows * c.intermediate_size);
+    Grow(s.up, rows * c.intermediate_size);
+    Grow(s.rope, rows * hd);
+    s.rows = rows;
+  }
+  s.score_len = std::max(s.score_len, max_len);
+}
+
+void Transformer::RopeTables(ForwardScratch& s, std::span<const size_t> positions) const {
+  const size_t half = config_.head_dim / 2;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    float* cs = s.rope.data() + i * 2 * half;
+    for (size_t j = 0; j < half; ++j) {
+      const double angle = double(positions[i]) * double(inv_freq_[j]);
+      cs[j] = static_cast<float>(std::cos(angle));
+      cs[half + j] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+void Transformer::Embed(std::span<const int32_t> tokens, float* x) const {
+  const size_t hidden = config_.hidden_size;
+  const size_t row_bytes = hidden * math::DTypeSize(embed_.dtype);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto* row = static_cast<const uint8_t*>(embed_.data) + size_t(tokens[i]) * row_bytes;
+    math::ConvertToF32(row, embed_.dtype, hidden, x + i * hidden);
+  }
+}
+
+void Transformer::Logits(const float* xn, size_t rows, float* out) const {
+  math::MatMul(xn, rows, lm_head_, out, pool_);
+}
+
+// Runs every layer over `rows` tokens whose embeddings are in s.x. Row i
+// belongs to sequence seq_of_row[i]; rows of one sequence are consecutive
+// positions in order (a prefill chunk), or each row is its own sequence (a
+// decode batch). On return s.x holds the final hidden states (pre-norm).
+void Transformer::RunLayers(ForwardScratch& s, size_t rows,
+                            std::span<SequenceKv* const> seq_of_row, bool causal_chunk) const {
+  const ModelConfig& c = config_;
+  const size_t hidden = c.hidden_size, hd = c.head_dim, nq = c.num_attention_heads,
+               nkv = c.num_key_value_heads, inter = c.intermediate_size;
+  const size_t hpk = nq / nkv;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t half = hd / 2;
+  (void)causal_chunk;
+
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerWeights& w = layers_[l];
+    // --- attention block
+    for (size_t i = 0; i < rows; ++i) {
+      math::RmsNorm(s.x.data() + i * hidden, w.input_norm.data(), eps, hidden,
+                    s.xn.data() + i * hidden);
+    }
+    math::MatMul(s.xn.data(), rows, w.q_proj, s.q.data(), pool_);
+    math::MatMul(s.xn.data(), rows, w.k_proj, s.k.data(), pool_);
+    math::MatMul(s.xn.data(), rows, w.v_proj, s.v.data(), pool_);
+    for (size_t i = 0; i < rows; ++i) {
+      float* q = s.q.data() + i * nq * hd;
+      float* k = s.k.data() + i * nkv * hd;
+      float* v = s.v.data() + i * nkv * hd;
+      if (!w.q_bias.empty()) {
+        for (size_t j = 0; j < nq * hd; ++j) q[j] += w.q_bias[j];
+        for (size_t j = 0; j < nkv * hd; ++j) k[j] += w.k_bias[j];
+        for (size_t j = 0; j < nkv * hd; ++j) v[j] += w.v_bias[j];
+      }
+      const float* cs = s.rope.data() + i * 2 * half;
+      for (size_t h = 0; h < nq; ++h) {
+        if (!w.q_norm.empty()) math::RmsNorm(q + h * hd, w.q_norm.data(), eps, hd, q + h * hd);
+        math::RopeRotateHalf(q + h * hd, hd, cs, cs + half);
+      }
+      for (size_t h = 0; h < nkv; ++h) {
+        if (!w.k_norm.empty()) math::RmsNorm(k + h * hd, w.k_norm.data(), eps, hd, k + h * hd);
+        math::RopeRotateHalf(k + h * hd, hd, cs, cs + half);
+      }
+      // Append in row order: a prefill chunk's rows land at consecutive
+      // positions; row i then attends over exactly the rows before it.
+      seq_of_row[i]->layers()[l].Append({k, nkv * hd}, {v, nkv * hd});
+    }
+    // Attention: one task per (row, KV group); row i of a chunk sees the
+    // positions up to its own (causal), recorded as `visible`.
+    const size_t tasks = rows * nkv;
+    pool_->ParallelFor(tasks, [&](size_t begin, size_t end) {
+      for (size_t t = begin; t < end; ++t) {
+        const size_t i = t / nkv, g = t % nkv;
+        const kv::LayerKvCache& cache = seq_of_row[i]->layers()[l];
+        // Rows of the same sequence after i were appended above: hide them.
+        size_t later = 0;
+        for (size_t j = i + 1; j < rows && seq_of_row[j] == seq_of_row[i]; ++j) ++later;
+        const size_t visible = cache.HeadLen(g) - later;
+        kv::AttendOptions opt;
+        opt.scale = scale;
+        opt.end = visible;
+        cache.AttendGroup({s.q.data() + (i * nq + g * hpk) * hd, hpk * hd}, g, hpk,
+                          {s.att.data() + (i * nq + g * hpk) * hd, hpk * hd},
+                          {ThreadScores(cache.GroupProbsSize(hpk)), hpk * visible}, /*imp_acc=*/{}, opt);
+      }
+    });
+    math::MatMul(s.att.data(), rows, w.o_proj, s.xn.data(), pool_);
+    for (size_t i = 0; i < rows; ++i) {
+      float* x = s.x.data() + i * hidden;
+      const float* o = s.xn.data() + i * hidden;
+      for (size_t j = 0; j < hidden; ++j) x[j] += o[j];
+      if (!w.o_bias.empty()) {
+        for (size_t j = 0; j < hidden; ++j) x[j] += w.o_bias[j];
+      }
+    }
+
+    // --- MLP block
+    for (size_t i = 0; i < rows; ++i) {
+      math::RmsNorm(s.x.data() + i * hidden, w.post_attn_norm.data(), eps, hidden,
+                    s.xn.data() + i * hidden);
+    }
+    math::MatMul(s.xn.data(), rows, w.gate_proj, s.gate.data(), pool_);
+    math::MatMul(s.xn.data(), rows, w.up_proj, s.up.data(), pool_);
+    math::SwiGlu(s.gate.data(), s.up.data(), rows * inter, s.gate.data());
+    math::MatMul(s.gate.data(), rows, w.down_proj, s.xn.data(), pool_);
+    for (size_t j = 0; j < rows * hidden; ++j) s.x[j] += s.xn[j];
+  }
+}
+
+absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& kv,
+                                  ForwardScratch& s, float* last_logits,
+                                  float* all_logits) const {
+  if (tokens.empty()) return absl::InvalidArgumentError("prefill: no tokens");
+  CORTIQ_RETURN_IF_ERROR(CheckTokens(tokens));
+  const size_t start = kv.position(), rows = tokens.size();
+  if (start + rows > size_t(config_.max_position_embeddings)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill: position ", start, " + ", rows, " tokens exceeds the model's context of ",
+        config_.max_position_embeddings));
+  }
+  if (kv.layers().size() != layers_.size()) {
+    return absl::InvalidArgumentError("prefill: the sequence state belongs to another geometry");
+  }
+  EnsureScratch(s, rows, start + rows);
+  kv.Reserve(start + rows);
+  // Positions of the chunk, held on the stack-free path of the scratch.
+  thread_local std::vector<size_t> positions;
+  thread_local std::vector<SequenceKv*> seq_of_row;
+  positions.resize(rows);
+  seq_of_row.assign(rows, &kv);
+  for (size_t i = 0; i < rows; ++i) positions[i] = start + i;
+  RopeTables(s, positions);
+  Embed(tokens, s.x.data());
+  RunLayers(s, rows, seq_of_row, /*causal_chunk=*/true);
+
+  const size_t hidden = config_.hidden_size, vocab = config_.vocab_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (all_logits != nullptr) {
+    for (size_t i = 0; i < rows; ++i) {
+      math::RmsNorm(s.x.data() + i * hidden, final_norm_.data(), eps, hidden,
+                    s.xn.data() + i * hidden);
+    }
+    Logits(s.xn.data(), rows, all_logits);
+    if (last_logits != nullptr) {
+      std::memcpy(last_logits, all_logits + (rows - 1) * vocab, vocab * sizeof(float));
+    }
+  } else if (last_logits != nullptr) {
+    math::RmsNorm(s.x.data() + (rows - 1) * hidden, final_norm_.data(), eps, hidden,
+                  s.xn.data());
+    Logits(s.xn.data(), 1, last_logits);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::DecodeBatch(std::span<const int32_t> tokens,
+                                      std::span<SequenceKv* const> kvs, ForwardScratch& s,
+                                      float* logits) const {
+  if (tokens.empty() || tokens.size() != kvs.size()) {
+    return absl::InvalidArgumentError("decode: tokens and sequences must pair up, one each");
+  }
+  CORTIQ_RETURN_IF_ERROR(CheckTokens(tokens));
+  const size_t rows = tokens.size();
+  size_t max_len = 0;
+  for (size_t b = 0; b < rows; ++b) {
+    const size_t pos = kvs[b]->position();
+    if (pos + 1 > size_t(config_.max_position_embeddings)) {
+      return absl::InvalidArgumentError(absl::StrCat("decode: sequence ", b, " is at position ",
+                                                     pos, ", the model's context is ",
+                                                     config_.max_position_embeddings));
+    }
+    for (size_t j = 0; j < b; ++j) {
+      if (kvs[j] == kvs[b]) {
+        return absl::InvalidArgumentError("decode: a sequence appears twice in one batch");
+      }
+    }
+    max_len = std::max(max_len, pos + 1);
+  }
+  EnsureScratch(s, rows, max_len);
+  thread_local std::vector<size_t> positions;
+  positions.resize(rows);
+  for (size_t b = 0; b < rows; ++b) positions[b] = kvs[b]->position();
+  RopeTables(s, positions);
+  Embed(tokens, s.x.data());
+  RunLayers(s, rows, kvs, /*causal_chunk=*/false);
+  const size_t hidden = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  for (size_t b = 0; b < rows; ++b) {
+    math::RmsNorm(s.x.data() + b * hidden, final_norm_.data(), eps, hidden,
+                  s.xn.data() + b * hidden);
+  }
+  Logits(s.xn.data(), rows, logits);
+  return absl::OkStatus();
+}
+
+}  // namespace cortiq::model

@@ -1,0 +1,192 @@
+// MatMul on every ISA x dtype against a float64 reference, decode and GEMM
+// paths, odd shapes, unaligned weights; plus the determinism contract
+// (batch-invariant decode, thread-count-invariant results).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/math/kernels.h"
+#include "core/util/thread_pool.h"
+#include "tests/math/test_util.h"
+
+namespace cortiq::math {
+namespace {
+
+using testing::Bits;
+using testing::kU;
+using testing::RandomFloats;
+
+// A weight matrix stored in `dtype` at a deliberately unaligned address, and
+// its exact f32 values for the reference.
+struct TestWeights {
+  std::vector<uint8_t> storage;
+  std::vector<float> values;  // [rows][cols], exactly what the kernel reads
+  WeightView view;
+};
+
+TestWeights MakeWeights(size_t rows, size_t cols, DType dtype, uint32_t seed, size_t misalign) {
+  TestWeights t;
+  auto f = RandomFloats(rows * cols, seed);
+  const size_t es = DTypeSize(dtype);
+  t.storage.resize(rows * cols * es + misalign + 64);
+  uint8_t* base = t.storage.data() + misalign;
+  ConvertFromF32(f.data(), dtype, rows * cols, base);
+  t.values.resize(rows * cols);
+  ConvertToF32(base, dtype, rows * cols, t.values.data());
+  t.view = WeightView{base, dtype, rows, cols};
+  return t;
+}
+
+// Checks y against float64 for all outputs. The bound is probabilistic for
+// random-sign data: f32 rounding errors of a length-K sum behave like a random
+// walk, ~u * sqrt(K) * sum|x w|; we allow 2 sqrt(K) + 8 of those (the
+// worst-case bound K * u * sum|x w| would hide a wrong tail or offset).
+void ExpectMatMulClose(const std::vector<float>& x, size_t batch, const TestWeights& w,
+                       const std::vector<float>& y, const std::string& what) {
+  const size_t rows = w.view.rows, cols = w.view.cols;
+  const double factor = kU * (2 * std::sqrt(static_cast<double>(cols)) + 8);
+  for (size_t b = 0; b < batch; ++b) {
+    for (size_t r = 0; r < rows; ++r) {
+      double ref = 0, mag = 0;
+      const float* xr = x.data() + b * cols;
+      const float* wr = w.values.data() + r * cols;
+      for (size_t c = 0; c < cols; ++c) {
+        ref += static_cast<double>(xr[c]) * wr[c];
+        mag += std::fabs(static_cast<double>(xr[c]) * wr[c]);
+      }
+      ASSERT_LE(std::fabs(y[b * rows + r] - ref), factor * mag)
+          << what << " b=" << b << " r=" << r << " got=" << y[b * rows + r] << " ref=" << ref;
+    }
+  }
+}
+
+std::string Describe(Isa isa, DType dt, size_t batch, size_t rows, size_t cols) {
+  return std::string(IsaName(isa)) + "/" + DTypeName(dt) + " batch=" + std::to_string(batch) +
+         " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
+}
+
+class MatMulTest : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
+ protected:
+  Isa isa() const { return std::get<0>(GetParam()); }
+  DType dtype() const { return std::get<1>(GetParam()); }
+  testing::ScopedIsa scoped_{std::get<0>(GetParam())};
+  util::ThreadPool pool_{3};
+};
+
+// Small and odd shapes on both paths: every tail of every blocking.
+TEST_P(MatMulTest, SmallShapesMatchFloat64) {
+  constexpr size_t g = kMatMulGemmMinBatch;  // first GEMM batch
+  const size_t batches[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 29, g - 1, g, g + 1, g + 13};
+  const size_t shapes[][2] = {{1, 1},   {3, 5},   {8, 32},   {9, 33},  {17, 31},
+                              {33, 64}, {40, 17}, {70, 100}, {64, 257}};
+  uint32_t seed = 100;
+  for (size_t batch : batches) {
+    for (auto& s : shapes) {
+      const size_t rows = s[0], cols = s[1];
+      TestWeights w = MakeWeights(rows, cols, dtype(), ++seed, 2);
+      auto x = RandomFloats(batch * cols, ++seed);
+      std::vector<float> y(batch * rows + 1, 42.0f);
+      MatMul(x.data(), batch, w.view, y.data(), (seed % 2) ? &pool_ : nullptr);
+      ExpectMatMulClose(x, batch, w, y, Describe(isa(), dtype(), batch, rows, cols));
+      ASSERT_EQ(y[batch * rows], 42.0f) << "wrote past y";
+    }
+  }
+}
+
+// Big enough for several k-blocks, several row blocks per thread, and tails
+// in every dimension of the GEMM.
+TEST_P(MatMulTest, LargeShapesMatchFloat64) {
+  // {batch, rows, cols, threaded}; single-threaded calls give one thread
+  // several row blocks.
+  constexpr size_t g = kMatMulGemmMinBatch;
+  const size_t shapes[][4] = {
+      {1, 1100, 600, 1}, {6, 517, 3000, 1}, {g + 6, 1100, 300, 0}, {g + 33, 100, 777, 1}};
+  uint32_t seed = 500;
+  for (auto& s : shapes) {
+    const size_t batch = s[0], rows = s[1], cols = s[2];
+    TestWeights w = MakeWeights(rows, cols, dtype(), ++seed, 6);
+    auto x = RandomFloats(batch * cols, ++seed);
+    std::vector<float> y(batch * rows);
+    MatMul(x.data(), batch, w.view, y.data(), s[3] ? &pool_ : nullptr);
+    ExpectMatMulClose(x, batch, w, y, Describe(isa(), dtype(), batch, rows, cols));
+  }
+}
+
+// Decode is batch-invariant: row b of a batched call equals a batch-1 call.
+TEST_P(MatMulTest, DecodeIsBatchInvariant) {
+  const size_t rows = 77, cols = 300;
+  TestWeights w = MakeWeights(rows, cols, dtype(), 7, 0);
+  for (size_t batch = 2; batch < kMatMulGemmMinBatch; ++batch) {
+    auto x = RandomFloats(batch * cols, 8 + batch);
+    std::vector<float> y(batch * rows), y1(rows);
+    MatMul(x.data(), batch, w.view, y.data(), &pool_);
+    for (size_t b = 0; b < batch; ++b) {
+      MatMul(x.data() + b * cols, 1, w.view, y1.data(), nullptr);
+      for (size_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(Bits(y[b * rows + r]), Bits(y1[r]))
+            << "batch=" << batch << " b=" << b << " r=" << r;
+      }
+    }
+  }
+}
+
+// The thread count never changes a result, on either path.
+TEST_P(MatMulTest, ThreadCountDoesNotChangeResults) {
+  const size_t rows = 700, cols = 300;
+  TestWeights w = MakeWeights(rows, cols, dtype(), 9, 0);
+  util::ThreadPool two(2);
+  for (size_t batch : {size_t{1}, size_t{5}, size_t{16}, kMatMulGemmMinBatch + 31}) {
+    auto x = RandomFloats(batch * cols, 10 + batch);
+    std::vector<float> a(batch * rows), b(batch * rows), c(batch * rows);
+    MatMul(x.data(), batch, w.view, a.data(), nullptr);
+    MatMul(x.data(), batch, w.view, b.data(), &two);
+    MatMul(x.data(), batch, w.view, c.data(), &pool_);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "batch=" << batch;
+    ASSERT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * 4)) << "batch=" << batch;
+  }
+}
+
+TEST_P(MatMulTest, DegenerateShapes) {
+  TestWeights w = MakeWeights(5, 0, dtype(), 11, 0);
+  std::vector<float> y(3 * 5, 42.0f);
+  MatMul(nullptr, 3, w.view, y.data(), &pool_);  // cols == 0: y = 0
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+  TestWeights w2 = MakeWeights(0, 8, dtype(), 12, 0);
+  MatMul(nullptr, 3, w2.view, nullptr, &pool_);  // rows == 0: nothing
+  TestWeights w3 = MakeWeights(4, 8, dtype(), 13, 0);
+  MatMul(nullptr, 0, w3.view, nullptr, &pool_);  // batch == 0: nothing
+}
+
+// Values far from 1 (large K, mixed magnitudes) keep the relative bound.
+TEST_P(MatMulTest, WideDynamicRange) {
+  const size_t rows = 40, cols = 2000;
+  TestWeights w = MakeWeights(rows, cols, dtype(), 14, 0);
+  for (size_t batch : {size_t{20}, kMatMulGemmMinBatch + 2}) {
+    auto x = RandomFloats(batch * cols, 15);
+    for (size_t i = 0; i < x.size(); ++i) x[i] *= (i % 7 == 0) ? 1000.0f : 0.001f;
+    std::vector<float> y(batch * rows);
+    MatMul(x.data(), batch, w.view, y.data(), &pool_);
+    ExpectMatMulClose(x, batch, w, y, "wide range batch " + std::to_string(batch));
+  }
+}
+
+std::vector<std::tuple<Isa, DType>> Params() {
+  std::vector<std::tuple<Isa, DType>> out;
+  for (Isa isa : testing::SupportedIsas()) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) out.emplace_back(isa, dt);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(IsasAndDtypes, MatMulTest, ::testing::ValuesIn(Params()),
+                         [](const auto& info) {
+                           return std::string(IsaName(std::get<0>(info.param))) + "_" +
+                                  DTypeName(std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace cortiq::math

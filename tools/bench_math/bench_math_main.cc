@@ -1,0 +1,253 @@
+// cortiq-bench-math: throughput of the core/math kernels on this machine.
+//
+// At start it measures the two ceilings (bench_util.h): DRAM read bandwidth
+// over a 2 GiB buffer and the FMA peak, on the same pool the kernels use
+// (CORTIQ_THREADS threads, default 2). Every GEMV reports GB/s of weights
+// streamed and pct_bw (of that bandwidth); every GEMM reports GFLOP/s and
+// pct_peak. "Cold" GEMVs walk a 1 GiB arena so each call reads W from DRAM,
+// as decode does with a model larger than the cache; "Hot" ones reuse one W.
+//
+// Usage: cortiq-bench-math [--bw_bytes=N] [google benchmark flags]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/math/bench_util.h"
+#include "core/math/kernels.h"
+#include "core/util/aligned_buffer.h"
+#include "core/util/thread_pool.h"
+
+namespace cortiq::math {
+namespace {
+
+util::ThreadPool* g_pool = nullptr;
+double g_bandwidth_gbs = 0;
+double g_peak_gflops = 0;
+constexpr size_t kArenaBytes = size_t{1} << 30;
+
+// Random weights of every dtype in one arena (filled once, shared by all).
+struct Arena {
+  util::AlignedBuffer<uint8_t> bytes;
+  explicit Arena(size_t n) : bytes(n) {
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> f(1 << 16);
+    for (auto& v : f) v = dist(rng);
+    // Tile one 64K-float block of bf16/f16-safe values over the arena; the
+    // exact values do not matter for speed, only that they are finite.
+    std::vector<uint16_t> h(f.size());
+    ConvertFromF32(f.data(), DType::kBF16, f.size(), h.data());
+    for (size_t off = 0; off < n; off += h.size() * 2) {
+      std::memcpy(bytes.data() + off, h.data(), std::min(h.size() * 2, n - off));
+    }
+  }
+};
+
+Arena& GetArena() {
+  static Arena* arena = new Arena(kArenaBytes);
+  return *arena;
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+std::vector<float> RandomX(size_t n) {
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = dist(rng);
+  return x;
+}
+
+// args: rows, cols, batch, dtype, cold
+void BM_Gemv(benchmark::State& state) {
+  const size_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
+  const DType dtype = static_cast<DType>(state.range(3));
+  const bool cold = state.range(4) != 0;
+  const size_t wbytes = rows * cols * DTypeSize(dtype);
+  if (wbytes > kArenaBytes) {
+    state.SkipWithError("weights larger than the arena");
+    return;
+  }
+  uint8_t* base = GetArena().bytes.data();
+  // Cold: successive calls use successive slices of the arena (page-aligned).
+  const size_t stride = (wbytes + 4095) / 4096 * 4096;
+  const size_t slices = cold ? kArenaBytes / stride : 1;
+  auto x = RandomX(batch * cols);
+  std::vector<float> y(batch * rows);
+  size_t slice = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    WeightView w{base + slice * stride, dtype, rows, cols};
+    MatMul(x.data(), batch, w, y.data(), g_pool);
+    benchmark::DoNotOptimize(y.data());
+    if (++slice == slices) slice = 0;
+  }
+  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
+  state.counters["GBps"] = static_cast<double>(wbytes) / secs / 1e9;
+  state.counters["pct_bw"] = 100.0 * state.counters["GBps"] / g_bandwidth_gbs;
+  state.counters["GFLOPS"] = 2.0 * rows * cols * batch / secs / 1e9;
+  state.SetLabel(std::string(DTypeName(dtype)) + (cold ? " cold" : " hot"));
+}
+
+// args: M (batch), N (rows of W), K (cols), dtype
+void BM_Gemm(benchmark::State& state) {
+  const size_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const DType dtype = static_cast<DType>(state.range(3));
+  auto x = RandomX(m * k);
+  std::vector<float> y(m * n);
+  WeightView w{GetArena().bytes.data(), dtype, n, k};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    MatMul(x.data(), m, w, y.data(), g_pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
+  state.counters["GFLOPS"] = 2.0 * m * n * k / secs / 1e9;
+  state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
+  state.SetLabel(DTypeName(dtype));
+}
+
+// Cost of one ParallelFor with an empty body (the engine issues ~200 per token).
+void BM_ParallelForEmpty(benchmark::State& state) {
+  for (auto _ : state) {
+    g_pool->ParallelFor(g_pool->num_threads(),
+                        [](size_t b, size_t e) { benchmark::DoNotOptimize(b + e); });
+  }
+}
+
+void BM_Dot(benchmark::State& state) {
+  const size_t n = state.range(0);
+  auto a = RandomX(n), b = RandomX(n);
+  for (auto _ : state) benchmark::DoNotOptimize(Dot(a.data(), b.data(), n));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 8));
+}
+
+void BM_Softmax(benchmark::State& state) {
+  const size_t n = state.range(0);
+  auto a = RandomX(n);
+  std::vector<float> x(n);
+  for (auto _ : state) {
+    std::memcpy(x.data(), a.data(), n * 4);
+    Softmax(x.data(), n);
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
+}
+
+void BM_RmsNorm(benchmark::State& state) {
+  const size_t n = state.range(0);
+  auto a = RandomX(n), w = RandomX(n);
+  std::vector<float> y(n);
+  for (auto _ : state) {
+    RmsNorm(a.data(), w.data(), 1e-6f, n, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
+}
+
+void BM_SwiGlu(benchmark::State& state) {
+  const size_t n = state.range(0);
+  auto g = RandomX(n), u = RandomX(n);
+  std::vector<float> y(n);
+  for (auto _ : state) {
+    SwiGlu(g.data(), u.data(), n, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
+}
+
+void RegisterAll() {
+  const int64_t bf16 = static_cast<int64_t>(DType::kBF16), f32 = static_cast<int64_t>(DType::kF32),
+                f16 = static_cast<int64_t>(DType::kF16);
+  // Decode: the Qwen3-0.6B projection shapes (rows = out, cols = in).
+  for (int64_t dt : {bf16, f16, f32}) {
+    for (auto shape :
+         {std::pair<int64_t, int64_t>{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}}) {
+      if (dt == f32 && shape.first == 151936) continue;  // 622 MB: still fits, but slow to sweep
+      for (int64_t batch : {1, 8}) {
+        if (dt != bf16 && batch != 1) continue;
+        benchmark::RegisterBenchmark("Gemv", BM_Gemv)
+            ->Args({shape.first, shape.second, batch, dt, 1})
+            ->ArgNames({"rows", "cols", "batch", "dtype", "cold"})
+            ->UseRealTime();
+      }
+    }
+  }
+  for (int64_t batch : {1, 4, 8, 12, 15}) {
+    benchmark::RegisterBenchmark("Gemv", BM_Gemv)
+        ->Args({3072, 1024, batch, bf16, 1})
+        ->ArgNames({"rows", "cols", "batch", "dtype", "cold"})
+        ->UseRealTime();
+  }
+  for (int64_t batch : {1, 8}) {
+    benchmark::RegisterBenchmark("Gemv", BM_Gemv)
+        ->Args({1024, 1024, batch, bf16, 0})
+        ->ArgNames({"rows", "cols", "batch", "dtype", "cold"})
+        ->UseRealTime();
+  }
+  // Prefill: M = 512 tokens.
+  for (int64_t dt : {f32, bf16, f16}) {
+    for (auto nk : {std::pair<int64_t, int64_t>{1024, 1024}, {3072, 1024}, {1024, 3072}}) {
+      benchmark::RegisterBenchmark("Gemm", BM_Gemm)
+          ->Args({512, nk.first, nk.second, dt})
+          ->ArgNames({"M", "N", "K", "dtype"})
+          ->UseRealTime();
+    }
+  }
+  for (int64_t m : {16, 32, 64, 128}) {
+    benchmark::RegisterBenchmark("Gemm", BM_Gemm)
+        ->Args({m, 3072, 1024, bf16})
+        ->ArgNames({"M", "N", "K", "dtype"})
+        ->UseRealTime();
+  }
+  benchmark::RegisterBenchmark("ParallelForEmpty", BM_ParallelForEmpty)->UseRealTime();
+  for (int64_t n : {128, 1024, 4096}) benchmark::RegisterBenchmark("Dot", BM_Dot)->Arg(n);
+  for (int64_t n : {128, 4096, 32768}) benchmark::RegisterBenchmark("Softmax", BM_Softmax)->Arg(n);
+  benchmark::RegisterBenchmark("RmsNorm", BM_RmsNorm)->Arg(1024);
+  benchmark::RegisterBenchmark("SwiGlu", BM_SwiGlu)->Arg(3072);
+}
+
+}  // namespace
+}  // namespace cortiq::math
+
+int main(int argc, char** argv) {
+  using namespace cortiq;  // NOLINT(google-build-using-namespace): a thin main
+  size_t bw_bytes = size_t{2} << 30;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--bw_bytes=", 11) == 0) {
+      bw_bytes = std::strtoull(argv[i] + 11, nullptr, 10);
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  int new_argc = static_cast<int>(args.size());
+  benchmark::Initialize(&new_argc, args.data());
+  size_t threads = 2;
+  if (const char* env = std::getenv("CORTIQ_THREADS")) threads = std::strtoul(env, nullptr, 10);
+  static util::ThreadPool pool(threads);
+  math::g_pool = &pool;
+  math::g_bandwidth_gbs = math::MeasureReadBandwidthGBs(bw_bytes, &pool);
+  math::g_peak_gflops = math::MeasureFmaPeakGflops(&pool);
+  std::printf(
+      "isa=%s threads=%zu read_bandwidth=%.1f GB/s (%.2f GiB buffer) fma_peak=%.1f GFLOP/s\n",
+      math::IsaName(math::ActiveIsa()), pool.num_threads(), math::g_bandwidth_gbs,
+      static_cast<double>(bw_bytes) / (1 << 30), math::g_peak_gflops);
+  benchmark::AddCustomContext("isa", math::IsaName(math::ActiveIsa()));
+  benchmark::AddCustomContext("read_bandwidth_GBps", std::to_string(math::g_bandwidth_gbs));
+  benchmark::AddCustomContext("fma_peak_GFLOPS", std::to_string(math::g_peak_gflops));
+  math::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

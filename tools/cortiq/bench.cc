@@ -1,0 +1,149 @@
+#include "tools/cortiq/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "core/math/bench_util.h"
+#include "core/math/kernels.h"
+#include "core/model/random_checkpoint.h"
+#include "core/model/transformer.h"
+#include "core/util/thread_pool.h"
+
+namespace cortiq::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "cortiq-tool bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+// Deterministic pseudo-random token ids (the content does not matter for
+// speed, but must stay inside the vocabulary).
+std::vector<int32_t> TokenIds(size_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> ids(n);
+  uint64_t s = seed;
+  for (auto& id : ids) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    id = static_cast<int32_t>((s >> 33) % uint64_t(vocab));
+  }
+  return ids;
+}
+
+}  // namespace
+
+int RunBench(const BenchOptions& o) {
+  util::ThreadPool pool(o.threads);
+  std::string dir = o.model_dir;
+  if (dir.empty()) {
+    dir = "build/models/bench-" + o.shape + "-" + o.dtype;
+    if (!std::filesystem::exists(dir + "/config.json")) {
+      auto config = model::NamedShape(o.shape);
+      if (!config.ok()) return Fail(config.status());
+      model::RandomCheckpointOptions ro;
+      ro.dtype = o.dtype == "bf16"  ? math::DType::kBF16
+                 : o.dtype == "f16" ? math::DType::kF16
+                                    : math::DType::kF32;
+      std::fprintf(stderr, "writing a random %s checkpoint (%s) to %s ...\n", o.shape.c_str(),
+                   o.dtype.c_str(), dir.c_str());
+      absl::Status s = model::WriteRandomCheckpoint(*config, dir, ro);
+      if (!s.ok()) return Fail(s);
+    }
+  }
+  auto loaded = model::Transformer::Load(dir, &pool);
+  if (!loaded.ok()) return Fail(loaded.status());
+  const model::Transformer& tf = **loaded;
+  const model::ModelConfig& c = tf.config();
+  const kv::KvMode kv_mode = o.kv == "int8" ? kv::KvMode::kInt8 : kv::KvMode::kF32;
+
+  std::printf("cortiq-tool bench: model %s, isa %s, threads %zu, kv %s\n", dir.c_str(),
+              math::IsaName(math::ActiveIsa()), pool.num_threads(), o.kv.c_str());
+  std::printf("shape: hidden %lld, layers %lld, heads %lld/%lld, head_dim %lld, inter %lld, vocab %lld\n",
+              (long long)c.hidden_size, (long long)c.num_hidden_layers,
+              (long long)c.num_attention_heads, (long long)c.num_key_value_heads,
+              (long long)c.head_dim, (long long)c.intermediate_size, (long long)c.vocab_size);
+
+  // --- machine roofline, measured now
+  const double bw = math::MeasureReadBandwidthGBs(o.bandwidth_bytes, &pool);
+  const double peak = math::MeasureFmaPeakGflops(&pool);
+  std::printf("memory read bandwidth: %.2f GB/s (%.1f GB buffer)\n", bw,
+              double(o.bandwidth_bytes) / 1e9);
+  std::printf("fp32 FMA peak: %.1f GFLOP/s\n", peak);
+
+  // --- prefill of `context` tokens (after a warm-up that faults the weights in)
+  const std::vector<int32_t> prompt = TokenIds(o.context, c.vocab_size, 42);
+  model::ForwardScratch scratch;
+  std::vector<float> logits(size_t(c.vocab_size) * std::max<size_t>(1, o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end())));
+  model::SequenceKv base(c, kv_mode);
+  {
+    model::SequenceKv warm(c, kv_mode);
+    absl::Status s = tf.Prefill(prompt, warm, scratch, logits.data());
+    if (!s.ok()) return Fail(s);
+  }
+  auto t0 = Clock::now();
+  absl::Status s = tf.Prefill(prompt, base, scratch, logits.data());
+  auto t1 = Clock::now();
+  if (!s.ok()) return Fail(s);
+  const double T = double(o.context);
+  const double layer_params = double(c.q_dim() + 2 * c.kv_dim()) * c.hidden_size +
+                              double(c.hidden_size) * c.q_dim() +
+                              3.0 * double(c.intermediate_size) * c.hidden_size;
+  const double matmul_flops = 2.0 * layer_params * c.num_hidden_layers * T +
+                              2.0 * double(c.vocab_size) * c.hidden_size;
+  // Causal attention: QK^T and PV, T^2/2 positions per head.
+  const double attn_flops = 2.0 * 2.0 * double(c.num_attention_heads) * c.head_dim *
+                            (T * (T + 1) / 2) * c.num_hidden_layers;
+  const double prefill_s = Seconds(t0, t1);
+  const double prefill_gflops = (matmul_flops + attn_flops) / prefill_s / 1e9;
+  std::printf("prefill %zu tokens: %.3f s, %.0f tokens/s, %.1f GFLOP/s = %.0f%% of FMA peak\n",
+              o.context, prefill_s, T / prefill_s, prefill_gflops, 100.0 * prefill_gflops / peak);
+
+  // --- decode at batch B, each sequence starting from the prefilled context
+  const double weight_bytes = double(tf.WeightBytesPerStep());
+  double tps1 = 0;
+  for (size_t B : o.batches) {
+    std::vector<model::SequenceKv> seqs;
+    std::vector<model::SequenceKv*> ptrs;
+    seqs.reserve(B);
+    for (size_t b = 0; b < B; ++b) {
+      seqs.push_back(base.Copy());
+      seqs.back().Reserve(o.context + o.decode_steps + 4);
+    }
+    for (auto& q : seqs) ptrs.push_back(&q);
+    std::vector<int32_t> next = TokenIds(B, c.vocab_size, 7 + B);
+    // One warm-up step (grows the scratch to B rows), then the timed steps.
+    s = tf.DecodeBatch(next, ptrs, scratch, logits.data());
+    if (!s.ok()) return Fail(s);
+    auto d0 = Clock::now();
+    for (size_t step = 0; step < o.decode_steps; ++step) {
+      s = tf.DecodeBatch(next, ptrs, scratch, logits.data());
+      if (!s.ok()) return Fail(s);
+    }
+    auto d1 = Clock::now();
+    const double step_s = Seconds(d0, d1) / double(o.decode_steps);
+    double kv_bytes = 0;
+    for (auto& q : seqs) kv_bytes += double(q.MemoryBytes());
+    // Bytes one step must read: every weight once + every sequence's cache.
+    const double step_bytes = weight_bytes + kv_bytes;
+    const double roofline_step_s = step_bytes / (bw * 1e9);
+    const double tps = double(B) / step_s;
+    if (B == 1) tps1 = tps;
+    std::printf("decode batch %zu: %.2f ms/step, %.2f tokens/s aggregate; reads %.1f MB/step "
+                "(weights %.1f + kv %.1f); roofline %.2f ms/step -> %.0f%% of roofline",
+                B, step_s * 1e3, tps, step_bytes / 1e6, weight_bytes / 1e6, kv_bytes / 1e6,
+                roofline_step_s * 1e3, 100.0 * roofline_step_s / step_s);
+    if (B > 1 && tps1 > 0) std::printf("; %.2fx batch 1", tps / tps1);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace cortiq::tools
