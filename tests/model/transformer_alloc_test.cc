@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <new>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/model/random_checkpoint.h"
@@ -34,7 +35,7 @@ namespace cortiq::model {
 namespace {
 
 TEST(TransformerAllocTest, DecodeStepDoesNotAllocate) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_alloc_tiny_gqa");
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_alloc_tiny_gqa_", getpid());
   auto config = NamedShape("tiny-gqa");
   ASSERT_TRUE(config.ok());
   ASSERT_TRUE(WriteRandomCheckpoint(*config, dir, {}).ok());

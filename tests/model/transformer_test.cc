@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <unistd.h>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,8 +23,9 @@ namespace {
 
 std::string TempModel(const std::string& shape, math::DType dtype = math::DType::kF32,
                       uint64_t seed = 3) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_tf_", shape, "_",
-                                       int(dtype), "_", seed);
+  // Per process: CTest runs the tests of this binary in parallel processes.
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_tf_", getpid(), "_", shape,
+                                       "_", int(dtype), "_", seed);
   if (!std::filesystem::exists(dir + "/config.json")) {
     auto config = NamedShape(shape);
     EXPECT_TRUE(config.ok()) << config.status();

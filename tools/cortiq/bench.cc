@@ -129,8 +129,15 @@ int RunBench(const BenchOptions& o) {
     }
     auto d1 = Clock::now();
     const double step_s = Seconds(d0, d1) / double(o.decode_steps);
+    // KV rows a step reads: every stored position of every layer (K and V),
+    // at the cache's element size (capacity beyond the rows is not read).
+    const double row_bytes = kv_mode == kv::KvMode::kInt8 ? double(c.head_dim) + 4.0
+                                                          : 4.0 * double(c.head_dim);
     double kv_bytes = 0;
-    for (auto& q : seqs) kv_bytes += double(q.MemoryBytes());
+    for (auto& q : seqs) {
+      kv_bytes += double(q.position()) * double(c.num_hidden_layers) * 2.0 *
+                  double(c.num_key_value_heads) * row_bytes;
+    }
     // Bytes one step must read: every weight once + every sequence's cache.
     const double step_bytes = weight_bytes + kv_bytes;
     const double roofline_step_s = step_bytes / (bw * 1e9);
