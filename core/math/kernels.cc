@@ -66,7 +66,7 @@ float ScalarQuantizeRowI8(const float* x, int8_t* q, size_t n) {
   float amax = 0.0f;
   for (size_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
   if (!(amax > 0.0f)) {
-    std::memset(q, 0, n);
+    for (size_t i = 0; i < n; ++i) q[i] = 0;
     return 0.0f;
   }
   float scale = amax / 127.0f;
@@ -159,6 +159,7 @@ void ScalarRope(float* x, size_t head_dim, const float* cos, const float* sin) {
 }
 
 void ScalarConvertToF32(const void* src, DType dtype, size_t n, float* dst) {
+  if (n == 0) return;  // pointers may be null then; memmove would not allow it
   switch (dtype) {
     case DType::kF32:
       std::memmove(dst, src, n * sizeof(float));
@@ -177,6 +178,7 @@ void ScalarConvertToF32(const void* src, DType dtype, size_t n, float* dst) {
 }
 
 void ScalarConvertFromF32(const float* src, DType dtype, size_t n, void* dst) {
+  if (n == 0) return;
   switch (dtype) {
     case DType::kF32:
       std::memmove(dst, src, n * sizeof(float));
