@@ -4,7 +4,8 @@
 //   cortiq-tool tokenize --tokenizer FILE          (text on stdin → ids on stdout)
 //   cortiq-tool detokenize --tokenizer FILE        (ids on stdin → text on stdout)
 //   cortiq-tool logits --model DIR (--ids 1,2,3 | --prompt TEXT) --out FILE [--kv f32|int8]
-//   cortiq-tool ppl --model DIR --file TEXT [--window N] [--kv f32|int8] [--max-windows N]
+//   cortiq-tool ppl --model DIR --file TEXT [--window N] [--prefill N] [--kv f32|int8]
+//                   [--o1 SPEC --o1-m M --o1-w W --o1-sink S --o1-rect agg|fm] [--max-windows N]
 //   cortiq-tool generate --model DIR --prompt TEXT [--max-tokens N] [--temperature T]
 //                        [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R]
 //                        [--seed S] [--kv f32|int8]
@@ -32,6 +33,7 @@
 #include "core/tokenizer/detokenizer.h"
 #include "core/tokenizer/tokenizer.h"
 #include "tools/cortiq/bench.h"
+#include "tools/cortiq/ppl.h"
 
 namespace cortiq::tools {
 namespace {
@@ -41,7 +43,9 @@ constexpr const char* kUsage = R"(usage:
   cortiq-tool tokenize --tokenizer FILE        (text on stdin, ids on stdout)
   cortiq-tool detokenize --tokenizer FILE      (ids on stdin, text on stdout)
   cortiq-tool logits --model DIR (--ids 1,2,3 | --prompt TEXT) --out FILE [--kv f32|int8]
-  cortiq-tool ppl --model DIR --file TEXT [--window 512] [--kv f32|int8] [--max-windows N]
+  cortiq-tool ppl --model DIR --file TEXT [--window 512] [--prefill 256] [--kv f32|int8]
+                  [--o1 all|deepN|i,j,k] [--o1-m 32] [--o1-w 128] [--o1-sink 4] [--o1-rect agg|fm]
+                  [--max-windows N] [--baseline 1]
   cortiq-tool generate --model DIR --prompt TEXT [--max-tokens 64] [--temperature 1]
                        [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1]
                        [--seed 0] [--kv f32|int8]
@@ -195,51 +199,32 @@ int Logits(const Args& a) {
   return 0;
 }
 
-// Perplexity in non-overlapping windows of `window` tokens: each window is a
-// fresh sequence; every token after the first of a window is scored.
 int Ppl(const Args& a) {
-  a.AllowOnly({"model", "file", "window", "kv", "max-windows"});
-  const std::string dir = a.Required("model");
-  std::ifstream in(a.Required("file"), std::ios::binary);
-  if (!in) return Fail(absl::NotFoundError(absl::StrCat(a.Str("file"), ": cannot open")));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto tok = ModelTokenizer(dir);
-  if (!tok.ok()) return Fail(tok.status());
-  auto tf = model::Transformer::Load(dir);
-  if (!tf.ok()) return Fail(tf.status());
-  const size_t window = static_cast<size_t>(a.Int("window", 512));
-  const int64_t max_windows = a.Int("max-windows", -1);
-  if (window < 2) throw UsageError{"--window must be at least 2"};
-  const std::vector<int32_t> ids = tok->Encode(text, /*parse_special=*/false);
-  const size_t vocab = (*tf)->config().vocab_size;
-  std::vector<float> logits(window * vocab);
-  model::ForwardScratch scratch;
-  double nll = 0;
-  size_t scored = 0, bytes = 0, windows = 0;
-  for (size_t start = 0; start + 2 <= ids.size(); start += window) {
-    if (max_windows >= 0 && int64_t(windows) >= max_windows) break;
-    const size_t n = std::min(window, ids.size() - start);
-    std::span<const int32_t> w(ids.data() + start, n);
-    model::SequenceKv kv((*tf)->config(), ParseKv(a));
-    absl::Status s = (*tf)->Prefill(w, kv, scratch, nullptr, logits.data());
-    if (!s.ok()) return Fail(s);
-    for (size_t i = 0; i + 1 < n; ++i) {
-      const float* row = logits.data() + i * vocab;
-      double mx = row[0];
-      for (size_t j = 1; j < vocab; ++j) mx = std::max<double>(mx, row[j]);
-      double z = 0;
-      for (size_t j = 0; j < vocab; ++j) z += std::exp(double(row[j]) - mx);
-      nll += (mx + std::log(z)) - row[w[i + 1]];
-      bytes += tok->TokenBytes(w[i + 1]).size();
-      ++scored;
+  a.AllowOnly({"model", "file", "window", "prefill", "kv", "max-windows", "baseline", "o1", "o1-m",
+               "o1-w", "o1-sink", "o1-rect"});
+  PplOptions o;
+  o.model_dir = a.Required("model");
+  o.text_file = a.Required("file");
+  o.window = static_cast<size_t>(a.Int("window", 512));
+  o.prefill = static_cast<size_t>(a.Int("prefill", int64_t(o.window / 2)));
+  o.max_windows = static_cast<long>(a.Int("max-windows", -1));
+  o.kv_mode = ParseKv(a);
+  o.baseline = a.Int("baseline", 1) != 0;
+  if (a.Has("o1") || a.Has("o1-m") || a.Has("o1-w") || a.Has("o1-sink") || a.Has("o1-rect")) {
+    kv::O1Overrides req;
+    if (a.Has("o1")) req.layers = a.Str("o1");
+    if (a.Has("o1-m")) req.m = static_cast<size_t>(a.Int("o1-m", 32));
+    if (a.Has("o1-w")) req.w = static_cast<size_t>(a.Int("o1-w", 128));
+    if (a.Has("o1-sink")) req.sink = static_cast<size_t>(a.Int("o1-sink", 4));
+    if (a.Has("o1-rect")) {
+      auto r = kv::ParseO1Rect(a.Str("o1-rect"));
+      if (!r.ok()) throw UsageError{std::string(r.status().message())};
+      req.rect = *r;
     }
-    ++windows;
+    if (!req.layers.has_value()) req.layers = "all";
+    o.o1 = req;
   }
-  if (scored == 0) return Fail(absl::InvalidArgumentError("ppl: the text has fewer than 2 tokens"));
-  std::printf("tokens_scored %zu\nwindows %zu\nnll_per_token %.6f\nppl %.6f\nbits_per_byte %.6f\n",
-              scored, windows, nll / scored, std::exp(nll / scored),
-              bytes ? nll / std::log(2.0) / double(bytes) : 0.0);
-  return 0;
+  return RunPpl(o);
 }
 
 int Generate(const Args& a) {

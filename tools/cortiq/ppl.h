@@ -1,0 +1,36 @@
+// `cortiq-tool ppl`: perplexity of a text file under any attention mode, in
+// the protocol of seed 002 — windows of `window` tokens (default 512); each
+// window is a fresh sequence whose first `prefill` tokens (default 256) are
+// absorbed by one prefill (exact attention; O(1) layers freeze their
+// landmarks there), and whose remaining tokens are decoded one by one
+// (teacher-forced). Scored tokens: the ones predicted by the decode steps,
+// i.e. positions prefill+1 .. window-1 of every window, so every mode is
+// compared with exact attention over the same scored tokens. The exact
+// baseline runs in the same invocation and the ratio is printed.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "core/kv/layer_kv_cache.h"
+#include "core/kv/o1_config.h"
+
+namespace cortiq::tools {
+
+struct PplOptions {
+  std::string model_dir;
+  std::string text_file;
+  size_t window = 512;
+  size_t prefill = 256;
+  long max_windows = -1;  // -1: every full or partial window
+  kv::KvMode kv_mode = kv::KvMode::kF32;
+  // Set: run the O(1) mode with these request-level overrides (the rest
+  // resolves through env > config.json hint > defaults, as in the server).
+  std::optional<kv::O1Overrides> o1;
+  bool baseline = true;  // also run exact f32 and print the ratio
+};
+
+int RunPpl(const PplOptions& options);
+
+}  // namespace cortiq::tools
