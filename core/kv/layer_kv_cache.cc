@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "core/math/kernels.h"
 
 namespace cortiq::kv {
@@ -129,7 +130,8 @@ LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
       k_scale_(std::move(other.k_scale_)),
       v_scale_(std::move(other.v_scale_)),
       importance_(std::move(other.importance_)),
-      alive_log_(std::move(other.alive_log_)) {
+      alive_log_(std::move(other.alive_log_)),
+      o1_(std::move(other.o1_)) {
   other.ResetScalars();
 }
 
@@ -149,14 +151,17 @@ LayerKvCache& LayerKvCache::operator=(LayerKvCache&& other) noexcept {
   v_scale_ = std::move(other.v_scale_);
   importance_ = std::move(other.importance_);
   alive_log_ = std::move(other.alive_log_);
+  o1_ = std::move(other.o1_);
   other.ResetScalars();
   return *this;
 }
 
-// A moved-from cache is an empty (released) cache of the same geometry.
+// A moved-from cache is an empty (released) cache of the same geometry
+// (std::optional's move leaves the source engaged: reset it here).
 void LayerKvCache::ResetScalars() {
   capacity_ = 0;
   seq_len_ = 0;
+  o1_.reset();
 }
 
 LayerKvCache LayerKvCache::Copy() const {
@@ -172,6 +177,21 @@ LayerKvCache LayerKvCache::Copy() const {
   c.v_scale_ = v_scale_.Copy();
   c.importance_ = importance_.Copy();
   c.alive_log_ = alive_log_.Copy();
+  if (o1_) {
+    internal::LayerO1State& o = c.o1_.emplace();
+    o.m = o1_->m;
+    o.w = o1_->w;
+    o.sink = o1_->sink;
+    o.rect = o1_->rect;
+    o.sealed = o1_->sealed;
+    o.trace.reserve(o1_->trace.capacity());  // same bytes, same growth
+    o.trace.assign(o1_->trace.begin(), o1_->trace.end());
+    o.trace_heads = o1_->trace_heads;
+    o.trace_rows = o1_->trace_rows;
+    o.num_heads = o1_->num_heads;
+    o.states.reserve(o1_->states.capacity());
+    for (const NystromState& st : o1_->states) o.states.push_back(st.Copy());
+  }
   return c;
 }
 
@@ -195,7 +215,8 @@ size_t LayerKvCache::ProjectedBytes(size_t num_kv_heads, size_t head_dim, KvMode
 size_t LayerKvCache::MemoryBytes() const {
   return head_len_.MemoryBytes() + k_f32_.MemoryBytes() + v_f32_.MemoryBytes() +
          k_i8_.MemoryBytes() + v_i8_.MemoryBytes() + k_scale_.MemoryBytes() +
-         v_scale_.MemoryBytes() + importance_.MemoryBytes() + alive_log_.MemoryBytes();
+         v_scale_.MemoryBytes() + importance_.MemoryBytes() + alive_log_.MemoryBytes() +
+         O1MemoryBytes();
 }
 
 size_t LayerKvCache::HeadLen(size_t kv_head) const {
@@ -209,7 +230,7 @@ size_t LayerKvCache::HeadLen(size_t kv_head) const {
 void LayerKvCache::Reallocate(size_t new_capacity) {
   CORTIQ_KV_CHECK(new_capacity >= seq_len_);
   if (new_capacity == 0) {
-    Release();
+    FreeExactStorage();  // seq_len_ == 0; an armed O(1) trace stays armed
     return;
   }
   const size_t H = num_kv_heads_;
@@ -244,11 +265,14 @@ void LayerKvCache::Reallocate(size_t new_capacity) {
   capacity_ = new_capacity;
 }
 
+// A sealed layer holds no exact rows and never will again: both are no-ops.
 void LayerKvCache::Reserve(size_t positions) {
+  if (O1Sealed()) return;
   if (positions > capacity_) Reallocate(positions);
 }
 
 void LayerKvCache::ShrinkToFit() {
+  if (O1Sealed()) return;
   if (seq_len_ != capacity_) Reallocate(seq_len_);
 }
 
@@ -263,6 +287,7 @@ void LayerKvCache::Append(std::span<const float> k_new, std::span<const float> v
                           std::span<const bool> alive) {
   const size_t H = num_kv_heads_;
   const size_t D = head_dim_;
+  CORTIQ_KV_CHECK(!O1Sealed());  // the sealed path inserts through O1Step
   CORTIQ_KV_CHECK(k_new.size() == H * D && v_new.size() == H * D);
   CORTIQ_KV_CHECK(alive.empty() || alive.size() == H);
 
@@ -298,9 +323,14 @@ void LayerKvCache::Append(std::span<const float> k_new, std::span<const float> v
   ++seq_len_;
 }
 
-void LayerKvCache::TruncateLast(size_t n_drop) {
+absl::Status LayerKvCache::TruncateLast(size_t n_drop) {
   CORTIQ_KV_CHECK(n_drop <= seq_len_);
-  if (n_drop == 0) return;
+  if (O1Sealed()) {
+    return absl::FailedPreconditionError(
+        "TruncateLast: the layer is sealed into O(1) Nystrom states, which cannot roll "
+        "back an absorbed position");
+  }
+  if (n_drop == 0) return absl::OkStatus();
   const size_t H = num_kv_heads_;
   size_t old_max = 0;
   size_t new_max = 0;
@@ -317,9 +347,16 @@ void LayerKvCache::TruncateLast(size_t n_drop) {
   if (!importance_.empty()) {
     std::fill(importance_.data() + new_max, importance_.data() + old_max, 0.0f);
   }
+  if (O1Collecting() && o1_->trace_rows > seq_len_) {
+    // Trace row p is the queries of position p: drop the rolled-back ones.
+    o1_->trace_rows = seq_len_;
+    o1_->trace.resize(seq_len_ * o1_->trace_heads * head_dim_);  // keeps capacity
+  }
+  return absl::OkStatus();
 }
 
 void LayerKvCache::AccumulateImp(std::span<const float> probs) {
+  CORTIQ_KV_CHECK(!O1Sealed());
   CORTIQ_KV_CHECK(probs.size() <= seq_len_);
   if (importance_.empty()) importance_.Resize(capacity_);  // zero-filled
   float* imp = importance_.data();
@@ -331,10 +368,16 @@ void LayerKvCache::Clear() {
   std::fill(head_len_.begin(), head_len_.end(), size_t{0});
   importance_ = {};
   alive_log_ = {};
+  o1_.reset();
 }
 
 void LayerKvCache::Release() {
-  ResetScalars();
+  ResetScalars();  // drops the O(1) override too
+  FreeExactStorage();
+}
+
+void LayerKvCache::FreeExactStorage() {
+  capacity_ = 0;
   head_len_ = {};
   k_f32_ = {};
   v_f32_ = {};
@@ -352,6 +395,7 @@ void LayerKvCache::Release() {
 void LayerKvCache::Attend(std::span<const float> q, size_t kv_head, std::span<float> out,
                           std::span<float> probs, const AttendOptions& options) const {
   const size_t D = head_dim_;
+  CORTIQ_KV_CHECK(!O1Sealed());  // no rows left: decode goes through O1Step
   const size_t n = std::min(HeadLen(kv_head), options.end);
   if (mode_ == KvMode::kF32) {
     // The reference itself: bit-for-bit by construction.
@@ -381,6 +425,7 @@ void LayerKvCache::AttendGroup(std::span<const float> q_group, size_t kv_head, s
                                std::span<float> imp_acc, const AttendOptions& options) const {
   const size_t D = head_dim_;
   const size_t G = n_q_heads;
+  CORTIQ_KV_CHECK(!O1Sealed());  // no rows left: decode goes through O1Step
   const size_t n = std::min(HeadLen(kv_head), options.end);
   CORTIQ_KV_CHECK(G > 0 && q_group.size() == G * D && out.size() == G * D);
   CORTIQ_KV_CHECK(probs.size() >= G * n);

@@ -19,6 +19,14 @@
 //   * Dead heads: a KV head whose alive[h] is false at Append stores nothing
 //     for that position. seq_len() counts every position appended;
 //     HeadLen(h) counts the rows head h actually stored (<= seq_len()).
+//   * Optional O(1) Nyström override (seeds 001/002, the O1* methods below,
+//     implemented in layer_kv_cache_o1.cc). Once sealed, the layer's exact
+//     K/V rows are FREED and decode runs through one NystromState per KV
+//     group (O1Step); the exact path is then closed: Append, Attend,
+//     AttendGroup and AccumulateImp CHECK-fail, Reserve / ShrinkToFit are
+//     no-ops, TruncateLast is refused (FailedPrecondition), HeadLen() is 0.
+//     seq_len() keeps counting (O1Step advances it). Clear / Release drop
+//     the override.
 //
 // Ownership: owns all its buffers; move-only, deep copies are explicit (Copy()).
 //
@@ -41,8 +49,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "core/kv/nystrom.h"
 #include "core/util/aligned_buffer.h"
 
 namespace cortiq::kv {
@@ -81,6 +93,23 @@ void AttentionHead(std::span<const float> q, std::span<const float> keys,
                    std::span<const float> values, size_t head_dim, const AttendOptions& options,
                    std::span<float> out, std::span<float> probs);
 
+namespace internal {
+// LayerKvCache's O(1) override, the seed's O1State. Private to LayerKvCache;
+// at namespace scope only so std::optional sees a complete, default-
+// constructible type inside the class (clang). Collecting: rows of rotated
+// queries; sealed: the per-group states (the trace is freed).
+struct LayerO1State {
+  size_t m = 0, w = 0, sink = 0;
+  O1Rect rect = kO1DefaultRect;
+  bool sealed = false;
+  std::vector<float> trace;          // [trace_rows × trace_heads × head_dim], collecting only
+  size_t trace_heads = 0;            // Q heads per pushed row (set by the first push)
+  size_t trace_rows = 0;             // positions pushed
+  size_t num_heads = 0;              // sealed: Q heads of the layer (fan-out × num_kv_heads)
+  std::vector<NystromState> states;  // sealed: [num_kv_heads]
+};
+}  // namespace internal
+
 class LayerKvCache {
  public:
   // Allocates nothing; storage comes with Reserve / the first Append.
@@ -91,8 +120,8 @@ class LayerKvCache {
   LayerKvCache& operator=(const LayerKvCache&) = delete;
   ~LayerKvCache() = default;
 
-  // Deep copy, same capacity (the copy decodes on without allocating).
-  // O(MemoryBytes()).
+  // Deep copy, same capacity (the copy decodes on without allocating), the
+  // O(1) override included (trace or sealed states). O(MemoryBytes()).
   LayerKvCache Copy() const;
 
   // Exact MemoryBytes() of a fresh cache of this geometry after
@@ -104,11 +133,13 @@ class LayerKvCache {
   KvMode mode() const { return mode_; }
   size_t num_kv_heads() const { return num_kv_heads_; }
   size_t head_dim() const { return head_dim_; }
-  // Positions appended so far (dead heads included).
+  // Positions appended so far (dead heads included; on a sealed O(1) layer,
+  // positions absorbed by the Nyström states).
   size_t seq_len() const { return seq_len_; }
   // Positions every head block can hold without reallocating.
   size_t capacity() const { return capacity_; }
-  // Rows actually stored for kv_head (0 for a head dead at every Append).
+  // Rows actually stored for kv_head (0 for a head dead at every Append, and
+  // 0 on a sealed O(1) layer: its rows are freed).
   size_t HeadLen(size_t kv_head) const;
   // True once any Append marked a head dead (since the last Clear / Release).
   bool HasDeadHeads() const { return !alive_log_.empty(); }
@@ -131,17 +162,22 @@ class LayerKvCache {
   // Rolls back the last n_drop positions (speculative-decode reject); each
   // head loses exactly the rows it stored for them. Appending the same
   // positions again yields the state that never having appended them gives.
-  // Importance of rows no longer stored by any head is zeroed. n_drop must
-  // be <= seq_len(). Never allocates.
-  void TruncateLast(size_t n_drop);
+  // Importance of rows no longer stored by any head is zeroed; a query trace
+  // being collected (O1Begin) loses the same positions. n_drop must be <=
+  // seq_len() (programmer invariant). FailedPrecondition, nothing changed, on
+  // a sealed O(1) layer: the Nyström state cannot un-absorb a key. Never
+  // allocates.
+  absl::Status TruncateLast(size_t n_drop);
   // Adds probs[t] to the importance of stored row t, t < probs.size() <=
   // seq_len() (call once per Q head: the sum over heads). The first call
   // allocates the [capacity] importance buffer.
   void AccumulateImp(std::span<const float> probs);
-  // New conversation: forgets every position, the importance and the alive
-  // log; KEEPS the K/V capacity (a reused session does not reallocate).
+  // New conversation: forgets every position, the importance, the alive log
+  // and any O(1) override; KEEPS the K/V capacity (a reused session does not
+  // reallocate; a sealed layer has none left).
   void Clear();
-  // Frees every buffer: MemoryBytes() == 0. The cache stays usable.
+  // Frees every buffer, the O(1) override included: MemoryBytes() == 0. The
+  // cache stays usable.
   void Release();
 
   // Importance per stored row: [capacity] once AccumulateImp has run (rows
@@ -185,23 +221,98 @@ class LayerKvCache {
   std::span<const float> HeadKeyScales(size_t kv_head) const;
   std::span<const float> HeadValueScales(size_t kv_head) const;
 
-  // Exact heap bytes held (see the banner). O(1).
+  // Exact heap bytes held (see the banner), O1MemoryBytes() included.
+  // O(num_kv_heads) with a sealed override, O(1) otherwise.
   size_t MemoryBytes() const;
 
-  // Next (own issues; not implemented here):
-  //  * the O(1) Nyström override of seed 001/002 — O1Begin / O1PushQ /
-  //    O1Seal / O1Sealed / O1Step / O1MemoryBytes, an optional member that,
-  //    once sealed, replaces this layer's K/V rows (seal needs kF32 rows and
-  //    no dead heads); MemoryBytes() will add its bytes.
-  //  * ExportWire / ImportWire (absl::Status / StatusOr): refuse kInt8 rows,
-  //    importance, dead heads or an O(1) override; validate geometry before
-  //    installing anything.
+  // ---- O(1) Nyström override (seeds 001/002) ----
+  // Lifecycle, driven by the forward pass:
+  //   O1Begin(m, w, sink, rect)         on an empty cache: arm query collection
+  //   per prompt position: Append(k, v) + O1PushQ(q_all)   (exact attention as usual)
+  //   O1Seal(num_heads)                 freeze the prompt: one NystromState per
+  //                                     KV group, then free the exact K/V
+  //   per decode position: O1Step(q_all, k, v, num_heads, out)
+  // Positions are counted by seq_len() throughout. Costs: O1PushQ amortised
+  // O(num_heads·head_dim) (the trace grows geometrically, following the exact
+  // capacity); O1Seal O(t·(m·d + d)·num_heads + m³·num_heads), allocating the
+  // states; O1Step per group O((sink + w)·d + m·(d + m)) per Q head and, in
+  // skeleton mode, no allocation.
+
+  // Arms query collection for a fresh prompt pass. FailedPrecondition when
+  // the cache holds positions (seq_len() > 0) or is sealed; InvalidArgument
+  // for m < 4 or w < 1 (kv::O1Config clamps them). Re-arming an empty,
+  // collecting cache starts over with the new settings. Allocates nothing.
+  absl::Status O1Begin(size_t m, size_t w, size_t sink, O1Rect rect);
+  // Records one position's rotated queries, q_all: [num_heads × head_dim]
+  // (every Q head of the position, head-major as the forward pass lays them
+  // out). No-op unless collecting. The head count is fixed by the first push;
+  // a different size afterwards is a programmer error (CHECK).
+  void O1PushQ(std::span<const float> q_all);
+  // True between O1Begin and O1Seal (or a refused seal / Clear / Release).
+  bool O1Collecting() const { return o1_.has_value() && !o1_->sealed; }
+  bool O1Sealed() const { return o1_.has_value() && o1_->sealed; }
+  // Query positions recorded so far (0 unless collecting).
+  size_t O1TraceRows() const { return O1Collecting() ? o1_->trace_rows : 0; }
+
+  // Freezes the prompt into per-KV-group Nyström states and frees this
+  // layer's exact K/V (and the trace). Preconditions, each refused with
+  // FailedPrecondition naming it: collecting (O1Begin ran; "no query trace"
+  // otherwise), kF32 rows, num_heads a non-zero multiple of num_kv_heads, a
+  // full trace (one pushed row of num_heads heads per stored position,
+  // seq_len() > 0) and every KV head densely stored (HeadLen(h) ==
+  // seq_len(): no dead head). A refused seal drops the trace and leaves the
+  // layer exact with its K/V untouched; sealing a sealed layer is refused
+  // and changes nothing.
+  absl::Status O1Seal(size_t num_heads);
+
+  // One decode position on a sealed layer: per KV group g, inserts the
+  // group's (k, v) ONCE and writes every Q head's output; seq_len() advances
+  // by one. Head h belongs to group h / (num_heads / num_kv_heads), so a
+  // group's Q heads are contiguous in q_all / out — the same layout
+  // AttendGroup reads. q_all, out: [num_heads × head_dim]; k_new, v_new:
+  // [num_kv_heads × head_dim]. num_heads must be the sealed fan-out; calling
+  // it on an unsealed layer or with wrong sizes is a programmer error
+  // (CHECK). No allocation unless a group is exact-only (short prompt:
+  // its window grows, amortised).
+  void O1Step(std::span<const float> q_all, std::span<const float> k_new,
+              std::span<const float> v_new, size_t num_heads, std::span<float> out);
+
+  // Device views of the sealed groups (valid until the next mutation), or
+  // nullopt when the layer is not sealed or any group is exact-only (the
+  // degenerate short-prompt mode a device path does not carry).
+  std::optional<std::vector<O1DeviceView>> O1Views() const;
+
+  // Heap bytes held by the override: the query trace (capacity) while
+  // collecting, the per-group states once sealed; 0 without an override.
+  // Included in MemoryBytes(). O(num_kv_heads).
+  size_t O1MemoryBytes() const;
+
+  // The sealed per-group states, [num_kv_heads] (empty unless sealed): what
+  // a wire format reads (NystromState::group() / heads()).
+  std::span<const NystromState> O1States() const;
+  // Installs sealed states (e.g. rebuilt with NystromState::FromParts from a
+  // wire format) as this layer's O(1) override; the layer then decodes
+  // exactly as the layer they were read from. `seq_len` is the number of
+  // positions they have absorbed. Requires an empty, un-overridden kF32 cache
+  // (FailedPrecondition otherwise); every state is checked before anything
+  // is installed (InvalidArgument naming the group): one state per KV head,
+  // prefilled, d == dv == head_dim, the same Q-head count, m, w, sink and
+  // mode in every group, and sink_len + win_len + far_len == seq_len. Frees
+  // any exact capacity the cache still holds.
+  absl::Status O1Install(std::vector<NystromState> states, size_t seq_len);
+
+  // Next (own issue): ExportWire / ImportWire (absl::Status / StatusOr):
+  // refuse kInt8 rows, importance, dead heads or an O(1) override (or carry
+  // it via O1States / O1Install); validate geometry before installing.
 
  private:
   // Reallocates every per-position buffer to new_capacity (>= seq_len_),
   // keeping stored rows. The only place storage is (re)allocated.
   void Reallocate(size_t new_capacity);
   void ResetScalars();
+  // Frees the exact storage (K/V rows, scales, head lengths, importance,
+  // alive log) and zeroes capacity_, without touching seq_len_ or o1_.
+  void FreeExactStorage();
   // Offsets of head h's blocks.
   size_t RowBase(size_t kv_head) const { return kv_head * capacity_ * head_dim_; }
   size_t ScaleBase(size_t kv_head) const { return kv_head * capacity_; }
@@ -226,6 +337,9 @@ class LayerKvCache {
   // [capacity × num_kv_heads]: 1 if head h stored position p. Exists only once
   // a head has been dead; without it every head stored every position.
   util::AlignedBuffer<uint8_t> alive_log_;
+
+  // The O(1) override (seed: `o1: Option<O1State>`); nullopt = plain cache.
+  std::optional<internal::LayerO1State> o1_;
 };
 
 }  // namespace cortiq::kv

@@ -1,11 +1,13 @@
 #include "core/model/transformer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/util/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace cortiq::model {
 namespace {
@@ -60,8 +62,19 @@ void SequenceKv::Reserve(size_t positions) {
   for (auto& l : layers_) l.Reserve(positions);
 }
 
-void SequenceKv::TruncateLast(size_t n) {
-  for (auto& l : layers_) l.TruncateLast(n);
+absl::Status SequenceKv::TruncateLast(size_t n) {
+  if (n > position()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncate: ", n, " positions requested, the sequence holds ", position()));
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (layers_[l].O1Sealed()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "truncate: layer ", l, " runs the sealed O(1) kernel, which cannot roll back"));
+    }
+  }
+  for (auto& l : layers_) CORTIQ_RETURN_IF_ERROR(l.TruncateLast(n));  // cannot fail now
+  return absl::OkStatus();
 }
 
 void SequenceKv::Release() {
@@ -74,12 +87,46 @@ size_t SequenceKv::MemoryBytes() const {
   return total;
 }
 
+size_t SequenceKv::O1MemoryBytes() const {
+  size_t total = 0;
+  for (const auto& l : layers_) total += l.O1MemoryBytes();
+  return total;
+}
+
 SequenceKv SequenceKv::Copy() const {
   SequenceKv out;
   out.mode_ = mode_;
+  out.o1_config_ = o1_config_;
   out.layers_.reserve(layers_.size());
   for (const auto& l : layers_) out.layers_.push_back(l.Copy());
   return out;
+}
+
+absl::Status SequenceKv::EnableO1(const kv::O1Config& config) {
+  if (position() != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("o1: the sequence already holds ", position(),
+                     " positions; O(1) attention is chosen before the first prefill"));
+  }
+  for (size_t l : config.layers) {
+    if (l >= layers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "o1.layers: layer ", l, " is out of range; the model has ", layers_.size(), " layers"));
+    }
+  }
+  if (config.m < 4) return absl::InvalidArgumentError(absl::StrCat("o1.m = ", config.m, " < 4"));
+  if (config.w < 1) return absl::InvalidArgumentError("o1.w must be at least 1");
+  if (!config.Enabled()) {
+    o1_config_.reset();
+    return absl::OkStatus();
+  }
+  o1_config_ = config;
+  return absl::OkStatus();
+}
+
+bool SequenceKv::O1Collecting() const {
+  return std::any_of(layers_.begin(), layers_.end(),
+                     [](const kv::LayerKvCache& l) { return l.O1Collecting(); });
 }
 
 // --------------------------------------------------------------- Transformer
@@ -252,15 +299,35 @@ void Transformer::RunLayers(ForwardScratch& s, size_t rows,
       }
       // Append in row order: a prefill chunk's rows land at consecutive
       // positions; row i then attends over exactly the rows before it.
-      seq_of_row[i]->layers()[l].Append({k, nkv * hd}, {v, nkv * hd});
+      // A sealed O(1) layer keeps no rows: O1Step inserts (k, v) below.
+      kv::LayerKvCache& cache = seq_of_row[i]->layers()[l];
+      if (cache.O1Sealed()) continue;
+      cache.Append({k, nkv * hd}, {v, nkv * hd});
+      // The O(1) query trace (no-op unless this layer is collecting its
+      // prompt): every prefill flavour passes here, in position order.
+      cache.O1PushQ({q, nq * hd});
     }
     // Attention: one task per (row, KV group); row i of a chunk sees the
-    // positions up to its own (causal), recorded as `visible`.
+    // positions up to its own (causal), recorded as `visible`. A sealed O(1)
+    // layer is stepped by the (first row, group 0) task of each run of rows
+    // of its sequence, rows in position order (causal by construction; one
+    // row per sequence in a decode batch, so sequences run in parallel).
     const size_t tasks = rows * nkv;
     pool_->ParallelFor(tasks, [&](size_t begin, size_t end) {
       for (size_t t = begin; t < end; ++t) {
         const size_t i = t / nkv, g = t % nkv;
-        const kv::LayerKvCache& cache = seq_of_row[i]->layers()[l];
+        SequenceKv* const seq = seq_of_row[i];
+        if (seq->layers()[l].O1Sealed()) {
+          if (g != 0 || (i > 0 && seq_of_row[i - 1] == seq)) continue;
+          kv::LayerKvCache& o1 = seq->layers()[l];
+          for (size_t r = i; r < rows && seq_of_row[r] == seq; ++r) {
+            o1.O1Step({s.q.data() + r * nq * hd, nq * hd}, {s.k.data() + r * nkv * hd, nkv * hd},
+                      {s.v.data() + r * nkv * hd, nkv * hd}, nq,
+                      {s.att.data() + r * nq * hd, nq * hd});
+          }
+          continue;
+        }
+        const kv::LayerKvCache& cache = seq->layers()[l];
         // Rows of the same sequence after i were appended above: hide them.
         size_t later = 0;
         for (size_t j = i + 1; j < rows && seq_of_row[j] == seq_of_row[i]; ++j) ++later;
@@ -309,6 +376,14 @@ absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& k
   }
   if (kv.layers().size() != layers_.size()) {
     return absl::InvalidArgumentError("prefill: the sequence state belongs to another geometry");
+  }
+  if (start == 0 && kv.o1_config().has_value()) {
+    // First prefill of a fresh sequence: the selected layers record their
+    // query trace through this and any following chunk until SealO1.
+    const kv::O1Config& o1 = *kv.o1_config();
+    for (size_t l : o1.layers) {
+      CORTIQ_RETURN_IF_ERROR(kv.layers()[l].O1Begin(o1.m, o1.w, o1.sink, o1.rect));
+    }
   }
   EnsureScratch(s, rows, start + rows);
   kv.Reserve(start + rows);
@@ -364,6 +439,10 @@ absl::Status Transformer::DecodeBatch(std::span<const int32_t> tokens,
     }
     max_len = std::max(max_len, pos + 1);
   }
+  for (SequenceKv* kv : kvs) {
+    // A sequence decodes once its prompt is complete: seal what is armed.
+    if (kv->O1Collecting()) SealO1(*kv);
+  }
   EnsureScratch(s, rows, max_len);
   thread_local std::vector<size_t> positions;
   positions.resize(rows);
@@ -379,6 +458,30 @@ absl::Status Transformer::DecodeBatch(std::span<const int32_t> tokens,
   }
   Logits(s.xn.data(), rows, logits);
   return absl::OkStatus();
+}
+
+size_t Transformer::SealO1(SequenceKv& kv) const {
+  // One warning per process: a config that cannot seal (e.g. O(1) asked for
+  // on int8 sessions) would otherwise log on every request.
+  static std::atomic<bool> warned{false};
+  size_t sealed = 0;
+  for (size_t l = 0; l < kv.layers().size(); ++l) {
+    kv::LayerKvCache& layer = kv.layers()[l];
+    if (!layer.O1Collecting()) continue;
+    const absl::Status st = layer.O1Seal(static_cast<size_t>(config_.num_attention_heads));
+    if (st.ok()) {
+      ++sealed;
+      continue;
+    }
+    const std::string why(st.message());
+    if (!warned.exchange(true, std::memory_order_relaxed)) {
+      spdlog::warn("o1: layer {} keeps exact attention: {} (further refusals log at debug level)",
+                   l, why);
+    } else {
+      spdlog::debug("o1: layer {} keeps exact attention: {}", l, why);
+    }
+  }
+  return sealed;
 }
 
 }  // namespace cortiq::model

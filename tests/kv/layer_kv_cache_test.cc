@@ -423,7 +423,7 @@ TEST(LayerKvCacheTest, TruncateLastThenReappendEqualsNeverAppended) {
       for (size_t t = 12; t < 17; ++t) a.Append(ks[25 + t - 12], vs[t], alive(t + 1));
       std::vector<float> spec_probs(17, 0.125f);
       a.AccumulateImp(spec_probs);  // touched rows the rollback must clear
-      a.TruncateLast(5);
+      ASSERT_TRUE(a.TruncateLast(5).ok());
       EXPECT_EQ(a.seq_len(), 12u);
       for (size_t t = 12; t < 20; ++t) a.Append(ks[t], vs[t], alive(t));
 
@@ -444,11 +444,11 @@ TEST(LayerKvCacheTest, TruncateEverything) {
   std::mt19937 rng(8);
   LayerKvCache c(2, 8);
   Fill(c, nullptr, rng, 5);
-  c.TruncateLast(5);
+  ASSERT_TRUE(c.TruncateLast(5).ok());
   EXPECT_EQ(c.seq_len(), 0u);
   EXPECT_EQ(c.HeadLen(0), 0u);
   EXPECT_EQ(c.HeadLen(1), 0u);
-  c.TruncateLast(0);
+  ASSERT_TRUE(c.TruncateLast(0).ok());
   EXPECT_EQ(c.seq_len(), 0u);
 }
 
@@ -548,7 +548,7 @@ TEST(LayerKvCacheTest, ClearKeepsCapacityReleaseFreesAll) {
   Fill(c, nullptr, rng, 3);  // still usable
   EXPECT_EQ(c.HeadLen(0), 3u);
   EXPECT_EQ(c.capacity(), 16u);
-  c.TruncateLast(3);
+  ASSERT_TRUE(c.TruncateLast(3).ok());
   c.ShrinkToFit();  // seq_len 0 → releases
   EXPECT_EQ(c.MemoryBytes(), 0u);
 }

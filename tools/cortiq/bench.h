@@ -4,6 +4,8 @@
 #pragma once
 
 #include <string>
+
+#include "core/kv/o1_config.h"
 #include <vector>
 
 namespace cortiq::tools {
@@ -21,5 +23,18 @@ struct BenchOptions {
 };
 
 int RunBench(const BenchOptions& options);
+
+struct BenchContextOptions {
+  std::string shape = "qwen3-0.6b";
+  std::string dtype = "bf16";
+  std::vector<size_t> contexts = {1024, 4096, 16384, 65536};
+  std::vector<std::string> modes = {"exact", "int8", "o1"};
+  kv::O1Overrides o1;  // request-level O(1) settings (defaults: all layers, m=32, W=128, sink=4)
+  size_t steps = 8;
+  double max_state_gb = 8.0;  // skip exact points whose state would exceed this
+  size_t threads = 0;
+};
+
+int RunBenchContext(const BenchContextOptions& options);
 
 }  // namespace cortiq::tools

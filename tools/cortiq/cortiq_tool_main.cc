@@ -11,6 +11,7 @@
 //                        [--seed S] [--kv f32|int8]
 //   cortiq-tool bench [--model DIR | --shape NAME] [--dtype bf16|f32|f16] [--context N]
 //                     [--batches 1,8] [--steps N] [--bandwidth-gb G] [--threads N]
+//   cortiq-tool bench-context [--shape NAME] [--contexts 1024,...] [--modes exact,int8,o1] [--steps N]
 //
 // Exit status: 0 success, 1 runtime error, 2 usage error.
 #include <cmath>
@@ -51,6 +52,8 @@ constexpr const char* kUsage = R"(usage:
                        [--seed 0] [--kv f32|int8]
   cortiq-tool bench [--model DIR | --shape qwen3-0.6b] [--dtype bf16] [--context 512]
                     [--batches 1,8] [--steps 32] [--bandwidth-gb 2] [--threads 0]
+  cortiq-tool bench-context [--shape qwen3-0.6b] [--contexts 1024,4096,16384,65536]
+                    [--modes exact,int8,o1] [--steps 8] [--max-state-gb 8] [--o1 all --o1-m 32 ...]
 shapes: tiny, tiny-gqa, tiny-qwen2, tiny-llama, qwen3-0.6b
 )";
 
@@ -273,6 +276,38 @@ int Generate(const Args& a) {
   return 0;
 }
 
+int BenchContext(const Args& a) {
+  a.AllowOnly({"shape", "dtype", "contexts", "modes", "steps", "max-state-gb", "threads", "o1",
+               "o1-m", "o1-w", "o1-sink"});
+  BenchContextOptions o;
+  o.shape = a.Str("shape", o.shape);
+  o.dtype = a.Str("dtype", o.dtype);
+  o.steps = static_cast<size_t>(a.Int("steps", int64_t(o.steps)));
+  o.max_state_gb = a.Float("max-state-gb", o.max_state_gb);
+  o.threads = static_cast<size_t>(a.Int("threads", 0));
+  if (a.Has("contexts")) {
+    o.contexts.clear();
+    for (int32_t t : ParseIds(a.Str("contexts"))) {
+      if (t < 1) throw UsageError{"--contexts: each context must be at least 1"};
+      o.contexts.push_back(size_t(t));
+    }
+  }
+  if (a.Has("modes")) {
+    o.modes.clear();
+    for (absl::string_view m : absl::StrSplit(a.Str("modes"), ',', absl::SkipEmpty())) {
+      if (m != "exact" && m != "int8" && m != "o1") {
+        throw UsageError{"--modes: each mode is one of exact, int8, o1"};
+      }
+      o.modes.emplace_back(m);
+    }
+  }
+  o.o1.layers = a.Str("o1", "all");
+  if (a.Has("o1-m")) o.o1.m = static_cast<size_t>(a.Int("o1-m", 32));
+  if (a.Has("o1-w")) o.o1.w = static_cast<size_t>(a.Int("o1-w", 128));
+  if (a.Has("o1-sink")) o.o1.sink = static_cast<size_t>(a.Int("o1-sink", 4));
+  return RunBenchContext(o);
+}
+
 int Bench(const Args& a) {
   a.AllowOnly({"model", "shape", "dtype", "context", "batches", "steps", "bandwidth-gb", "threads", "kv"});
   BenchOptions o;
@@ -313,6 +348,7 @@ int main(int argc, char** argv) {
     if (cmd == "ppl") return Ppl(a);
     if (cmd == "generate") return Generate(a);
     if (cmd == "bench") return Bench(a);
+    if (cmd == "bench-context") return BenchContext(a);
     throw UsageError{absl::StrCat("unknown command '", cmd, "'")};
   } catch (const UsageError& e) {
     std::cerr << "cortiq-tool: " << e.message << "\n" << kUsage;
