@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/qsa/indexer_weights.h"
 #include "core/util/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -47,7 +49,89 @@ void Grow(util::AlignedBuffer<float>& b, size_t n) {
   if (b.size() < n) b.Resize(n);
 }
 
+// The Checkpoint as the QSA weight loader's tensor source.
+class CkptSource : public qsa::TensorSource {
+ public:
+  explicit CkptSource(const Checkpoint& c) : c_(c) {}
+  bool Has(std::string_view n) const override { return c_.Has(n); }
+  absl::StatusOr<qsa::HostTensor> Get(std::string_view n) const override {
+    CORTIQ_ASSIGN_OR_RETURN(TensorView t, c_.GetAnyShape(n));
+    return qsa::HostTensor{t.data, t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.end())};
+  }
+
+ private:
+  const Checkpoint& c_;
+};
+
+qsa::DevicePtr P(const void* p) { return qsa::DevicePtr::FromHost(p); }
+
 }  // namespace
+
+// ----------------------------------------------------------------- QsaConfig
+
+bool QsaConfig::IsQsaLayer(size_t layer) const {
+  return std::binary_search(layers.begin(), layers.end(), layer);
+}
+
+std::string QsaConfig::DebugString() const {
+  if (!Enabled()) return "qsa: off";
+  return absl::StrCat("qsa: layers=[", absl::StrJoin(layers, ","), "] ratio=", ratio,
+                      " budget=", budget);
+}
+
+absl::StatusOr<QsaConfig> MakeQsaConfig(std::string_view layer_spec, size_t ratio, size_t budget,
+                                        size_t num_layers) {
+  QsaConfig c;
+  CORTIQ_ASSIGN_OR_RETURN(c.layers, kv::ParseLayerSpec(layer_spec, num_layers));
+  if (ratio < 1) return absl::InvalidArgumentError("qsa.ratio must be at least 1");
+  if (budget < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("qsa.budget = ", budget, " < 2 (the sink and current blocks)"));
+  }
+  c.ratio = ratio;
+  c.budget = budget;
+  return c;
+}
+
+// -------------------------------------------------------------- QsaSeqStates
+
+QsaSeqStates::QsaSeqStates(QsaSeqStates&& o) noexcept
+    : runtime_(std::move(o.runtime_)),
+      indexer_(std::move(o.indexer_)),
+      state_(std::move(o.state_)) {
+  o.indexer_.clear();
+  o.state_.clear();
+}
+
+QsaSeqStates& QsaSeqStates::operator=(QsaSeqStates&& o) noexcept {
+  if (this != &o) {
+    Release();
+    runtime_ = std::move(o.runtime_);
+    indexer_ = std::move(o.indexer_);
+    state_ = std::move(o.state_);
+    o.indexer_.clear();
+    o.state_.clear();
+  }
+  return *this;
+}
+
+QsaSeqStates::~QsaSeqStates() { Release(); }
+
+void QsaSeqStates::Release() {
+  for (size_t l = 0; l < state_.size(); ++l) {
+    if (indexer_[l] == nullptr) continue;
+    // Idempotent: a released state holds null pointers. A failed Free is the
+    // backend's to account for (CpuBackend only fails on a bad pointer).
+    const absl::Status st = indexer_[l]->ReleaseSeqState(state_[l]);
+    if (!st.ok()) spdlog::warn("qsa: releasing layer {}: {}", l, std::string(st.message()));
+  }
+}
+
+size_t QsaSeqStates::MemoryBytes() const {
+  size_t total = 0;
+  for (const auto& st : state_) total += st.MemoryBytes();
+  return total;
+}
 
 // ---------------------------------------------------------------- SequenceKv
 
@@ -60,6 +144,12 @@ SequenceKv::SequenceKv(const ModelConfig& config, kv::KvMode mode) : mode_(mode)
 
 void SequenceKv::Reserve(size_t positions) {
   for (auto& l : layers_) l.Reserve(positions);
+  for (size_t l = 0; l < qsa_.state_.size(); ++l) {
+    if (qsa_.indexer_[l] == nullptr) continue;
+    const absl::Status st = qsa_.indexer_[l]->Reserve(qsa_.state_[l], positions);
+    // Reserve is advisory (the state grows on demand); only allocation fails.
+    if (!st.ok()) spdlog::warn("qsa: reserve layer {}: {}", l, std::string(st.message()));
+  }
 }
 
 absl::Status SequenceKv::TruncateLast(size_t n) {
@@ -73,18 +163,38 @@ absl::Status SequenceKv::TruncateLast(size_t n) {
           "truncate: layer ", l, " runs the sealed O(1) kernel, which cannot roll back"));
     }
   }
+  const size_t keep = position() - n;
+  for (size_t l = 0; l < qsa_.state_.size(); ++l) {
+    if (qsa_.indexer_[l] != nullptr && qsa_.state_[l].ingested() < keep) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "truncate: layer ", l, "'s QSA state ingested ", qsa_.state_[l].ingested(),
+          " positions, fewer than the ", keep, " kept"));
+    }
+  }
   for (auto& l : layers_) CORTIQ_RETURN_IF_ERROR(l.TruncateLast(n));  // cannot fail now
+  for (size_t l = 0; l < qsa_.state_.size(); ++l) {
+    if (qsa_.indexer_[l] == nullptr) continue;
+    CORTIQ_RETURN_IF_ERROR(qsa_.indexer_[l]->Truncate(qsa_.state_[l], keep));  // checked above
+  }
   return absl::OkStatus();
 }
 
 void SequenceKv::Release() {
   for (auto& l : layers_) l.Release();
+  qsa_.Release();
 }
 
 size_t SequenceKv::MemoryBytes() const {
   size_t total = 0;
   for (const auto& l : layers_) total += l.MemoryBytes();
-  return total;
+  return total + qsa_.MemoryBytes();
+}
+
+size_t SequenceKv::QsaMemoryBytes() const { return qsa_.MemoryBytes(); }
+
+const qsa::QsaSeqState* SequenceKv::qsa_state(size_t layer) const {
+  if (layer >= qsa_.state_.size() || qsa_.indexer_[layer] == nullptr) return nullptr;
+  return &qsa_.state_[layer];
 }
 
 size_t SequenceKv::O1MemoryBytes() const {
@@ -99,6 +209,28 @@ SequenceKv SequenceKv::Copy() const {
   out.o1_config_ = o1_config_;
   out.layers_.reserve(layers_.size());
   for (const auto& l : layers_) out.layers_.push_back(l.Copy());
+  out.qsa_config_ = qsa_config_;
+  if (qsa_.bound()) {
+    // Deep copy through the aux blob: it IS the state (docs/QSA.md).
+    out.qsa_.runtime_ = qsa_.runtime_;
+    out.qsa_.indexer_ = qsa_.indexer_;
+    out.qsa_.state_.resize(qsa_.state_.size());
+    for (size_t l = 0; l < qsa_.state_.size(); ++l) {
+      const qsa::QsaIndexer* ix = qsa_.indexer_[l];
+      if (ix == nullptr) continue;
+      absl::StatusOr<qsa::QsaSeqState> st = ix->NewSeqState(qsa_.state_[l].capacity());
+      absl::StatusOr<std::vector<uint8_t>> blob = ix->SnapshotAux(qsa_.state_[l]);
+      absl::Status restored = st.ok() && blob.ok() ? ix->RestoreAux(*st, *blob) : absl::OkStatus();
+      if (!st.ok() || !blob.ok() || !restored.ok()) {
+        const absl::Status why =
+            !st.ok() ? st.status() : (!blob.ok() ? blob.status() : restored);
+        spdlog::critical("qsa: copying layer {}'s state failed: {}", l,
+                         std::string(why.message()));
+        std::abort();  // backend out of memory: treated like std::bad_alloc
+      }
+      out.qsa_.state_[l] = std::move(*st);
+    }
+  }
   return out;
 }
 
@@ -116,11 +248,48 @@ absl::Status SequenceKv::EnableO1(const kv::O1Config& config) {
   }
   if (config.m < 4) return absl::InvalidArgumentError(absl::StrCat("o1.m = ", config.m, " < 4"));
   if (config.w < 1) return absl::InvalidArgumentError("o1.w must be at least 1");
+  if (config.Enabled() && qsa_config_.has_value()) {
+    return absl::InvalidArgumentError(
+        "o1: QSA is enabled on this sequence; O(1) and QSA attention do not compose");
+  }
   if (!config.Enabled()) {
     o1_config_.reset();
     return absl::OkStatus();
   }
   o1_config_ = config;
+  return absl::OkStatus();
+}
+
+absl::Status SequenceKv::EnableQsa(const QsaConfig& config) {
+  if (position() != 0 || qsa_.bound()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("qsa: the sequence already holds ", position(),
+                     " positions; QSA attention is chosen before the first prefill"));
+  }
+  for (size_t l : config.layers) {
+    if (l >= layers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "qsa.layers: layer ", l, " is out of range; the model has ", layers_.size(), " layers"));
+    }
+  }
+  if (config.ratio < 1) return absl::InvalidArgumentError("qsa.ratio must be at least 1");
+  if (config.budget < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("qsa.budget = ", config.budget, " < 2 (the sink and current blocks)"));
+  }
+  if (config.Enabled() && o1_config_.has_value()) {
+    return absl::InvalidArgumentError(
+        "qsa: O(1) attention is enabled on this sequence; O(1) and QSA attention do not compose "
+        "(a sealed O(1) layer keeps no K/V rows for QSA to read)");
+  }
+  if (!config.Enabled()) {
+    qsa_config_.reset();
+    return absl::OkStatus();
+  }
+  qsa_config_ = config;
+  std::sort(qsa_config_->layers.begin(), qsa_config_->layers.end());
+  qsa_config_->layers.erase(std::unique(qsa_config_->layers.begin(), qsa_config_->layers.end()),
+                            qsa_config_->layers.end());
   return absl::OkStatus();
 }
 
@@ -138,6 +307,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
   t->checkpoint_.emplace(std::move(ckpt));
   t->config_ = t->checkpoint_->config();
   t->pool_ = pool != nullptr ? pool : &util::ThreadPool::Default();
+  t->qsa_ = std::make_shared<QsaRuntime>(t->pool_);
   CORTIQ_RETURN_IF_ERROR(t->Bind());
   return t;
 }
@@ -258,8 +428,9 @@ void Transformer::Logits(const float* xn, size_t rows, float* out) const {
 // belongs to sequence seq_of_row[i]; rows of one sequence are consecutive
 // positions in order (a prefill chunk), or each row is its own sequence (a
 // decode batch). On return s.x holds the final hidden states (pre-norm).
-void Transformer::RunLayers(ForwardScratch& s, size_t rows,
-                            std::span<SequenceKv* const> seq_of_row, bool causal_chunk) const {
+absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
+                                    std::span<SequenceKv* const> seq_of_row,
+                                    bool causal_chunk) const {
   const ModelConfig& c = config_;
   const size_t hidden = c.hidden_size, hd = c.head_dim, nq = c.num_attention_heads,
                nkv = c.num_key_value_heads, inter = c.intermediate_size;
@@ -267,7 +438,11 @@ void Transformer::RunLayers(ForwardScratch& s, size_t rows,
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t half = hd / 2;
-  (void)causal_chunk;
+  // The QSA indexer of layer l for a sequence (null: dense attention).
+  auto qsa_of = [](const SequenceKv* seq, size_t l) -> const qsa::QsaIndexer* {
+    const auto& ix = seq->qsa_.indexer_;
+    return l < ix.size() ? ix[l] : nullptr;
+  };
 
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& w = layers_[l];
@@ -307,6 +482,24 @@ void Transformer::RunLayers(ForwardScratch& s, size_t rows,
       // prompt): every prefill flavour passes here, in position order.
       cache.O1PushQ({q, nq * hd});
     }
+    // QSA decode rows: ingest the row's key and select its blocks now, so a
+    // row past the inert bound skips dense attention below (sel.active).
+    // One row per sequence in a decode batch; the selection buffers are
+    // reused, so a warm step does not allocate.
+    bool any_qsa_decode = false;
+    if (!causal_chunk) {
+      for (size_t i = 0; i < rows; ++i) {
+        qsa::QsaSelection& sel = s.qsa_sel[i];
+        sel.active = false;
+        SequenceKv* const seq = seq_of_row[i];
+        const qsa::QsaIndexer* ix = qsa_of(seq, l);
+        if (ix == nullptr) continue;
+        const size_t pos = seq->layers()[l].seq_len() - 1;
+        CORTIQ_RETURN_IF_ERROR(ix->DecodeSelect(seq->qsa_.state_[l], P(s.xn.data() + i * hidden),
+                                                pos, QsaScratchOf(s), &sel));
+        any_qsa_decode = any_qsa_decode || sel.active;
+      }
+    }
     // Attention: one task per (row, KV group); row i of a chunk sees the
     // positions up to its own (causal), recorded as `visible`. A sealed O(1)
     // layer is stepped by the (first row, group 0) task of each run of rows
@@ -327,6 +520,7 @@ void Transformer::RunLayers(ForwardScratch& s, size_t rows,
           }
           continue;
         }
+        if (any_qsa_decode && s.qsa_sel[i].active) continue;  // sparse, below
         const kv::LayerKvCache& cache = seq->layers()[l];
         // Rows of the same sequence after i were appended above: hide them.
         size_t later = 0;
@@ -340,6 +534,28 @@ void Transformer::RunLayers(ForwardScratch& s, size_t rows,
                           {ThreadScores(cache.GroupProbsSize(hpk)), hpk * visible}, /*imp_acc=*/{}, opt);
       }
     });
+    // QSA: replace the context of rows past the inert bound with attention
+    // over their selected blocks. Before o_proj, which overwrites s.xn.
+    if (causal_chunk) {
+      for (size_t i = 0; i < rows;) {
+        size_t n = 1;
+        while (i + n < rows && seq_of_row[i + n] == seq_of_row[i]) ++n;
+        if (qsa_of(seq_of_row[i], l) != nullptr) {
+          CORTIQ_RETURN_IF_ERROR(QsaPrefillLayer(s, l, *seq_of_row[i], i, n));
+        }
+        i += n;
+      }
+    } else if (any_qsa_decode) {
+      for (size_t i = 0; i < rows; ++i) {
+        const qsa::QsaSelection& sel = s.qsa_sel[i];
+        if (!sel.active) continue;
+        const qsa::QsaIndexer* ix = qsa_of(seq_of_row[i], l);
+        CORTIQ_RETURN_IF_ERROR(s.qsa_pool.Bind(seq_of_row[i]->layers()[l], ix->geometry().ratio));
+        CORTIQ_RETURN_IF_ERROR(ix->AttendSelection(
+            sel, P(s.q.data() + i * nq * hd), P(s.att.data() + i * nq * hd), s.qsa_pool.pool(),
+            s.qsa_pool.table(), nq, scale, QsaScratchOf(s)));
+      }
+    }
     math::MatMul(s.att.data(), rows, w.o_proj, s.xn.data(), pool_);
     for (size_t i = 0; i < rows; ++i) {
       float* x = s.x.data() + i * hidden;
@@ -361,6 +577,102 @@ void Transformer::RunLayers(ForwardScratch& s, size_t rows,
     math::MatMul(s.gate.data(), rows, w.down_proj, s.xn.data(), pool_);
     for (size_t j = 0; j < rows * hidden; ++j) s.x[j] += s.xn[j];
   }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::QsaPrefillLayer(ForwardScratch& s, size_t l, SequenceKv& kv, size_t i0,
+                                          size_t n) const {
+  const size_t hidden = config_.hidden_size, nq = config_.num_attention_heads,
+               hd = config_.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const qsa::QsaIndexer& ix = *kv.qsa_.indexer_[l];
+  qsa::QsaSeqState& st = kv.qsa_.state_[l];
+  const kv::LayerKvCache& cache = kv.layers()[l];
+  const size_t start = cache.seq_len() - n;  // the run's rows were appended above
+  qsa::QsaScratch& scratch = QsaScratchOf(s);
+  const float* xn = s.xn.data() + i0 * hidden;
+  CORTIQ_RETURN_IF_ERROR(ix.PrefillIngest(st, P(xn), n, start, scratch));
+  if (start + n <= ix.InertBound()) return absl::OkStatus();  // every row stays dense
+  CORTIQ_RETURN_IF_ERROR(s.qsa_pool.Bind(cache, ix.geometry().ratio));
+  return ix.PrefillSelect(st, P(xn), P(s.q.data() + i0 * nq * hd), P(s.att.data() + i0 * nq * hd),
+                          s.qsa_pool.pool(), s.qsa_pool.table(), start, n, nq, scale, scratch);
+}
+
+qsa::QsaScratch& Transformer::QsaScratchOf(ForwardScratch& s) const {
+  if (s.qsa_runtime != qsa_ || s.qsa_scratch == nullptr) {
+    s.qsa_scratch.reset();  // frees through the old runtime, still held
+    s.qsa_runtime = qsa_;
+    s.qsa_scratch = std::make_unique<qsa::QsaScratch>(&qsa_->backend);
+  }
+  return *s.qsa_scratch;
+}
+
+absl::StatusOr<const qsa::QsaIndexer*> Transformer::QsaIndexerFor(size_t layer, size_t ratio,
+                                                                  size_t budget) const {
+  std::lock_guard<std::mutex> lock(qsa_->mu);
+  auto& per_layer = qsa_->indexers[{ratio, budget}];
+  if (per_layer.empty()) per_layer.resize(layers_.size());
+  if (per_layer[layer] == nullptr) {
+    const ModelConfig& c = config_;
+    const size_t hidden = c.hidden_size, nq = c.num_attention_heads,
+                 nkv = c.num_key_value_heads, hd = c.head_dim;
+    // One code path: checkpoint indexer tensors when present, else derived
+    // from the layer's q/k projections (core/qsa/indexer_weights.h).
+    CORTIQ_ASSIGN_OR_RETURN(
+        qsa::IndexerWeights w,
+        qsa::LoadIndexerWeights(CkptSource(*checkpoint_), layer, {hidden, nq, nkv, hd}));
+    qsa::QsaGeometry g;
+    g.n_heads = w.n_heads;
+    g.hd = w.hd;
+    g.ratio = ratio;
+    g.budget = budget;
+    g.rot = w.hd;  // full-width RoPE, as the layer's own heads (derived: exact)
+    g.theta = c.rope_theta;
+    g.eps = static_cast<float>(c.rms_norm_eps);
+    g.hidden = hidden;
+    g.nkv_attn = nkv;
+    g.hd_attn = hd;
+    CORTIQ_ASSIGN_OR_RETURN(per_layer[layer], qsa::QsaIndexer::New(&qsa_->backend, w, g));
+  }
+  return per_layer[layer].get();
+}
+
+size_t Transformer::QsaWeightBytes() const {
+  std::lock_guard<std::mutex> lock(qsa_->mu);
+  size_t total = 0;
+  for (const auto& [key, per_layer] : qsa_->indexers) {
+    for (const auto& ix : per_layer) total += ix != nullptr ? ix->WeightBytes() : 0;
+  }
+  return total;
+}
+
+absl::Status Transformer::BindQsa(SequenceKv& kv) const {
+  if (!kv.qsa_config_.has_value() || kv.qsa_.bound()) return absl::OkStatus();
+  const QsaConfig& cfg = *kv.qsa_config_;
+  QsaSeqStates bound;
+  bound.runtime_ = qsa_;
+  bound.indexer_.assign(layers_.size(), nullptr);
+  bound.state_.resize(layers_.size());
+  for (size_t l : cfg.layers) {
+    // On error `bound` releases what it holds so far.
+    CORTIQ_ASSIGN_OR_RETURN(const qsa::QsaIndexer* ix, QsaIndexerFor(l, cfg.ratio, cfg.budget));
+    CORTIQ_ASSIGN_OR_RETURN(bound.state_[l], ix->NewSeqState(kv.layers()[l].capacity()));
+    bound.indexer_[l] = ix;
+  }
+  kv.qsa_ = std::move(bound);
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::QsaIngestRows(SequenceKv& kv, size_t layer, const float* normed,
+                                        size_t rows) const {
+  CORTIQ_RETURN_IF_ERROR(BindQsa(kv));
+  if (layer >= kv.qsa_.indexer_.size() || kv.qsa_.indexer_[layer] == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("qsa: layer ", layer, " is not a QSA layer of this sequence"));
+  }
+  qsa::QsaSeqState& st = kv.qsa_.state_[layer];
+  qsa::QsaScratch scratch(&qsa_->backend);
+  return kv.qsa_.indexer_[layer]->PrefillIngest(st, P(normed), rows, st.ingested(), scratch);
 }
 
 absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& kv,
@@ -385,6 +697,7 @@ absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& k
       CORTIQ_RETURN_IF_ERROR(kv.layers()[l].O1Begin(o1.m, o1.w, o1.sink, o1.rect));
     }
   }
+  CORTIQ_RETURN_IF_ERROR(BindQsa(kv));
   EnsureScratch(s, rows, start + rows);
   kv.Reserve(start + rows);
   // Positions of the chunk, held on the stack-free path of the scratch.
@@ -395,7 +708,7 @@ absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& k
   for (size_t i = 0; i < rows; ++i) positions[i] = start + i;
   RopeTables(s, positions);
   Embed(tokens, s.x.data());
-  RunLayers(s, rows, seq_of_row, /*causal_chunk=*/true);
+  CORTIQ_RETURN_IF_ERROR(RunLayers(s, rows, seq_of_row, /*causal_chunk=*/true));
 
   const size_t hidden = config_.hidden_size, vocab = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -442,14 +755,26 @@ absl::Status Transformer::DecodeBatch(std::span<const int32_t> tokens,
   for (SequenceKv* kv : kvs) {
     // A sequence decodes once its prompt is complete: seal what is armed.
     if (kv->O1Collecting()) SealO1(*kv);
+    CORTIQ_RETURN_IF_ERROR(BindQsa(*kv));
   }
   EnsureScratch(s, rows, max_len);
+  if (s.qsa_sel.size() < rows) s.qsa_sel.resize(rows);
+  // QSA launch scratch grows with the visible length; size it for the
+  // reserved capacity so warm steps within it never allocate.
+  for (SequenceKv* kv : kvs) {
+    const auto& ix = kv->qsa_.indexer_;
+    for (size_t l = 0; l < ix.size(); ++l) {
+      if (ix[l] == nullptr) continue;
+      const size_t visible = std::max(kv->layers()[l].capacity(), kv->position() + 1);
+      CORTIQ_RETURN_IF_ERROR(QsaScratchOf(s).Reserve(ix[l]->ScratchBytes(1, visible)));
+    }
+  }
   thread_local std::vector<size_t> positions;
   positions.resize(rows);
   for (size_t b = 0; b < rows; ++b) positions[b] = kvs[b]->position();
   RopeTables(s, positions);
   Embed(tokens, s.x.data());
-  RunLayers(s, rows, kvs, /*causal_chunk=*/false);
+  CORTIQ_RETURN_IF_ERROR(RunLayers(s, rows, kvs, /*causal_chunk=*/false));
   const size_t hidden = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (size_t b = 0; b < rows; ++b) {

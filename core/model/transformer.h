@@ -27,6 +27,24 @@
 //      every group. A Prefill on a sealed sequence (a later turn) streams its
 //      rows through O1Step in order. Layers not selected stay exact.
 //
+// QSA block-sparse attention (seed 004, core/qsa, docs/QSA.md), optional per
+// sequence (SequenceKv::EnableQsa with a QsaConfig):
+//   * the Transformer owns one qsa::CpuBackend (on its pool) and, built on
+//     first use per (ratio, budget, layer), one qsa::QsaIndexer per QSA layer
+//     (LoadIndexerWeights: checkpoint indexer tensors, else derived from the
+//     layer's q/k projections). Both live in a shared QsaRuntime that every
+//     QSA sequence and ForwardScratch also holds, so they outlive the last
+//     state or scratch that frees through them;
+//   * the first forward call of a QSA sequence binds it: one QsaSeqState per
+//     QSA layer. Every row of a QSA layer is ingested (its normed input); a
+//     prefill row at a position >= InertBound() = budget · ratio gets its
+//     attention context replaced by attention over its selected blocks
+//     (PrefillSelect); a decode row past the bound skips dense attention and
+//     attends over its DecodeSelect selection. Rows below the bound are the
+//     dense output, bit for bit. Exact K/V rows stay (QSA reads them);
+//   * SequenceKv owns its states: Release() and the destructor free them
+//     through the shared runtime (a QsaSeqState dropped unreleased would leak).
+//
 // Thread-safety: after Load() the Transformer is immutable and may be shared;
 // a forward call mutates only the SequenceKv(s) and the ForwardScratch passed
 // in, so concurrent calls need distinct ones. Math runs on the ThreadPool
@@ -34,10 +52,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,10 +69,67 @@
 #include "core/math/kernels.h"
 #include "core/model/checkpoint.h"
 #include "core/model/model_config.h"
+#include "core/qsa/cpu_backend.h"
+#include "core/qsa/kv_pool.h"
+#include "core/qsa/qsa_indexer.h"
 #include "core/util/aligned_buffer.h"
 #include "core/util/thread_pool.h"
 
 namespace cortiq::model {
+
+// Which layers of a sequence run QSA sparse attention, and its geometry.
+struct QsaConfig {
+  std::vector<size_t> layers;  // sorted, unique layer indices; empty = off
+  size_t ratio = 64;           // tokens per indexer block (>= 1)
+  size_t budget = 16;          // blocks attended per query (>= 2: sink + current)
+
+  bool Enabled() const { return !layers.empty(); }
+  bool IsQsaLayer(size_t layer) const;
+  // e.g. "qsa: layers=[2,3] ratio=64 budget=16" or "qsa: off".
+  std::string DebugString() const;
+};
+
+// Builds a QsaConfig from a layer spec (kv::ParseLayerSpec: all | deepN |
+// i,j,k | off). InvalidArgument naming the field for a bad spec, ratio < 1 or
+// budget < 2.
+absl::StatusOr<QsaConfig> MakeQsaConfig(std::string_view layer_spec, size_t ratio, size_t budget,
+                                        size_t num_layers);
+
+// The QSA backend and indexers of one Transformer, shared (shared_ptr) with
+// every sequence and scratch that holds memory on the backend, so frees
+// always have a live backend. Indexers are created on first use under `mu`
+// and never removed, so a raw QsaIndexer* stays valid while the runtime lives.
+struct QsaRuntime {
+  explicit QsaRuntime(util::ThreadPool* pool) : backend(pool) {}
+  qsa::CpuBackend backend;  // declared first: destroyed after the indexers
+  std::mutex mu;
+  // (ratio, budget) → one indexer per model layer (null until requested).
+  std::map<std::pair<size_t, size_t>, std::vector<std::unique_ptr<qsa::QsaIndexer>>> indexers;
+};
+
+// One sequence's QSA states (one per QSA layer), owning their backend bytes:
+// Release() and the destructor free them (idempotent). Move-only.
+class QsaSeqStates {
+ public:
+  QsaSeqStates() = default;
+  QsaSeqStates(QsaSeqStates&& o) noexcept;
+  QsaSeqStates& operator=(QsaSeqStates&& o) noexcept;
+  QsaSeqStates(const QsaSeqStates&) = delete;
+  QsaSeqStates& operator=(const QsaSeqStates&) = delete;
+  ~QsaSeqStates();
+
+  bool bound() const { return runtime_ != nullptr; }
+  // Frees every state's bytes (the states stay bound and reusable).
+  void Release();
+  size_t MemoryBytes() const;
+
+ private:
+  friend class SequenceKv;
+  friend class Transformer;
+  std::shared_ptr<QsaRuntime> runtime_;          // null until bound
+  std::vector<const qsa::QsaIndexer*> indexer_;  // [num_layers], null for non-QSA layers
+  std::vector<qsa::QsaSeqState> state_;          // [num_layers], empty for non-QSA layers
+};
 
 // The attention state of one sequence: one LayerKvCache per layer, all in the
 // same KvMode. Owned by a session; the forward pass extends it.
@@ -68,23 +147,31 @@ class SequenceKv {
   const std::vector<kv::LayerKvCache>& layers() const { return layers_; }
 
   // Grows every exact layer to hold `positions` without further allocation
-  // (sealed O(1) layers hold no rows: no-op for them).
+  // (sealed O(1) layers hold no rows: no-op for them), bound QSA states too.
   void Reserve(size_t positions);
   // Speculative rollback of the last n positions in every layer.
   // InvalidArgument when n > position(); FailedPrecondition when any layer
-  // is sealed (the Nyström state cannot un-absorb a key). Nothing changes on
-  // error.
+  // is sealed (the Nyström state cannot un-absorb a key). QSA states are
+  // truncated with the rows (QsaIndexer::Truncate). Nothing changes on error.
   absl::Status TruncateLast(size_t n);
   // Frees every buffer (MemoryBytes() == 0 afterwards), O(1) overrides
   // included; the O(1) configuration stays (a released sequence starts over
-  // at position 0 and arms again on its next first Prefill).
+  // at position 0 and arms again on its next first Prefill). QSA states are
+  // freed too (every backend byte); the QSA configuration stays. Idempotent.
+  // The destructor releases the QSA states as well.
   void Release();
-  // Exact heap bytes of all layers, O(1) traces and states included.
+  // Exact heap bytes of all layers, O(1) traces and states and QSA states
+  // included.
   size_t MemoryBytes() const;
   // The part of MemoryBytes() held by O(1) overrides (metrics kind "o1").
   size_t O1MemoryBytes() const;
+  // The part of MemoryBytes() held by QSA states (metrics kind "qsa").
+  size_t QsaMemoryBytes() const;
   // Explicit deep copy (sessions are never copied by accident), O(1)
-  // configuration and overrides included.
+  // configuration and overrides included. QSA states are deep-copied through
+  // their aux blob (SnapshotAux → RestoreAux into new states); that can fail
+  // only on backend allocation, which aborts with a message like any other
+  // out-of-memory here.
   SequenceKv Copy() const;
 
   // ---- O(1) Nyström attention (see the Transformer banner) ----
@@ -99,11 +186,27 @@ class SequenceKv {
   // True while any layer records its prompt's query trace (armed, not sealed).
   bool O1Collecting() const;
 
+  // ---- QSA sparse attention (see the Transformer banner) ----
+  // Selects the layers (and ratio, budget) that run QSA. Only on a fresh
+  // sequence (position() == 0; FailedPrecondition otherwise). InvalidArgument
+  // naming the field for a layer out of range, ratio < 1, budget < 2, or when
+  // O(1) is enabled on this sequence (the two modes do not compose: a sealed
+  // O(1) layer keeps no K/V rows for QSA to read). A config with no layers
+  // disables the mode. Allocates nothing: the states are bound by the first
+  // forward call (Transformer).
+  absl::Status EnableQsa(const QsaConfig& config);
+  const std::optional<QsaConfig>& qsa_config() const { return qsa_config_; }
+  // The states of a QSA layer (null when `layer` is not QSA or not yet bound).
+  const qsa::QsaSeqState* qsa_state(size_t layer) const;
+
  private:
+  friend class Transformer;
   SequenceKv() = default;
   kv::KvMode mode_ = kv::KvMode::kF32;
   std::vector<kv::LayerKvCache> layers_;
   std::optional<kv::O1Config> o1_config_;
+  std::optional<QsaConfig> qsa_config_;
+  QsaSeqStates qsa_;  // bound on the first forward call of a QSA sequence
 };
 
 // Activations of one forward call, grown to the largest batch/chunk seen and
@@ -123,6 +226,12 @@ struct ForwardScratch {
   util::AlignedBuffer<float> scores;  // [threads × heads_per_kv × max_len]
   size_t rows = 0;
   size_t score_len = 0;
+  // QSA (only when a QSA sequence runs): the runtime first, so the launch
+  // scratch (freed through its backend) is destroyed before it.
+  std::shared_ptr<QsaRuntime> qsa_runtime;
+  std::unique_ptr<qsa::QsaScratch> qsa_scratch;
+  qsa::LayerKvPool qsa_pool;
+  std::vector<qsa::QsaSelection> qsa_sel;  // [rows] decode selections, reused
 };
 
 class Transformer {
@@ -164,6 +273,22 @@ class Transformer {
   // Bytes of weights one decode step reads (the roofline numerator).
   size_t WeightBytesPerStep() const;
 
+  // ---- QSA ----
+  // Binds `kv`'s QSA states (creating the indexers it needs on first use)
+  // when it has a QSA config and is not bound yet; no-op otherwise. Called by
+  // Prefill / DecodeBatch; public for tools that synthesise state. Each state
+  // gets room for the layer cache's capacity.
+  absl::Status BindQsa(SequenceKv& kv) const;
+  // Benchmarks only: ingests `rows` normed hidden rows (f32 [rows × hidden])
+  // into layer `layer`'s QSA state at positions [ingested, ingested + rows),
+  // for K/V rows the caller appended to the cache directly. FailedPrecondition
+  // when the layer is not a bound QSA layer.
+  absl::Status QsaIngestRows(SequenceKv& kv, size_t layer, const float* normed, size_t rows) const;
+  // The QSA backend's live allocations (weights + states + scratches).
+  qsa::BackendStats QsaBackendStats() const { return qsa_->backend.stats(); }
+  // Backend bytes of every indexer built so far (their uploaded weights).
+  size_t QsaWeightBytes() const;
+
  private:
   struct LayerWeights {
     math::WeightView q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
@@ -182,8 +307,17 @@ class Transformer {
   void RopeTables(ForwardScratch& s, std::span<const size_t> positions) const;
   // The shared layer stack over `rows` tokens; seq_of(i)/pos_of(i) map a row
   // to its sequence and position.
-  void RunLayers(ForwardScratch& s, size_t rows, std::span<SequenceKv* const> seq_of_row,
-                 bool causal_chunk) const;
+  // Errors come only from QSA layers (backend allocation or misuse); the
+  // sequences are then partially extended and should be released.
+  absl::Status RunLayers(ForwardScratch& s, size_t rows, std::span<SequenceKv* const> seq_of_row,
+                         bool causal_chunk) const;
+  // QSA on layer l after dense attention: ingest + select for the run of
+  // prefill rows [i0, i0 + n) of one sequence.
+  absl::Status QsaPrefillLayer(ForwardScratch& s, size_t l, SequenceKv& kv, size_t i0,
+                               size_t n) const;
+  absl::StatusOr<const qsa::QsaIndexer*> QsaIndexerFor(size_t layer, size_t ratio,
+                                                       size_t budget) const;
+  qsa::QsaScratch& QsaScratchOf(ForwardScratch& s) const;
   void Embed(std::span<const int32_t> tokens, float* x) const;
   void Logits(const float* xn, size_t rows, float* out) const;
 
@@ -195,6 +329,7 @@ class Transformer {
   std::vector<float> final_norm_;
   std::vector<float> inv_freq_;  // [head_dim / 2], f64-derived
   std::vector<LayerWeights> layers_;
+  std::shared_ptr<QsaRuntime> qsa_;  // set by Load; indexers built on demand
 };
 
 }  // namespace cortiq::model

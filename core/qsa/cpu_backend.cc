@@ -214,6 +214,9 @@ absl::Status CpuBackend::SelectTopK(const SelectArgs& a, Stream) {
       }
       const float* sr = scores + r * a.ld;
       const size_t k = a.budget - 2;  // besides the sink and the current block
+      // Geometric growth: a decode step allocates only when the context
+      // doubles, never once per new block.
+      if (cand.capacity() < cur - 1) cand.reserve(std::max(cur - 1, 2 * cand.capacity()));
       cand.resize(cur - 1);
       for (size_t b = 1; b < cur; ++b) cand[b - 1] = static_cast<uint32_t>(b);
       std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), [sr](uint32_t x, uint32_t y) {

@@ -38,6 +38,18 @@ printf 'It was the best of times, it was the worst of times. %.0s' {1..20} > "$W
 OUT="$("$TOOL" ppl --model "$WORK/m" --file "$WORK/text.txt" --window 64)"
 grep -Eq '^ppl [0-9.]+$' <<<"$OUT" || fail "ppl output: $OUT"
 grep -Eq '^bits_per_byte [0-9.]+$' <<<"$OUT" || fail "ppl bits per byte: $OUT"
+# ppl with QSA (blocks of 4, budget 4: inert bound 16 < the 32-token prefill):
+# prints its config, the exact baseline and the ratio.
+OUT="$("$TOOL" ppl --model "$WORK/m" --file "$WORK/text.txt" --window 64 --qsa all --qsa-ratio 4 --qsa-budget 4)"
+grep -q '^qsa: layers=\[0,1\] ratio=4 budget=4' <<<"$OUT" || fail "ppl --qsa config: $OUT"
+grep -Eq '^qsa +ppl [0-9.]+' <<<"$OUT" || fail "ppl --qsa score: $OUT"
+grep -Eq '^ratio [0-9.]+$' <<<"$OUT" || fail "ppl --qsa ratio: $OUT"
+set +e
+"$TOOL" ppl --model "$WORK/m" --file "$WORK/text.txt" --qsa all --qsa-budget 1 >/dev/null 2>&1
+[ $? -eq 2 ] || fail "--qsa-budget 1 should be a usage error"
+"$TOOL" ppl --model "$WORK/m" --file "$WORK/text.txt" --qsa all --o1 all >/dev/null 2>&1
+[ $? -eq 1 ] || fail "--qsa with --o1 should be refused"
+set -e
 
 # generate: prompt echoed, then tokens; seeded runs repeat exactly.
 G1="$("$TOOL" generate --model "$WORK/m" --prompt "Hello" --max-tokens 12 --temperature 0.9 --seed 5)"

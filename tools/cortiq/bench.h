@@ -29,6 +29,9 @@ struct BenchContextOptions {
   std::string dtype = "bf16";
   std::vector<size_t> contexts = {1024, 4096, 16384, 65536};
   std::vector<std::string> modes = {"exact", "int8", "o1"};
+  std::string qsa = "all";  // QSA layer spec (mode "qsa")
+  size_t qsa_ratio = 64;
+  size_t qsa_budget = 16;
   kv::O1Overrides o1;  // request-level O(1) settings (defaults: all layers, m=32, W=128, sink=4)
   size_t steps = 8;
   double max_state_gb = 8.0;  // skip exact points whose state would exceed this

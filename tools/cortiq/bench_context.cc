@@ -8,7 +8,13 @@
 // the forward pass itself uses: T rows of random K/V appended (exact, int8),
 // or appended with a random query trace and sealed (O(1): O1Begin → Append +
 // O1PushQ → O1Seal, one layer at a time so the trace never exists for all
-// layers at once). The timed decode steps then run the real forward pass.
+// layers at once). QSA reads the exact rows, so mode `qsa` appends them as
+// exact does and then ingests T rows through each QSA layer's indexer
+// (Transformer::QsaIngestRows, chunks of 256): the indexer projects keys from
+// the layer's normed input, so random hidden rows scaled to unit RMS stand in
+// for it (what RmsNorm with unit weights yields). The timed decode steps then
+// run the real forward pass: ingest + selection + attention over the
+// `budget` selected blocks instead of all T rows.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -45,12 +51,31 @@ struct RowPool {
   std::span<const float> Get(size_t i) const { return {data.data() + (i % rows) * row, row}; }
 };
 
-absl::StatusOr<model::SequenceKv> Synthesize(const model::ModelConfig& c, const std::string& mode,
-                                             size_t T, size_t extra, const kv::O1Config& o1) {
+absl::StatusOr<model::SequenceKv> Synthesize(const model::Transformer& tf,
+                                             const std::string& mode, size_t T, size_t extra,
+                                             const kv::O1Config& o1,
+                                             const model::QsaConfig& qsa) {
+  const model::ModelConfig& c = tf.config();
   const size_t kvw = size_t(c.num_key_value_heads * c.head_dim);
   const size_t qw = size_t(c.num_attention_heads * c.head_dim);
   RowPool keys(kvw, 1024, 1), values(kvw, 1024, 2), queries(qw, 1024, 3);
   model::SequenceKv seq(c, mode == "int8" ? kv::KvMode::kInt8 : kv::KvMode::kF32);
+  if (mode == "qsa") {
+    absl::Status s = seq.EnableQsa(qsa);
+    if (!s.ok()) return s;
+    seq.Reserve(T + extra);
+    s = tf.BindQsa(seq);  // states sized to the reserved capacity
+    if (!s.ok()) return s;
+  }
+  const size_t hidden = size_t(c.hidden_size);
+  constexpr size_t kChunk = 256;
+  std::vector<float> normed;
+  if (mode == "qsa") {
+    // Unit-RMS rows: uniform [-1, 1) has RMS 1/sqrt(3).
+    RowPool h(hidden, kChunk, 4);
+    normed = h.data;
+    for (float& x : normed) x *= 1.7320508f;
+  }
   for (size_t l = 0; l < seq.layers().size(); ++l) {
     kv::LayerKvCache& cache = seq.layers()[l];
     const bool o1_layer = mode == "o1" && o1.IsO1Layer(l);
@@ -67,6 +92,12 @@ absl::StatusOr<model::SequenceKv> Synthesize(const model::ModelConfig& c, const 
     if (o1_layer) {
       absl::Status s = cache.O1Seal(size_t(c.num_attention_heads));
       if (!s.ok()) return s;
+    }
+    if (mode == "qsa" && qsa.IsQsaLayer(l)) {
+      for (size_t p = 0; p < T; p += kChunk) {
+        absl::Status s = tf.QsaIngestRows(seq, l, normed.data(), std::min(kChunk, T - p));
+        if (!s.ok()) return s;
+      }
     }
   }
   return seq;
@@ -100,10 +131,13 @@ int RunBenchContext(const BenchContextOptions& o) {
 
   auto o1 = kv::ResolveO1Config(o.o1, {}, {}, {}, size_t(c.num_hidden_layers));
   if (!o1.ok()) return Fail(o1.status());
-  std::printf("bench-context: %s (%s), threads %zu, %zu decode steps per point; o1: %s\n",
+  auto qsa = model::MakeQsaConfig(o.qsa, o.qsa_ratio, o.qsa_budget, size_t(c.num_hidden_layers));
+  if (!qsa.ok()) return Fail(qsa.status());
+  std::printf("bench-context: %s (%s), threads %zu, %zu decode steps per point; o1: %s; %s\n",
               o.shape.c_str(), o.dtype.c_str(), pool.num_threads(), o.steps,
-              o1->DebugString().c_str());
-  std::printf("| mode | context | step ms | state MB | of which o1 MB |\n|---|---|---|---|---|\n");
+              o1->DebugString().c_str(), qsa->DebugString().c_str());
+  std::printf("| mode | context | step ms | state MB | of which o1 / qsa MB |\n"
+              "|---|---|---|---|---|\n");
   std::vector<float> logits(size_t(c.vocab_size));
   model::ForwardScratch scratch;
   for (const std::string& mode : o.modes) {
@@ -120,7 +154,7 @@ int RunBenchContext(const BenchContextOptions& o) {
         std::fflush(stdout);
         continue;
       }
-      auto seq = Synthesize(c, mode, T, o.steps + 2, *o1);
+      auto seq = Synthesize(tf, mode, T, o.steps + 2, *o1, *qsa);
       if (!seq.ok()) return Fail(seq.status());
       model::SequenceKv* seqs[1] = {&*seq};
       int32_t token = 1;
@@ -136,7 +170,7 @@ int RunBenchContext(const BenchContextOptions& o) {
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() /
                         double(o.steps);
       std::printf("| %s | %zu | %.2f | %.1f | %.1f |\n", mode.c_str(), T, ms, double(bytes) / 1e6,
-                  double(seq->O1MemoryBytes()) / 1e6);
+                  double(seq->O1MemoryBytes() + seq->QsaMemoryBytes()) / 1e6);
       std::fflush(stdout);
     }
   }

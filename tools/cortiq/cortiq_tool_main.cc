@@ -5,13 +5,15 @@
 //   cortiq-tool detokenize --tokenizer FILE        (ids on stdin → text on stdout)
 //   cortiq-tool logits --model DIR (--ids 1,2,3 | --prompt TEXT) --out FILE [--kv f32|int8]
 //   cortiq-tool ppl --model DIR --file TEXT [--window N] [--prefill N] [--kv f32|int8]
-//                   [--o1 SPEC --o1-m M --o1-w W --o1-sink S --o1-rect agg|fm] [--max-windows N]
+//                   [--o1 SPEC --o1-m M --o1-w W --o1-sink S --o1-rect agg|fm]
+//                   [--qsa SPEC --qsa-ratio R --qsa-budget K] [--max-windows N]
 //   cortiq-tool generate --model DIR --prompt TEXT [--max-tokens N] [--temperature T]
 //                        [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R]
 //                        [--seed S] [--kv f32|int8]
 //   cortiq-tool bench [--model DIR | --shape NAME] [--dtype bf16|f32|f16] [--context N]
 //                     [--batches 1,8] [--steps N] [--bandwidth-gb G] [--threads N]
-//   cortiq-tool bench-context [--shape NAME] [--contexts 1024,...] [--modes exact,int8,o1] [--steps N]
+//   cortiq-tool bench-context [--shape NAME] [--contexts 1024,...] [--modes exact,int8,o1,qsa]
+//                             [--steps N] [--qsa SPEC --qsa-ratio R --qsa-budget K]
 //
 // Exit status: 0 success, 1 runtime error, 2 usage error.
 #include <cmath>
@@ -46,6 +48,7 @@ constexpr const char* kUsage = R"(usage:
   cortiq-tool logits --model DIR (--ids 1,2,3 | --prompt TEXT) --out FILE [--kv f32|int8]
   cortiq-tool ppl --model DIR --file TEXT [--window 512] [--prefill 256] [--kv f32|int8]
                   [--o1 all|deepN|i,j,k] [--o1-m 32] [--o1-w 128] [--o1-sink 4] [--o1-rect agg|fm]
+                  [--qsa all|deepN|i,j,k] [--qsa-ratio 64] [--qsa-budget 16]
                   [--max-windows N] [--baseline 1]
   cortiq-tool generate --model DIR --prompt TEXT [--max-tokens 64] [--temperature 1]
                        [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1]
@@ -53,7 +56,8 @@ constexpr const char* kUsage = R"(usage:
   cortiq-tool bench [--model DIR | --shape qwen3-0.6b] [--dtype bf16] [--context 512]
                     [--batches 1,8] [--steps 32] [--bandwidth-gb 2] [--threads 0]
   cortiq-tool bench-context [--shape qwen3-0.6b] [--contexts 1024,4096,16384,65536]
-                    [--modes exact,int8,o1] [--steps 8] [--max-state-gb 8] [--o1 all --o1-m 32 ...]
+                    [--modes exact,int8,o1,qsa] [--steps 8] [--max-state-gb 8] [--o1 all --o1-m 32 ...]
+                    [--qsa all --qsa-ratio 64 --qsa-budget 16]
 shapes: tiny, tiny-gqa, tiny-qwen2, tiny-llama, qwen3-0.6b
 )";
 
@@ -204,7 +208,7 @@ int Logits(const Args& a) {
 
 int Ppl(const Args& a) {
   a.AllowOnly({"model", "file", "window", "prefill", "kv", "max-windows", "baseline", "o1", "o1-m",
-               "o1-w", "o1-sink", "o1-rect"});
+               "o1-w", "o1-sink", "o1-rect", "qsa", "qsa-ratio", "qsa-budget"});
   PplOptions o;
   o.model_dir = a.Required("model");
   o.text_file = a.Required("file");
@@ -226,6 +230,13 @@ int Ppl(const Args& a) {
     }
     if (!req.layers.has_value()) req.layers = "all";
     o.o1 = req;
+  }
+  if (a.Has("qsa") || a.Has("qsa-ratio") || a.Has("qsa-budget")) {
+    o.qsa = a.Str("qsa", "all");
+    o.qsa_ratio = static_cast<size_t>(a.Int("qsa-ratio", 64));
+    o.qsa_budget = static_cast<size_t>(a.Int("qsa-budget", 16));
+    if (a.Int("qsa-ratio", 64) < 1) throw UsageError{"--qsa-ratio must be at least 1"};
+    if (a.Int("qsa-budget", 16) < 2) throw UsageError{"--qsa-budget must be at least 2"};
   }
   return RunPpl(o);
 }
@@ -278,7 +289,7 @@ int Generate(const Args& a) {
 
 int BenchContext(const Args& a) {
   a.AllowOnly({"shape", "dtype", "contexts", "modes", "steps", "max-state-gb", "threads", "o1",
-               "o1-m", "o1-w", "o1-sink"});
+               "o1-m", "o1-w", "o1-sink", "qsa", "qsa-ratio", "qsa-budget"});
   BenchContextOptions o;
   o.shape = a.Str("shape", o.shape);
   o.dtype = a.Str("dtype", o.dtype);
@@ -295,8 +306,8 @@ int BenchContext(const Args& a) {
   if (a.Has("modes")) {
     o.modes.clear();
     for (absl::string_view m : absl::StrSplit(a.Str("modes"), ',', absl::SkipEmpty())) {
-      if (m != "exact" && m != "int8" && m != "o1") {
-        throw UsageError{"--modes: each mode is one of exact, int8, o1"};
+      if (m != "exact" && m != "int8" && m != "o1" && m != "qsa") {
+        throw UsageError{"--modes: each mode is one of exact, int8, o1, qsa"};
       }
       o.modes.emplace_back(m);
     }
@@ -305,6 +316,11 @@ int BenchContext(const Args& a) {
   if (a.Has("o1-m")) o.o1.m = static_cast<size_t>(a.Int("o1-m", 32));
   if (a.Has("o1-w")) o.o1.w = static_cast<size_t>(a.Int("o1-w", 128));
   if (a.Has("o1-sink")) o.o1.sink = static_cast<size_t>(a.Int("o1-sink", 4));
+  o.qsa = a.Str("qsa", o.qsa);
+  if (a.Int("qsa-ratio", 64) < 1) throw UsageError{"--qsa-ratio must be at least 1"};
+  if (a.Int("qsa-budget", 16) < 2) throw UsageError{"--qsa-budget must be at least 2"};
+  o.qsa_ratio = static_cast<size_t>(a.Int("qsa-ratio", 64));
+  o.qsa_budget = static_cast<size_t>(a.Int("qsa-budget", 16));
   return RunBenchContext(o);
 }
 

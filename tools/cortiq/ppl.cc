@@ -37,7 +37,8 @@ double Nll(const float* row, size_t vocab, int32_t target) {
 
 absl::StatusOr<Score> Run(const model::Transformer& tf, const tokenizer::Tokenizer& tok,
                           const std::vector<int32_t>& ids, const PplOptions& o, kv::KvMode mode,
-                          const std::optional<kv::O1Config>& o1) {
+                          const std::optional<kv::O1Config>& o1,
+                          const std::optional<model::QsaConfig>& qsa) {
   const size_t vocab = tf.config().vocab_size;
   std::vector<float> logits(vocab);
   model::ForwardScratch scratch;
@@ -50,6 +51,10 @@ absl::StatusOr<Score> Run(const model::Transformer& tf, const tokenizer::Tokeniz
     model::SequenceKv kv(tf.config(), mode);
     if (o1.has_value()) {
       absl::Status st = kv.EnableO1(*o1);
+      if (!st.ok()) return st;
+    }
+    if (qsa.has_value()) {
+      absl::Status st = kv.EnableQsa(*qsa);
       if (!st.ok()) return st;
     }
     kv.Reserve(n);
@@ -116,13 +121,26 @@ int RunPpl(const PplOptions& o) {
     label = "o1";
     std::printf("o1 config: %s\n", o1->DebugString().c_str());
   }
+  std::optional<model::QsaConfig> qsa;
+  if (o.qsa.has_value()) {
+    if (o1.has_value()) {
+      return Fail(absl::InvalidArgumentError("--qsa and --o1 do not compose; give one"));
+    }
+    auto q = model::MakeQsaConfig(*o.qsa, o.qsa_ratio, o.qsa_budget,
+                                  size_t((*tf)->config().num_hidden_layers));
+    if (!q.ok()) return Fail(q.status());
+    qsa = *q;
+    label = "qsa";
+    std::printf("%s (inert bound %zu tokens)\n", qsa->DebugString().c_str(),
+                qsa->ratio * qsa->budget);
+  }
   std::printf("text: %s, %zu bytes, %zu tokens; window %zu, prefill %zu\n", o.text_file.c_str(),
               text.size(), ids.size(), o.window, o.prefill);
-  auto mode_score = Run(**tf, *tok, ids, o, o.kv_mode, o1);
+  auto mode_score = Run(**tf, *tok, ids, o, o.kv_mode, o1, qsa);
   if (!mode_score.ok()) return Fail(mode_score.status());
-  const bool is_exact = !o1.has_value() && o.kv_mode == kv::KvMode::kF32;
+  const bool is_exact = !o1.has_value() && !qsa.has_value() && o.kv_mode == kv::KvMode::kF32;
   if (o.baseline && !is_exact) {
-    auto exact = Run(**tf, *tok, ids, o, kv::KvMode::kF32, std::nullopt);
+    auto exact = Run(**tf, *tok, ids, o, kv::KvMode::kF32, std::nullopt, std::nullopt);
     if (!exact.ok()) return Fail(exact.status());
     Print("exact", *exact);
     Print(label.c_str(), *mode_score);

@@ -6,7 +6,8 @@
 // (teacher-forced). Scored tokens: the ones predicted by the decode steps,
 // i.e. positions prefill+1 .. window-1 of every window, so every mode is
 // compared with exact attention over the same scored tokens. The exact
-// baseline runs in the same invocation and the ratio is printed.
+// baseline runs in the same invocation and the ratio is printed. QSA
+// (--qsa) is compared the same way; it cannot be combined with --o1.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +29,11 @@ struct PplOptions {
   // Set: run the O(1) mode with these request-level overrides (the rest
   // resolves through env > config.json hint > defaults, as in the server).
   std::optional<kv::O1Overrides> o1;
+  // Set: run QSA sparse attention on these layers (all | deepN | i,j,k) with
+  // blocks of qsa_ratio tokens and qsa_budget blocks per query.
+  std::optional<std::string> qsa;
+  size_t qsa_ratio = 64;
+  size_t qsa_budget = 16;
   bool baseline = true;  // also run exact f32 and print the ratio
 };
 
