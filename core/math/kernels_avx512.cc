@@ -465,7 +465,8 @@ CORTIQ_INLINE void ReduceMany(const __m512* v, float* out) {
 template <typename L, int R, int B>
 void GemvTile(const GemvArgs& a, size_t r0, size_t b0, size_t c0, size_t c1, __m512* spill,
               bool first, bool last) {
-  const size_t row_bytes = a.cols * ElemSize(a.dtype);
+  const size_t elem = ElemSize(a.dtype);
+  const size_t row_bytes = a.cols * elem;
   const char* w0 = static_cast<const char*>(a.w) + r0 * row_bytes;
   const float* x0 = a.x + b0 * a.x_stride;
   __m512 acc[R][B];
@@ -486,6 +487,11 @@ void GemvTile(const GemvArgs& a, size_t r0, size_t b0, size_t c0, size_t c1, __m
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       __m512 wl, wh;
+      // The next row block's line at this column: rows are short (2-6 KiB),
+      // too short for the hardware prefetcher to ramp up on each of the R
+      // interleaved streams, so the tile fetches its successor itself.
+      // (Past the end of W a prefetch is a harmless no-op.)
+      _mm_prefetch(w0 + (r + R) * row_bytes + c * elem, _MM_HINT_T0);
       L::Load(w0 + r * row_bytes, c, &wl, &wh);
 #pragma GCC unroll 4
       for (int b = 0; b < B; ++b) {

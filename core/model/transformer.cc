@@ -505,10 +505,24 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
     // layer is stepped by the (first row, group 0) task of each run of rows
     // of its sequence, rows in position order (causal by construction; one
     // row per sequence in a decode batch, so sequences run in parallel).
+    // Rows of a causal chunk cost in proportion to their position, and the
+    // pool hands out contiguous ranges: task order interleaves the cheapest
+    // and the dearest rows (0, n-1, 1, n-2, ...) so each thread gets an equal
+    // share of the work.
     const size_t tasks = rows * nkv;
+    // later[i]: rows of the same sequence after row i, appended above and
+    // hidden from it (causal mask). The workers read it through the pointer.
+    thread_local std::vector<uint32_t> later_buf;
+    if (later_buf.size() < rows) later_buf.resize(std::max<size_t>(rows, 2 * later_buf.size()));
+    uint32_t* const later = later_buf.data();
+    for (size_t i = rows; i-- > 0;) {
+      const bool last_of_seq = i + 1 == rows || seq_of_row[i + 1] != seq_of_row[i];
+      later[i] = last_of_seq ? 0u : later[i + 1] + 1;
+    }
     pool_->ParallelFor(tasks, [&](size_t begin, size_t end) {
       for (size_t t = begin; t < end; ++t) {
-        const size_t i = t / nkv, g = t % nkv;
+        const size_t k = t / nkv, g = t % nkv;
+        const size_t i = (k % 2 == 0) ? k / 2 : rows - 1 - k / 2;
         SequenceKv* const seq = seq_of_row[i];
         if (seq->layers()[l].O1Sealed()) {
           if (g != 0 || (i > 0 && seq_of_row[i - 1] == seq)) continue;
@@ -522,10 +536,7 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
         }
         if (any_qsa_decode && s.qsa_sel[i].active) continue;  // sparse, below
         const kv::LayerKvCache& cache = seq->layers()[l];
-        // Rows of the same sequence after i were appended above: hide them.
-        size_t later = 0;
-        for (size_t j = i + 1; j < rows && seq_of_row[j] == seq_of_row[i]; ++j) ++later;
-        const size_t visible = cache.HeadLen(g) - later;
+        const size_t visible = cache.HeadLen(g) - later[i];
         kv::AttendOptions opt;
         opt.scale = scale;
         opt.end = visible;

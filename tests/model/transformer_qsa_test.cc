@@ -104,7 +104,9 @@ class QsaFixture : public ::testing::Test {
   }
   SequenceKv NewSeq(std::optional<QsaConfig> qsa, kv::KvMode mode = kv::KvMode::kF32) {
     SequenceKv s(config(), mode);
-    if (qsa.has_value()) EXPECT_TRUE(s.EnableQsa(*qsa).ok());
+    if (qsa.has_value()) {
+      EXPECT_TRUE(s.EnableQsa(*qsa).ok());
+    }
     return s;
   }
   void Prefill(SequenceKv& seq, std::span<const int32_t> ids, std::vector<float>& out) {
