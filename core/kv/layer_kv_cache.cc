@@ -97,15 +97,17 @@ void AttentionHead(std::span<const float> q, std::span<const float> keys,
   const float scale = ResolveScale(options.scale, head_dim);
   const size_t first = options.first;
 
-  for (size_t t = first; t < n; ++t) {
-    probs[t] =
-        Logit(math::Dot(q.data(), keys.data() + t * head_dim, head_dim), scale, options.softcap);
+  // DotRows / AxpyRows are bit-for-bit the per-row Dot / Axpy loops, with
+  // one dispatch for all rows.
+  if (first < n) {
+    math::DotRows(q.data(), 1, 0, keys.data() + first * head_dim, n - first, head_dim, head_dim,
+                  probs.data() + first, 0);
   }
+  for (size_t t = first; t < n; ++t) probs[t] = Logit(probs[t], scale, options.softcap);
   std::fill(out.begin(), out.end(), 0.0f);
   if (!NormaliseVisible(probs.data(), first, n)) return;
-  for (size_t t = first; t < n; ++t) {
-    math::Axpy(probs[t], values.data() + t * head_dim, out.data(), head_dim);
-  }
+  math::AxpyRows(probs.data() + first, 1, 0, values.data() + first * head_dim, n - first,
+                 head_dim, head_dim, out.data(), 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -439,10 +441,11 @@ void LayerKvCache::AttendGroup(std::span<const float> q_group, size_t kv_head, s
   // Pass 1 over K: every visible row scored for every head of the group.
   if (mode_ == KvMode::kF32) {
     const float* k = k_f32_.data() + RowBase(kv_head);
-    for (size_t t = first; t < n; ++t) {
-      const float* kt = k + t * D;
+    if (first < n) {
+      // Bit-for-bit the (row, head) Dot loop, one dispatch for the pass.
+      math::DotRows(q, G, D, k + first * D, n - first, D, D, p + first, n);
       for (size_t j = 0; j < G; ++j) {
-        p[j * n + t] = Logit(math::Dot(q + j * D, kt, D), scale, softcap);
+        for (size_t t = first; t < n; ++t) p[j * n + t] = Logit(p[j * n + t], scale, softcap);
       }
     }
   } else {
@@ -465,10 +468,7 @@ void LayerKvCache::AttendGroup(std::span<const float> q_group, size_t kv_head, s
     float* o = out.data();
     if (mode_ == KvMode::kF32) {
       const float* v = v_f32_.data() + RowBase(kv_head);
-      for (size_t t = first; t < n; ++t) {
-        const float* vt = v + t * D;
-        for (size_t j = 0; j < G; ++j) math::Axpy(p[j * n + t], vt, o + j * D, D);
-      }
+      math::AxpyRows(p + first, G, n, v + first * D, n - first, D, D, o, D);
     } else {
       const int8_t* v = v_i8_.data() + RowBase(kv_head);
       const float* sv = v_scale_.data() + ScaleBase(kv_head);

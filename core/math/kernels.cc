@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "core/math/kernels_internal.h"
+#include "core/math/kernels_rows_inl.h"
 
 namespace cortiq::math {
 namespace {
@@ -240,6 +241,8 @@ const internal::KernelTable kScalar = {
     .isa = Isa::kScalar,
     .dot = ScalarDot,
     .axpy = ScalarAxpy,
+    .dot_rows = internal::DotRowsT<ScalarDot>,
+    .axpy_rows = internal::AxpyRowsT<ScalarAxpy>,
     .scale = ScalarScale,
     .dot_i8 = ScalarDotI8,
     .axpy_i8 = ScalarAxpyI8,
@@ -368,6 +371,14 @@ void Axpy(float alpha, const float* x, float* y, size_t n) {
   internal::Active().axpy(alpha, x, y, n);
 }
 void Scale(float* x, float alpha, size_t n) { internal::Active().scale(x, alpha, n); }
+void DotRows(const float* q, size_t nq, size_t q_stride, const float* rows, size_t n,
+             size_t row_stride, size_t d, float* out, size_t out_stride) {
+  internal::Active().dot_rows(q, nq, q_stride, rows, n, row_stride, d, out, out_stride);
+}
+void AxpyRows(const float* p, size_t nq, size_t p_stride, const float* rows, size_t n,
+              size_t row_stride, size_t d, float* out, size_t out_stride) {
+  internal::Active().axpy_rows(p, nq, p_stride, rows, n, row_stride, d, out, out_stride);
+}
 float DotI8(const float* a, const int8_t* b, size_t n) {
   return internal::Active().dot_i8(a, b, n);
 }

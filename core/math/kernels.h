@@ -44,6 +44,17 @@ void Axpy(float alpha, const float* x, float* y, size_t n);
 // x[i] *= alpha
 void Scale(float* x, float alpha, size_t n);
 
+// ---- Attention rows (one dispatch for many rows; bit-for-bit the loops) ----
+// out[j·out_stride + t] = Dot(q + j·q_stride, rows + t·row_stride, d) for
+// t < n, j < nq: the scores of nq query heads against n cached rows, one
+// pass over the rows. Each value is bit-identical to that Dot call.
+void DotRows(const float* q, size_t nq, size_t q_stride, const float* rows, size_t n,
+             size_t row_stride, size_t d, float* out, size_t out_stride);
+// For t = 0 .. n-1 (in order), for j < nq: Axpy(p[j·p_stride + t],
+// rows + t·row_stride, out + j·out_stride, d). Bit-identical to those calls.
+void AxpyRows(const float* p, size_t nq, size_t p_stride, const float* rows, size_t n,
+              size_t row_stride, size_t d, float* out, size_t out_stride);
+
 // ---- int8 rows (KV cache) ----
 // sum_i a[i] * float(b[i]), f32 accumulation (caller applies the row scale).
 float DotI8(const float* a, const int8_t* b, size_t n);

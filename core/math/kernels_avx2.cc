@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include "core/math/kernels_internal.h"
+#include "core/math/kernels_rows_inl.h"
 
 // Small helpers must inline: an out-of-line call with vector arguments makes
 // the caller spill every live register (GCC otherwise declined for Exp and
@@ -736,6 +737,8 @@ const KernelTable kTable = {
     .isa = Isa::kAvx2,
     .dot = Dot,
     .axpy = Axpy,
+    .dot_rows = internal::DotRowsT<Dot>,
+    .axpy_rows = internal::AxpyRowsT<Axpy>,
     .scale = Scale,
     .dot_i8 = DotI8,
     .axpy_i8 = AxpyI8,

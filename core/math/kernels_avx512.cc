@@ -14,6 +14,7 @@
 #pragma GCC diagnostic pop
 
 #include "core/math/kernels_internal.h"
+#include "core/math/kernels_rows_inl.h"
 
 // Small helpers must inline: an out-of-line call with vector arguments makes
 // the caller spill every live register (GCC otherwise declined for Exp and
@@ -875,6 +876,8 @@ const KernelTable kTable = {
     .isa = Isa::kAvx512,
     .dot = Dot,
     .axpy = Axpy,
+    .dot_rows = internal::DotRowsT<Dot>,
+    .axpy_rows = internal::AxpyRowsT<Axpy>,
     .scale = Scale,
     .dot_i8 = DotI8,
     .axpy_i8 = AxpyI8,

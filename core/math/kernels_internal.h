@@ -51,6 +51,11 @@ struct KernelTable {
   // Level 1 and friends: exactly the kernels.h contracts.
   float (*dot)(const float* a, const float* b, size_t n);
   void (*axpy)(float alpha, const float* x, float* y, size_t n);
+  // DotRows / AxpyRows of kernels.h (kernels_rows_inl.h builds them from dot/axpy).
+  void (*dot_rows)(const float* q, size_t nq, size_t q_stride, const float* rows, size_t n,
+                   size_t row_stride, size_t d, float* out, size_t out_stride);
+  void (*axpy_rows)(const float* p, size_t nq, size_t p_stride, const float* rows, size_t n,
+                    size_t row_stride, size_t d, float* out, size_t out_stride);
   void (*scale)(float* x, float alpha, size_t n);
   float (*dot_i8)(const float* a, const int8_t* b, size_t n);
   void (*axpy_i8)(float alpha, const int8_t* x, float* y, size_t n);
