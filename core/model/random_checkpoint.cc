@@ -109,8 +109,9 @@ absl::StatusOr<ModelConfig> NamedShape(std::string_view name) {
     c.max_position_embeddings = 40960;
     c.torch_dtype = "bfloat16";
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model shape '", std::string(name),
-                                                   "'; known: ", absl::StrJoin(NamedShapes(), ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown model shape '", std::string(name),
+                     "'; known: ", absl::StrJoin(NamedShapes(), ", ")));
   }
   return c;
 }

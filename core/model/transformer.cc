@@ -16,8 +16,8 @@ namespace {
 
 using math::WeightView;
 
-absl::StatusOr<WeightView> BindMatrix(const Checkpoint& ckpt, const std::string& name,
-                                      int64_t rows, int64_t cols) {
+absl::StatusOr<WeightView> BindMatrix(const Checkpoint& ckpt, const std::string& name, int64_t rows,
+                                      int64_t cols) {
   const int64_t shape[2] = {rows, cols};
   CORTIQ_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name, std::span<const int64_t>(shape)));
   WeightView w;
@@ -166,9 +166,9 @@ absl::Status SequenceKv::TruncateLast(size_t n) {
   const size_t keep = position() - n;
   for (size_t l = 0; l < qsa_.state_.size(); ++l) {
     if (qsa_.indexer_[l] != nullptr && qsa_.state_[l].ingested() < keep) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "truncate: layer ", l, "'s QSA state ingested ", qsa_.state_[l].ingested(),
-          " positions, fewer than the ", keep, " kept"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("truncate: layer ", l, "'s QSA state ingested ", qsa_.state_[l].ingested(),
+                       " positions, fewer than the ", keep, " kept"));
     }
   }
   for (auto& l : layers_) CORTIQ_RETURN_IF_ERROR(l.TruncateLast(n));  // cannot fail now
@@ -222,10 +222,8 @@ SequenceKv SequenceKv::Copy() const {
       absl::StatusOr<std::vector<uint8_t>> blob = ix->SnapshotAux(qsa_.state_[l]);
       absl::Status restored = st.ok() && blob.ok() ? ix->RestoreAux(*st, *blob) : absl::OkStatus();
       if (!st.ok() || !blob.ok() || !restored.ok()) {
-        const absl::Status why =
-            !st.ok() ? st.status() : (!blob.ok() ? blob.status() : restored);
-        spdlog::critical("qsa: copying layer {}'s state failed: {}", l,
-                         std::string(why.message()));
+        const absl::Status why = !st.ok() ? st.status() : (!blob.ok() ? blob.status() : restored);
+        spdlog::critical("qsa: copying layer {}'s state failed: {}", l, std::string(why.message()));
         std::abort();  // backend out of memory: treated like std::bad_alloc
       }
       out.qsa_.state_[l] = std::move(*st);
@@ -316,7 +314,8 @@ absl::Status Transformer::Bind() {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size, hd = c.head_dim, nq = c.num_attention_heads,
                 nkv = c.num_key_value_heads, inter = c.intermediate_size, vocab = c.vocab_size;
-  CORTIQ_ASSIGN_OR_RETURN(embed_, BindMatrix(*checkpoint_, "model.embed_tokens.weight", vocab, hidden));
+  CORTIQ_ASSIGN_OR_RETURN(embed_,
+                          BindMatrix(*checkpoint_, "model.embed_tokens.weight", vocab, hidden));
   if (c.tie_word_embeddings && !checkpoint_->Has("lm_head.weight")) {
     lm_head_ = embed_;
   } else {
@@ -328,27 +327,41 @@ absl::Status Transformer::Bind() {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights& w = layers_[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    CORTIQ_ASSIGN_OR_RETURN(w.q_proj, BindMatrix(*checkpoint_, p + "self_attn.q_proj.weight", nq * hd, hidden));
-    CORTIQ_ASSIGN_OR_RETURN(w.k_proj, BindMatrix(*checkpoint_, p + "self_attn.k_proj.weight", nkv * hd, hidden));
-    CORTIQ_ASSIGN_OR_RETURN(w.v_proj, BindMatrix(*checkpoint_, p + "self_attn.v_proj.weight", nkv * hd, hidden));
-    CORTIQ_ASSIGN_OR_RETURN(w.o_proj, BindMatrix(*checkpoint_, p + "self_attn.o_proj.weight", hidden, nq * hd));
-    CORTIQ_ASSIGN_OR_RETURN(w.gate_proj, BindMatrix(*checkpoint_, p + "mlp.gate_proj.weight", inter, hidden));
-    CORTIQ_ASSIGN_OR_RETURN(w.up_proj, BindMatrix(*checkpoint_, p + "mlp.up_proj.weight", inter, hidden));
-    CORTIQ_ASSIGN_OR_RETURN(w.down_proj, BindMatrix(*checkpoint_, p + "mlp.down_proj.weight", hidden, inter));
-    CORTIQ_ASSIGN_OR_RETURN(w.input_norm, BindVector(*checkpoint_, p + "input_layernorm.weight", hidden));
-    CORTIQ_ASSIGN_OR_RETURN(w.post_attn_norm,
-                            BindVector(*checkpoint_, p + "post_attention_layernorm.weight", hidden));
+    CORTIQ_ASSIGN_OR_RETURN(
+        w.q_proj, BindMatrix(*checkpoint_, p + "self_attn.q_proj.weight", nq * hd, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(
+        w.k_proj, BindMatrix(*checkpoint_, p + "self_attn.k_proj.weight", nkv * hd, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(
+        w.v_proj, BindMatrix(*checkpoint_, p + "self_attn.v_proj.weight", nkv * hd, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(
+        w.o_proj, BindMatrix(*checkpoint_, p + "self_attn.o_proj.weight", hidden, nq * hd));
+    CORTIQ_ASSIGN_OR_RETURN(w.gate_proj,
+                            BindMatrix(*checkpoint_, p + "mlp.gate_proj.weight", inter, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(w.up_proj,
+                            BindMatrix(*checkpoint_, p + "mlp.up_proj.weight", inter, hidden));
+    CORTIQ_ASSIGN_OR_RETURN(w.down_proj,
+                            BindMatrix(*checkpoint_, p + "mlp.down_proj.weight", hidden, inter));
+    CORTIQ_ASSIGN_OR_RETURN(w.input_norm,
+                            BindVector(*checkpoint_, p + "input_layernorm.weight", hidden));
+    CORTIQ_ASSIGN_OR_RETURN(
+        w.post_attn_norm, BindVector(*checkpoint_, p + "post_attention_layernorm.weight", hidden));
     if (c.attention_bias) {
-      CORTIQ_ASSIGN_OR_RETURN(w.q_bias, BindVector(*checkpoint_, p + "self_attn.q_proj.bias", nq * hd));
-      CORTIQ_ASSIGN_OR_RETURN(w.k_bias, BindVector(*checkpoint_, p + "self_attn.k_proj.bias", nkv * hd));
-      CORTIQ_ASSIGN_OR_RETURN(w.v_bias, BindVector(*checkpoint_, p + "self_attn.v_proj.bias", nkv * hd));
+      CORTIQ_ASSIGN_OR_RETURN(w.q_bias,
+                              BindVector(*checkpoint_, p + "self_attn.q_proj.bias", nq * hd));
+      CORTIQ_ASSIGN_OR_RETURN(w.k_bias,
+                              BindVector(*checkpoint_, p + "self_attn.k_proj.bias", nkv * hd));
+      CORTIQ_ASSIGN_OR_RETURN(w.v_bias,
+                              BindVector(*checkpoint_, p + "self_attn.v_proj.bias", nkv * hd));
     }
     if (c.o_proj_bias) {
-      CORTIQ_ASSIGN_OR_RETURN(w.o_bias, BindVector(*checkpoint_, p + "self_attn.o_proj.bias", hidden));
+      CORTIQ_ASSIGN_OR_RETURN(w.o_bias,
+                              BindVector(*checkpoint_, p + "self_attn.o_proj.bias", hidden));
     }
     if (c.qk_norm) {
-      CORTIQ_ASSIGN_OR_RETURN(w.q_norm, BindVector(*checkpoint_, p + "self_attn.q_norm.weight", hd));
-      CORTIQ_ASSIGN_OR_RETURN(w.k_norm, BindVector(*checkpoint_, p + "self_attn.k_norm.weight", hd));
+      CORTIQ_ASSIGN_OR_RETURN(w.q_norm,
+                              BindVector(*checkpoint_, p + "self_attn.q_norm.weight", hd));
+      CORTIQ_ASSIGN_OR_RETURN(w.k_norm,
+                              BindVector(*checkpoint_, p + "self_attn.k_norm.weight", hd));
     }
   }
   // inv_freq[i] = theta^(-2i/hd), computed in f64 (angles are formed in f64
@@ -542,7 +555,8 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
         opt.end = visible;
         cache.AttendGroup({s.q.data() + (i * nq + g * hpk) * hd, hpk * hd}, g, hpk,
                           {s.att.data() + (i * nq + g * hpk) * hd, hpk * hd},
-                          {ThreadScores(cache.GroupProbsSize(hpk)), hpk * visible}, /*imp_acc=*/{}, opt);
+                          {ThreadScores(cache.GroupProbsSize(hpk)), hpk * visible}, /*imp_acc=*/{},
+                          opt);
       }
     });
     // QSA: replace the context of rows past the inert bound with attention
@@ -562,9 +576,9 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
         if (!sel.active) continue;
         const qsa::QsaIndexer* ix = qsa_of(seq_of_row[i], l);
         CORTIQ_RETURN_IF_ERROR(s.qsa_pool.Bind(seq_of_row[i]->layers()[l], ix->geometry().ratio));
-        CORTIQ_RETURN_IF_ERROR(ix->AttendSelection(
-            sel, P(s.q.data() + i * nq * hd), P(s.att.data() + i * nq * hd), s.qsa_pool.pool(),
-            s.qsa_pool.table(), nq, scale, QsaScratchOf(s)));
+        CORTIQ_RETURN_IF_ERROR(ix->AttendSelection(sel, P(s.q.data() + i * nq * hd),
+                                                   P(s.att.data() + i * nq * hd), s.qsa_pool.pool(),
+                                                   s.qsa_pool.table(), nq, scale, QsaScratchOf(s)));
       }
     }
     math::MatMul(s.att.data(), rows, w.o_proj, s.xn.data(), pool_);
@@ -625,8 +639,8 @@ absl::StatusOr<const qsa::QsaIndexer*> Transformer::QsaIndexerFor(size_t layer, 
   if (per_layer.empty()) per_layer.resize(layers_.size());
   if (per_layer[layer] == nullptr) {
     const ModelConfig& c = config_;
-    const size_t hidden = c.hidden_size, nq = c.num_attention_heads,
-                 nkv = c.num_key_value_heads, hd = c.head_dim;
+    const size_t hidden = c.hidden_size, nq = c.num_attention_heads, nkv = c.num_key_value_heads,
+                 hd = c.head_dim;
     // One code path: checkpoint indexer tensors when present, else derived
     // from the layer's q/k projections (core/qsa/indexer_weights.h).
     CORTIQ_ASSIGN_OR_RETURN(
@@ -687,15 +701,14 @@ absl::Status Transformer::QsaIngestRows(SequenceKv& kv, size_t layer, const floa
 }
 
 absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& kv,
-                                  ForwardScratch& s, float* last_logits,
-                                  float* all_logits) const {
+                                  ForwardScratch& s, float* last_logits, float* all_logits) const {
   if (tokens.empty()) return absl::InvalidArgumentError("prefill: no tokens");
   CORTIQ_RETURN_IF_ERROR(CheckTokens(tokens));
   const size_t start = kv.position(), rows = tokens.size();
   if (start + rows > size_t(config_.max_position_embeddings)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefill: position ", start, " + ", rows, " tokens exceeds the model's context of ",
-        config_.max_position_embeddings));
+    return absl::InvalidArgumentError(absl::StrCat("prefill: position ", start, " + ", rows,
+                                                   " tokens exceeds the model's context of ",
+                                                   config_.max_position_embeddings));
   }
   if (kv.layers().size() != layers_.size()) {
     return absl::InvalidArgumentError("prefill: the sequence state belongs to another geometry");
@@ -733,8 +746,7 @@ absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& k
       std::memcpy(last_logits, all_logits + (rows - 1) * vocab, vocab * sizeof(float));
     }
   } else if (last_logits != nullptr) {
-    math::RmsNorm(s.x.data() + (rows - 1) * hidden, final_norm_.data(), eps, hidden,
-                  s.xn.data());
+    math::RmsNorm(s.x.data() + (rows - 1) * hidden, final_norm_.data(), eps, hidden, s.xn.data());
     Logits(s.xn.data(), 1, last_logits);
   }
   return absl::OkStatus();

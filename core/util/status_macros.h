@@ -12,10 +12,10 @@
 #define CORTIQ_CONCAT_INNER_(a, b) a##b
 #define CORTIQ_CONCAT_(a, b) CORTIQ_CONCAT_INNER_(a, b)
 
-#define CORTIQ_RETURN_IF_ERROR(expr)                      \
-  do {                                                    \
-    ::absl::Status cortiq_status_ = (expr);               \
-    if (!cortiq_status_.ok()) return cortiq_status_;      \
+#define CORTIQ_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status cortiq_status_ = (expr);          \
+    if (!cortiq_status_.ok()) return cortiq_status_; \
   } while (0)
 
 #define CORTIQ_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

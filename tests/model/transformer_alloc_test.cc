@@ -1,11 +1,12 @@
 // A decode step with a warm ForwardScratch and reserved caches performs no
 // heap allocation (counted with a replaced global operator new; this binary
 // holds only this test so the counter sees nothing else).
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <new>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/model/random_checkpoint.h"
@@ -58,7 +59,8 @@ TEST(TransformerAllocTest, DecodeStepDoesNotAllocate) {
   }
   std::vector<int32_t> next = {10, 20, 30};
   // Warm-up: grows the scratch to B rows and every thread's attention buffer.
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
   const size_t before = g_allocs.load();
   for (int i = 0; i < 20; ++i) {
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());

@@ -4,10 +4,13 @@
 // head_dim != hidden/heads, qwen2 biases and llama. Also: prefill-then-decode,
 // token-by-token decode and one long prefill agree; a batched decode equals
 // the same sequences decoded alone; bad input changes nothing.
+#include "core/model/transformer.h"
+
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <unistd.h>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,7 +18,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/model/checkpoint.h"
 #include "core/model/random_checkpoint.h"
-#include "core/model/transformer.h"
 #include "gtest/gtest.h"
 
 namespace cortiq::model {
@@ -154,7 +156,8 @@ struct RefModel {
     }
     const Vec& head = HasW("lm_head.weight") ? W("lm_head.weight") : emb;
     std::vector<Vec> logits(T);
-    for (size_t i = 0; i < T; ++i) logits[i] = Linear(RmsNorm(x[i].data(), W("model.norm.weight"), H), head, V, H);
+    for (size_t i = 0; i < T; ++i)
+      logits[i] = Linear(RmsNorm(x[i].data(), W("model.norm.weight"), H), head, V, H);
     return logits;
   }
 };
@@ -360,9 +363,11 @@ TEST(TransformerTest, Int8KvLogitErrorIsSmall) {
   ASSERT_TRUE((*tf)->Prefill(ids, a, scratch, nullptr, f32.data()).ok());
   ASSERT_TRUE((*tf)->Prefill(ids, b, scratch, nullptr, i8.data()).ok());
   double worst = 0;
-  for (size_t i = 0; i < ids.size(); ++i) worst = std::max(worst, RelErr(i8.data() + i * V, f32.data() + i * V, V));
-  std::printf("int8 KV vs f32 KV: max relative logit error %.3g over %zu positions; bytes %zu vs %zu\n",
-              worst, ids.size(), b.MemoryBytes(), a.MemoryBytes());
+  for (size_t i = 0; i < ids.size(); ++i)
+    worst = std::max(worst, RelErr(i8.data() + i * V, f32.data() + i * V, V));
+  std::printf(
+      "int8 KV vs f32 KV: max relative logit error %.3g over %zu positions; bytes %zu vs %zu\n",
+      worst, ids.size(), b.MemoryBytes(), a.MemoryBytes());
   EXPECT_LT(worst, 3e-2);
   EXPECT_LT(b.MemoryBytes(), a.MemoryBytes() / 2);
 }

@@ -72,10 +72,11 @@ int RunBench(const BenchOptions& o) {
 
   std::printf("cortiq-tool bench: model %s, isa %s, threads %zu, kv %s\n", dir.c_str(),
               math::IsaName(math::ActiveIsa()), pool.num_threads(), o.kv.c_str());
-  std::printf("shape: hidden %lld, layers %lld, heads %lld/%lld, head_dim %lld, inter %lld, vocab %lld\n",
-              (long long)c.hidden_size, (long long)c.num_hidden_layers,
-              (long long)c.num_attention_heads, (long long)c.num_key_value_heads,
-              (long long)c.head_dim, (long long)c.intermediate_size, (long long)c.vocab_size);
+  std::printf(
+      "shape: hidden %lld, layers %lld, heads %lld/%lld, head_dim %lld, inter %lld, vocab %lld\n",
+      (long long)c.hidden_size, (long long)c.num_hidden_layers, (long long)c.num_attention_heads,
+      (long long)c.num_key_value_heads, (long long)c.head_dim, (long long)c.intermediate_size,
+      (long long)c.vocab_size);
 
   // --- machine roofline, measured now
   const double bw = math::MeasureReadBandwidthGBs(o.bandwidth_bytes, &pool);
@@ -87,7 +88,10 @@ int RunBench(const BenchOptions& o) {
   // --- prefill of `context` tokens (after a warm-up that faults the weights in)
   const std::vector<int32_t> prompt = TokenIds(o.context, c.vocab_size, 42);
   model::ForwardScratch scratch;
-  std::vector<float> logits(size_t(c.vocab_size) * std::max<size_t>(1, o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end())));
+  std::vector<float> logits(
+      size_t(c.vocab_size) *
+      std::max<size_t>(
+          1, o.batches.empty() ? 1 : *std::max_element(o.batches.begin(), o.batches.end())));
   model::SequenceKv base(c, kv_mode);
   {
     model::SequenceKv warm(c, kv_mode);
@@ -109,15 +113,17 @@ int RunBench(const BenchOptions& o) {
   const double layer_params = double(c.q_dim() + 2 * c.kv_dim()) * c.hidden_size +
                               double(c.hidden_size) * c.q_dim() +
                               3.0 * double(c.intermediate_size) * c.hidden_size;
-  const double matmul_flops = 2.0 * layer_params * c.num_hidden_layers * T +
-                              2.0 * double(c.vocab_size) * c.hidden_size;
+  const double matmul_flops =
+      2.0 * layer_params * c.num_hidden_layers * T + 2.0 * double(c.vocab_size) * c.hidden_size;
   // Causal attention: QK^T and PV, T^2/2 positions per head.
   const double attn_flops = 2.0 * 2.0 * double(c.num_attention_heads) * c.head_dim *
                             (T * (T + 1) / 2) * c.num_hidden_layers;
   const double prefill_s = Median(prefill_runs);
   const double prefill_gflops = (matmul_flops + attn_flops) / prefill_s / 1e9;
-  std::printf("prefill %zu tokens: %.3f s (median of 3), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of FMA peak\n",
-              o.context, prefill_s, T / prefill_s, prefill_gflops, 100.0 * prefill_gflops / peak);
+  std::printf(
+      "prefill %zu tokens: %.3f s (median of 3), %.0f tokens/s, %.1f GFLOP/s = %.0f%% of FMA "
+      "peak\n",
+      o.context, prefill_s, T / prefill_s, prefill_gflops, 100.0 * prefill_gflops / peak);
 
   // --- decode at batch B, each sequence starting from the prefilled context
   const double weight_bytes = double(tf.WeightBytesPerStep());
@@ -145,8 +151,8 @@ int RunBench(const BenchOptions& o) {
     const double step_s = Median(step_times);
     // KV rows a step reads: every stored position of every layer (K and V),
     // at the cache's element size (capacity beyond the rows is not read).
-    const double row_bytes = kv_mode == kv::KvMode::kInt8 ? double(c.head_dim) + 4.0
-                                                          : 4.0 * double(c.head_dim);
+    const double row_bytes =
+        kv_mode == kv::KvMode::kInt8 ? double(c.head_dim) + 4.0 : 4.0 * double(c.head_dim);
     double kv_bytes = 0;
     for (auto& q : seqs) {
       kv_bytes += double(q.position()) * double(c.num_hidden_layers) * 2.0 *
@@ -157,10 +163,12 @@ int RunBench(const BenchOptions& o) {
     const double roofline_step_s = step_bytes / (bw * 1e9);
     const double tps = double(B) / step_s;
     if (B == 1) tps1 = tps;
-    std::printf("decode batch %zu: %.2f ms/step (median of %zu), %.2f tokens/s aggregate; reads %.1f MB/step "
-                "(weights %.1f + kv %.1f); roofline %.2f ms/step -> %.0f%% of roofline",
-                B, step_s * 1e3, o.decode_steps, tps, step_bytes / 1e6, weight_bytes / 1e6, kv_bytes / 1e6,
-                roofline_step_s * 1e3, 100.0 * roofline_step_s / step_s);
+    std::printf(
+        "decode batch %zu: %.2f ms/step (median of %zu), %.2f tokens/s aggregate; reads %.1f "
+        "MB/step "
+        "(weights %.1f + kv %.1f); roofline %.2f ms/step -> %.0f%% of roofline",
+        B, step_s * 1e3, o.decode_steps, tps, step_bytes / 1e6, weight_bytes / 1e6, kv_bytes / 1e6,
+        roofline_step_s * 1e3, 100.0 * roofline_step_s / step_s);
     if (B > 1 && tps1 > 0) std::printf("; %.2fx batch 1", tps / tps1);
     std::printf("\n");
   }

@@ -41,7 +41,8 @@ int Fail(const absl::Status& s) {
 struct RowPool {
   std::vector<float> data;
   size_t row = 0, rows = 0;
-  RowPool(size_t row_floats, size_t n, uint64_t seed) : data(row_floats * n), row(row_floats), rows(n) {
+  RowPool(size_t row_floats, size_t n, uint64_t seed)
+      : data(row_floats * n), row(row_floats), rows(n) {
     uint64_t s = seed;
     for (float& x : data) {
       s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -51,9 +52,8 @@ struct RowPool {
   std::span<const float> Get(size_t i) const { return {data.data() + (i % rows) * row, row}; }
 };
 
-absl::StatusOr<model::SequenceKv> Synthesize(const model::Transformer& tf,
-                                             const std::string& mode, size_t T, size_t extra,
-                                             const kv::O1Config& o1,
+absl::StatusOr<model::SequenceKv> Synthesize(const model::Transformer& tf, const std::string& mode,
+                                             size_t T, size_t extra, const kv::O1Config& o1,
                                              const model::QsaConfig& qsa) {
   const model::ModelConfig& c = tf.config();
   const size_t kvw = size_t(c.num_key_value_heads * c.head_dim);
@@ -113,14 +113,15 @@ int RunBenchContext(const BenchContextOptions& o) {
   // longest context measured, as a long-context deployment would configure.
   size_t longest = 0;
   for (size_t t : o.contexts) longest = std::max(longest, t);
-  config->max_position_embeddings = std::max<int64_t>(config->max_position_embeddings,
-                                                      int64_t(longest + o.steps + 8));
+  config->max_position_embeddings =
+      std::max<int64_t>(config->max_position_embeddings, int64_t(longest + o.steps + 8));
   const std::string dir = absl::StrCat("build/models/bench-", o.shape, "-", o.dtype, "-ctx",
                                        config->max_position_embeddings);
   if (!std::filesystem::exists(dir + "/config.json")) {
     model::RandomCheckpointOptions ro;
     ro.dtype = o.dtype == "bf16" ? math::DType::kBF16 : math::DType::kF32;
-    std::fprintf(stderr, "writing a random %s checkpoint to %s ...\n", o.shape.c_str(), dir.c_str());
+    std::fprintf(stderr, "writing a random %s checkpoint to %s ...\n", o.shape.c_str(),
+                 dir.c_str());
     absl::Status s = model::WriteRandomCheckpoint(*config, dir, ro);
     if (!s.ok()) return Fail(s);
   }
@@ -136,17 +137,17 @@ int RunBenchContext(const BenchContextOptions& o) {
   std::printf("bench-context: %s (%s), threads %zu, %zu decode steps per point; o1: %s; %s\n",
               o.shape.c_str(), o.dtype.c_str(), pool.num_threads(), o.steps,
               o1->DebugString().c_str(), qsa->DebugString().c_str());
-  std::printf("| mode | context | step ms | state MB | of which o1 / qsa MB |\n"
-              "|---|---|---|---|---|\n");
+  std::printf(
+      "| mode | context | step ms | state MB | of which o1 / qsa MB |\n"
+      "|---|---|---|---|---|\n");
   std::vector<float> logits(size_t(c.vocab_size));
   model::ForwardScratch scratch;
   for (const std::string& mode : o.modes) {
     for (size_t T : o.contexts) {
       const double projected_gb =
-          double(kv::LayerKvCache::ProjectedBytes(c.num_key_value_heads, c.head_dim,
-                                                  mode == "int8" ? kv::KvMode::kInt8
-                                                                 : kv::KvMode::kF32,
-                                                  T + o.steps + 1)) *
+          double(kv::LayerKvCache::ProjectedBytes(
+              c.num_key_value_heads, c.head_dim,
+              mode == "int8" ? kv::KvMode::kInt8 : kv::KvMode::kF32, T + o.steps + 1)) *
           double(c.num_hidden_layers) / 1e9;
       if (mode != "o1" && projected_gb > o.max_state_gb) {
         std::printf("| %s | %zu | skipped: %.1f GB of state > --max-state-gb %.1f | | |\n",
@@ -158,7 +159,8 @@ int RunBenchContext(const BenchContextOptions& o) {
       if (!seq.ok()) return Fail(seq.status());
       model::SequenceKv* seqs[1] = {&*seq};
       int32_t token = 1;
-      absl::Status s = tf.DecodeBatch(std::span<const int32_t>(&token, 1), seqs, scratch, logits.data());
+      absl::Status s =
+          tf.DecodeBatch(std::span<const int32_t>(&token, 1), seqs, scratch, logits.data());
       if (!s.ok()) return Fail(s);
       const size_t bytes = seq->MemoryBytes();
       auto t0 = Clock::now();
@@ -167,8 +169,8 @@ int RunBenchContext(const BenchContextOptions& o) {
         s = tf.DecodeBatch(std::span<const int32_t>(&token, 1), seqs, scratch, logits.data());
         if (!s.ok()) return Fail(s);
       }
-      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() /
-                        double(o.steps);
+      const double ms =
+          std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / double(o.steps);
       std::printf("| %s | %zu | %.2f | %.1f | %.1f |\n", mode.c_str(), T, ms, double(bytes) / 1e6,
                   double(seq->O1MemoryBytes() + seq->QsaMemoryBytes()) / 1e6);
       std::fflush(stdout);

@@ -95,13 +95,15 @@ struct Args {
   int64_t Int(const std::string& k, int64_t def) const {
     if (!Has(k)) return def;
     int64_t v;
-    if (!absl::SimpleAtoi(flags.at(k), &v)) throw UsageError{absl::StrCat("--", k, ": not an integer")};
+    if (!absl::SimpleAtoi(flags.at(k), &v))
+      throw UsageError{absl::StrCat("--", k, ": not an integer")};
     return v;
   }
   double Float(const std::string& k, double def) const {
     if (!Has(k)) return def;
     double v;
-    if (!absl::SimpleAtod(flags.at(k), &v)) throw UsageError{absl::StrCat("--", k, ": not a number")};
+    if (!absl::SimpleAtod(flags.at(k), &v))
+      throw UsageError{absl::StrCat("--", k, ": not a number")};
     return v;
   }
   void AllowOnly(std::initializer_list<const char*> names) const {
@@ -127,9 +129,11 @@ kv::KvMode ParseKv(const Args& a) {
 
 std::vector<int32_t> ParseIds(std::string_view text) {
   std::vector<int32_t> ids;
-  for (absl::string_view piece : absl::StrSplit(absl::string_view(text.data(), text.size()), absl::ByAnyChar(", \n\t\r"), absl::SkipEmpty())) {
+  for (absl::string_view piece : absl::StrSplit(absl::string_view(text.data(), text.size()),
+                                                absl::ByAnyChar(", \n\t\r"), absl::SkipEmpty())) {
     int32_t id;
-    if (!absl::SimpleAtoi(piece, &id)) throw UsageError{absl::StrCat("not a token id: '", piece, "'")};
+    if (!absl::SimpleAtoi(piece, &id))
+      throw UsageError{absl::StrCat("not a token id: '", piece, "'")};
     ids.push_back(id);
   }
   return ids;
@@ -146,10 +150,14 @@ int MkModel(const Args& a) {
   if (!config.ok()) return Fail(config.status());
   model::RandomCheckpointOptions opt;
   const std::string dtype = a.Str("dtype", "f32");
-  if (dtype == "f32") opt.dtype = math::DType::kF32;
-  else if (dtype == "bf16") opt.dtype = math::DType::kBF16;
-  else if (dtype == "f16") opt.dtype = math::DType::kF16;
-  else throw UsageError{"--dtype must be f32, bf16 or f16"};
+  if (dtype == "f32")
+    opt.dtype = math::DType::kF32;
+  else if (dtype == "bf16")
+    opt.dtype = math::DType::kBF16;
+  else if (dtype == "f16")
+    opt.dtype = math::DType::kF16;
+  else
+    throw UsageError{"--dtype must be f32, bf16 or f16"};
   opt.seed = static_cast<uint64_t>(a.Int("seed", 1));
   absl::Status s = model::WriteRandomCheckpoint(*config, a.positional[1], opt);
   if (!s.ok()) return Fail(s);
@@ -276,7 +284,8 @@ int Generate(const Args& a) {
   for (int64_t n = 0; n < max_tokens; ++n) {
     const int32_t next = sampler->Sample(logits, history);
     history.push_back(next);
-    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end()) break;
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end())
+      break;
     std::cout << detok.Push(next) << std::flush;
     if (n + 1 == max_tokens) break;
     model::SequenceKv* seqs[1] = {&kv};
@@ -325,7 +334,8 @@ int BenchContext(const Args& a) {
 }
 
 int Bench(const Args& a) {
-  a.AllowOnly({"model", "shape", "dtype", "context", "batches", "steps", "bandwidth-gb", "threads", "kv"});
+  a.AllowOnly(
+      {"model", "shape", "dtype", "context", "batches", "steps", "bandwidth-gb", "threads", "kv"});
   BenchOptions o;
   o.model_dir = a.Str("model");
   o.shape = a.Str("shape", o.shape);

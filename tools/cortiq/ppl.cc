@@ -58,7 +58,8 @@ absl::StatusOr<Score> Run(const model::Transformer& tf, const tokenizer::Tokeniz
       if (!st.ok()) return st;
     }
     kv.Reserve(n);
-    absl::Status st = tf.Prefill(std::span<const int32_t>(w, o.prefill), kv, scratch, logits.data());
+    absl::Status st =
+        tf.Prefill(std::span<const int32_t>(w, o.prefill), kv, scratch, logits.data());
     if (!st.ok()) return st;
     tf.SealO1(kv);  // landmarks frozen at the prefill (no-op for exact modes)
     model::SequenceKv* seq[1] = {&kv};
@@ -74,9 +75,9 @@ absl::StatusOr<Score> Run(const model::Transformer& tf, const tokenizer::Tokeniz
     ++s.windows;
   }
   if (s.tokens == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the text has ", ids.size(), " tokens: too few to score after a ", o.prefill,
-        "-token prefill"));
+    return absl::InvalidArgumentError(absl::StrCat("the text has ", ids.size(),
+                                                   " tokens: too few to score after a ", o.prefill,
+                                                   "-token prefill"));
   }
   return s;
 }
@@ -150,8 +151,9 @@ int RunPpl(const PplOptions& o) {
     if (is_exact) std::printf("ratio 1.0000\n");
   }
   // Machine-readable summary of the requested mode.
-  std::printf("ppl %.6f\nbits_per_byte %.6f\n", std::exp(mode_score->nll / double(mode_score->tokens)),
-              mode_score->bytes ? mode_score->nll / std::log(2.0) / double(mode_score->bytes) : 0.0);
+  std::printf(
+      "ppl %.6f\nbits_per_byte %.6f\n", std::exp(mode_score->nll / double(mode_score->tokens)),
+      mode_score->bytes ? mode_score->nll / std::log(2.0) / double(mode_score->bytes) : 0.0);
   return 0;
 }
 
