@@ -18,4 +18,5 @@ if [ ! -f "$MODEL/config.json" ]; then
   "$TOOL" mkmodel tiny "$MODEL" --seed 1
 fi
 PROMPT="${1:-Call me Ishmael. Some years ago, never mind how long precisely,}"
+echo "== streamed generation from $MODEL (random weights until the trained model lands: expect noise) =="
 "$TOOL" generate --model "$MODEL" --prompt "$PROMPT" --max-tokens 64 --temperature 0.8 --seed 7
