@@ -37,6 +37,12 @@ absl::StatusOr<std::vector<float>> BindVector(const Checkpoint& ckpt, const std:
   return out;
 }
 
+// Prefill chunks of at least this many rows of one exact f32 sequence run
+// their attention as tiled matrix products, `kTiledAttentionTile` query rows
+// per tile.
+constexpr size_t kTiledAttentionMinRows = 64;
+constexpr size_t kTiledAttentionTile = 32;
+
 // Per-thread attention scratch: grows to the longest context seen by this
 // thread, then is reused (no allocation per decode step once warm).
 float* ThreadScores(size_t n) {
@@ -457,17 +463,30 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
     return l < ix.size() ? ix[l] : nullptr;
   };
 
+  // Row-wise elementwise work (norms, RoPE, SwiGLU, residual adds): rows are
+  // independent, so a prefill chunk spreads them over the pool (same bits
+  // either way); a decode batch is too small to pay for the hand-off.
+  auto for_rows = [&](auto&& fn) {
+    if (rows < 16) {
+      for (size_t i = 0; i < rows; ++i) fn(i);
+      return;
+    }
+    pool_->ParallelFor(rows, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) fn(i);
+    });
+  };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerWeights& w = layers_[l];
     // --- attention block
-    for (size_t i = 0; i < rows; ++i) {
+    for_rows([&](size_t i) {
       math::RmsNorm(s.x.data() + i * hidden, w.input_norm.data(), eps, hidden,
                     s.xn.data() + i * hidden);
-    }
+    });
     math::MatMul(s.xn.data(), rows, w.q_proj, s.q.data(), pool_);
     math::MatMul(s.xn.data(), rows, w.k_proj, s.k.data(), pool_);
     math::MatMul(s.xn.data(), rows, w.v_proj, s.v.data(), pool_);
-    for (size_t i = 0; i < rows; ++i) {
+    // Per row: bias, q/k norm, RoPE (independent rows: parallel for a chunk).
+    for_rows([&](size_t i) {
       float* q = s.q.data() + i * nq * hd;
       float* k = s.k.data() + i * nkv * hd;
       float* v = s.v.data() + i * nkv * hd;
@@ -485,6 +504,11 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
         if (!w.k_norm.empty()) math::RmsNorm(k + h * hd, w.k_norm.data(), eps, hd, k + h * hd);
         math::RopeRotateHalf(k + h * hd, hd, cs, cs + half);
       }
+    });
+    for (size_t i = 0; i < rows; ++i) {
+      const float* q = s.q.data() + i * nq * hd;
+      const float* k = s.k.data() + i * nkv * hd;
+      const float* v = s.v.data() + i * nkv * hd;
       // Append in row order: a prefill chunk's rows land at consecutive
       // positions; row i then attends over exactly the rows before it.
       // A sealed O(1) layer keeps no rows: O1Step inserts (k, v) below.
@@ -532,7 +556,13 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
       const bool last_of_seq = i + 1 == rows || seq_of_row[i + 1] != seq_of_row[i];
       later[i] = last_of_seq ? 0u : later[i + 1] + 1;
     }
-    pool_->ParallelFor(tasks, [&](size_t begin, size_t end) {
+    // A long prefill chunk of one exact f32 sequence: tiled attention.
+    const kv::LayerKvCache& cache0 = seq_of_row[0]->layers()[l];
+    const bool tiled = causal_chunk && rows >= kTiledAttentionMinRows &&
+                       cache0.mode() == kv::KvMode::kF32 && !cache0.O1Sealed() &&
+                       !cache0.HasDeadHeads() && seq_of_row[rows - 1] == seq_of_row[0];
+    if (tiled) PrefillAttentionTiled(s, cache0, rows);
+    pool_->ParallelFor(tiled ? 0 : tasks, [&](size_t begin, size_t end) {
       for (size_t t = begin; t < end; ++t) {
         const size_t k = t / nkv, g = t % nkv;
         const size_t i = (k % 2 == 0) ? k / 2 : rows - 1 - k / 2;
@@ -582,27 +612,93 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows,
       }
     }
     math::MatMul(s.att.data(), rows, w.o_proj, s.xn.data(), pool_);
-    for (size_t i = 0; i < rows; ++i) {
+    for_rows([&](size_t i) {
       float* x = s.x.data() + i * hidden;
       const float* o = s.xn.data() + i * hidden;
       for (size_t j = 0; j < hidden; ++j) x[j] += o[j];
       if (!w.o_bias.empty()) {
         for (size_t j = 0; j < hidden; ++j) x[j] += w.o_bias[j];
       }
-    }
+    });
 
     // --- MLP block
-    for (size_t i = 0; i < rows; ++i) {
+    for_rows([&](size_t i) {
       math::RmsNorm(s.x.data() + i * hidden, w.post_attn_norm.data(), eps, hidden,
                     s.xn.data() + i * hidden);
-    }
+    });
     math::MatMul(s.xn.data(), rows, w.gate_proj, s.gate.data(), pool_);
     math::MatMul(s.xn.data(), rows, w.up_proj, s.up.data(), pool_);
-    math::SwiGlu(s.gate.data(), s.up.data(), rows * inter, s.gate.data());
+    for_rows([&](size_t i) {
+      float* g = s.gate.data() + i * inter;
+      math::SwiGlu(g, s.up.data() + i * inter, inter, g);
+    });
     math::MatMul(s.gate.data(), rows, w.down_proj, s.xn.data(), pool_);
-    for (size_t j = 0; j < rows * hidden; ++j) s.x[j] += s.xn[j];
+    for_rows([&](size_t i) {
+      float* x = s.x.data() + i * hidden;
+      const float* d = s.xn.data() + i * hidden;
+      for (size_t j = 0; j < hidden; ++j) x[j] += d[j];
+    });
   }
   return absl::OkStatus();
+}
+
+void Transformer::PrefillAttentionTiled(ForwardScratch& s, const kv::LayerKvCache& cache,
+                                        size_t rows) const {
+  const size_t hd = config_.head_dim, nq = config_.num_attention_heads,
+               nkv = config_.num_key_value_heads, hpk = nq / nkv;
+  const size_t len = cache.seq_len();  // the chunk's rows are the last `rows`
+  const size_t start = len - rows;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t tile = kTiledAttentionTile;
+  const size_t n_tiles = (rows + tile - 1) / tile;
+  // Tiles cost in proportion to their last position: interleave cheap and
+  // dear ones (0, n-1, 1, n-2, ...) so the pool's contiguous ranges balance.
+  pool_->ParallelFor(n_tiles * nkv, [&](size_t begin, size_t end) {
+    for (size_t task = begin; task < end; ++task) {
+      const size_t k = task / nkv, g = task % nkv;
+      const size_t ti = (k % 2 == 0) ? k / 2 : n_tiles - 1 - k / 2;
+      const size_t i0 = ti * tile, i1 = std::min(rows, i0 + tile);
+      const size_t m = (i1 - i0) * hpk;  // query vectors in the tile
+      const size_t n = start + i1;       // keys visible to the tile's last row
+      // Per-thread buffers, grown geometrically (no allocation once warm).
+      thread_local util::AlignedBuffer<float> qbuf, sbuf, vtbuf, obuf;
+      auto grow = [](util::AlignedBuffer<float>& b, size_t want) {
+        if (b.size() < want) b.Resize(std::max(want, 2 * b.size()));
+      };
+      grow(qbuf, m * hd);
+      grow(sbuf, m * n);
+      grow(vtbuf, hd * n);
+      grow(obuf, m * hd);
+      // Q tile, contiguous: row (i, j) = query head g·hpk + j of chunk row i.
+      for (size_t i = i0; i < i1; ++i) {
+        std::memcpy(qbuf.data() + (i - i0) * hpk * hd, s.q.data() + (i * nq + g * hpk) * hd,
+                    hpk * hd * sizeof(float));
+      }
+      // Scores [m × n] = Q · Kᵀ (K rows are the nn.Linear layout [n × hd]).
+      const math::WeightView kw{cache.HeadKeys(g).data(), math::DType::kF32, n, hd};
+      math::MatMul(qbuf.data(), m, kw, sbuf.data(), nullptr);
+      // Causal softmax per query vector: row i sees keys [0, start + i].
+      for (size_t r = 0; r < m; ++r) {
+        const size_t i = i0 + r / hpk;
+        float* sr = sbuf.data() + r * n;
+        const size_t vis = start + i + 1;
+        for (size_t t = 0; t < vis; ++t) sr[t] *= scale;
+        math::Softmax(sr, vis);
+        std::fill(sr + vis, sr + n, 0.0f);
+      }
+      // Out [m × hd] = P · V, V transposed once per tile ([hd × n]).
+      const float* v = cache.HeadValues(g).data();
+      for (size_t t = 0; t < n; ++t) {
+        for (size_t e = 0; e < hd; ++e) vtbuf[e * n + t] = v[t * hd + e];
+      }
+      const math::WeightView vw{vtbuf.data(), math::DType::kF32, hd, n};
+      math::MatMul(sbuf.data(), m, vw, obuf.data(), nullptr);
+      for (size_t i = i0; i < i1; ++i) {
+        std::memcpy(s.att.data() + (i * nq + g * hpk) * hd, obuf.data() + (i - i0) * hpk * hd,
+                    hpk * hd * sizeof(float));
+      }
+    }
+  });
 }
 
 absl::Status Transformer::QsaPrefillLayer(ForwardScratch& s, size_t l, SequenceKv& kv, size_t i0,

@@ -313,6 +313,11 @@ class Transformer {
                          bool causal_chunk) const;
   // QSA on layer l after dense attention: ingest + select for the run of
   // prefill rows [i0, i0 + n) of one sequence.
+  // Causal attention of a prefill chunk of one sequence (rows [0, rows) of
+  // s.q, already appended to `cache`) as tiled matrix products: per KV group
+  // and tile of query rows, scores = Q·Kᵀ and out = P·V through math::MatMul
+  // instead of one Dot/Axpy pass per row. f32 rows, every head dense.
+  void PrefillAttentionTiled(ForwardScratch& s, const kv::LayerKvCache& cache, size_t rows) const;
   absl::Status QsaPrefillLayer(ForwardScratch& s, size_t l, SequenceKv& kv, size_t i0,
                                size_t n) const;
   absl::StatusOr<const qsa::QsaIndexer*> QsaIndexerFor(size_t layer, size_t ratio,
