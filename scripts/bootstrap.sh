@@ -9,7 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libhwy-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-  python3-grpcio python3-protobuf python3-numpy python3-torch
+  python3-grpcio python3-protobuf python3-numpy python3-torch libopenblas0-pthread
   prometheus
   clang libclang-rt-14-dev clang-format clang-tidy
 )
