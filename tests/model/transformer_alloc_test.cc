@@ -12,34 +12,16 @@
 #include "core/model/random_checkpoint.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
-
-namespace {
-std::atomic<size_t> g_allocs{0};
-}
-
-// GCC pairs the replaced new/delete below with malloc/free and cannot see
-// that they match each other.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-void* operator new(size_t n) {
-  g_allocs.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+#include "tests/common/alloc_counter.h"
+#include "tests/common/model_test_util.h"
 
 namespace cortiq::model {
 namespace {
 
 TEST(TransformerAllocTest, DecodeStepDoesNotAllocate) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_alloc_tiny_gqa_", getpid());
+  const std::string dir = cortiq::testing::TempModel("tiny-gqa");
   auto config = NamedShape("tiny-gqa");
   ASSERT_TRUE(config.ok());
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, dir, {}).ok());
   util::ThreadPool pool(2);
   auto tf = Transformer::Load(dir, &pool);
   ASSERT_TRUE(tf.ok()) << tf.status();
@@ -61,11 +43,12 @@ TEST(TransformerAllocTest, DecodeStepDoesNotAllocate) {
   // Warm-up: grows the scratch to B rows and every thread's attention buffer.
   for (int i = 0; i < 3; ++i)
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
-  const size_t before = g_allocs.load();
+  const size_t before = cortiq::testing::AllocCount();
   for (int i = 0; i < 20; ++i) {
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
   }
-  EXPECT_EQ(g_allocs.load() - before, 0u) << "heap allocations during 20 decode steps";
+  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u)
+      << "heap allocations during 20 decode steps";
 }
 
 }  // namespace

@@ -29,62 +29,24 @@
 #include "core/model/random_checkpoint.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
+#include "tests/common/alloc_counter.h"
+#include "tests/common/model_test_util.h"
 
-namespace {
-std::atomic<size_t> g_allocs{0};
-}
-
-// GCC pairs the replaced new/delete below with malloc/free and cannot see
-// that they match each other.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-void* operator new(size_t n) {
-  g_allocs.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
 
 namespace cortiq::model {
 namespace {
 
-// Own directory prefix: other test binaries write their models concurrently.
 std::string TempModel(const std::string& shape, uint64_t seed = 3) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_tfo1_", shape, "_", seed);
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    auto config = NamedShape(shape);
-    EXPECT_TRUE(config.ok()) << config.status();
-    RandomCheckpointOptions o;
-    o.seed = seed;
-    absl::Status s = WriteRandomCheckpoint(*config, dir, o);
-    EXPECT_TRUE(s.ok()) << s;
-  }
-  return dir;
+  return cortiq::testing::TempModel(shape, math::DType::kF32, seed);
 }
-
 std::vector<int32_t> Ids(size_t n, int64_t vocab, uint32_t seed) {
-  std::vector<int32_t> ids(n);
-  uint32_t s = seed;
-  for (auto& id : ids) {
-    s = s * 1664525u + 1013904223u;
-    id = int32_t((s >> 8) % uint32_t(vocab));
-  }
-  return ids;
+  return cortiq::testing::TestIds(n, vocab, seed);
+}
+double RelErr(const float* a, const float* b, size_t n) {
+  return cortiq::testing::MaxRelErr(a, b, n);
 }
 
-// max |a - b| / max |b|.
-double RelErr(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return num / den;
-}
+
 size_t ArgMax(const float* x, size_t n) { return size_t(std::max_element(x, x + n) - x); }
 bool AllFinite(const std::vector<float>& x) {
   return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
@@ -440,11 +402,11 @@ TEST(TransformerO1AllocTest, DecodeOverSealedLayersDoesNotAllocate) {
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
   }
   ASSERT_TRUE(seqs[0].layers()[0].O1Sealed());
-  const size_t before = g_allocs.load();
+  const size_t before = cortiq::testing::AllocCount();
   for (int i = 0; i < 20; ++i) {
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
   }
-  EXPECT_EQ(g_allocs.load() - before, 0u) << "heap allocations during 20 decode steps";
+  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u) << "heap allocations during 20 decode steps";
 }
 
 }  // namespace

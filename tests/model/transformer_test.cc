@@ -19,25 +19,14 @@
 #include "core/model/checkpoint.h"
 #include "core/model/random_checkpoint.h"
 #include "gtest/gtest.h"
+#include "tests/common/model_test_util.h"
 
 namespace cortiq::model {
 namespace {
 
 std::string TempModel(const std::string& shape, math::DType dtype = math::DType::kF32,
                       uint64_t seed = 3) {
-  // Per process: CTest runs the tests of this binary in parallel processes.
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_tf_", getpid(), "_", shape,
-                                       "_", int(dtype), "_", seed);
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    auto config = NamedShape(shape);
-    EXPECT_TRUE(config.ok()) << config.status();
-    RandomCheckpointOptions o;
-    o.dtype = dtype;
-    o.seed = seed;
-    absl::Status s = WriteRandomCheckpoint(*config, dir, o);
-    EXPECT_TRUE(s.ok()) << s;
-  }
-  return dir;
+  return cortiq::testing::TempModel(shape, dtype, seed);
 }
 
 // ------------------------------------------------------------ f64 reference
@@ -162,28 +151,15 @@ struct RefModel {
   }
 };
 
-// max |a - b| / max |b|: the error relative to the logits' scale.
 double RelErr(const float* a, const double* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num = std::max(num, std::abs(double(a[i]) - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return num / den;
+  return cortiq::testing::MaxRelErr(a, b, n);
 }
 double RelErr(const float* a, const float* b, size_t n) {
-  std::vector<double> bd(b, b + n);
-  return RelErr(a, bd.data(), n);
+  return cortiq::testing::MaxRelErr(a, b, n);
 }
 
 std::vector<int32_t> Ids(size_t n, int64_t vocab, uint32_t seed) {
-  std::vector<int32_t> ids(n);
-  uint32_t s = seed;
-  for (auto& id : ids) {
-    s = s * 1664525u + 1013904223u;
-    id = int32_t((s >> 8) % uint32_t(vocab));
-  }
-  return ids;
+  return cortiq::testing::TestIds(n, vocab, seed);
 }
 
 class ReferenceTest : public ::testing::TestWithParam<const char*> {};
