@@ -14,7 +14,6 @@
 #pragma GCC diagnostic pop
 
 #include "core/math/kernels_internal.h"
-#include "core/math/kernels_rows_inl.h"
 
 // Small helpers must inline: an out-of-line call with vector arguments makes
 // the caller spill every live register (GCC otherwise declined for Exp and
@@ -90,6 +89,144 @@ CORTIQ_INLINE __m512 LoadI8(const int8_t* p) {
 }
 CORTIQ_INLINE __m512 LoadI8Masked(const int8_t* p, __mmask16 m) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
+}
+
+// ---- Attention rows (kernels.h DotRows / AxpyRows) ----
+// Register-blocked forms of the per-row loops: a cached row is loaded once for
+// up to four query heads. Every (head, row) value goes through exactly the
+// operations Dot / Axpy apply to it (same accumulators, same order, same
+// tails), so the results are bit-for-bit those of the loops.
+template <int NJ>
+void DotRowsBlock(const float* q, size_t q_stride, const float* rows, size_t n, size_t row_stride,
+                  size_t d, float* out, size_t out_stride) {
+  for (size_t t = 0; t < n; ++t) {
+    const float* r = rows + t * row_stride;
+    __m512 s[NJ][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 4 * kV <= d; i += 4 * kV) {
+      const __m512 x0 = _mm512_loadu_ps(r + i), x1 = _mm512_loadu_ps(r + i + 16),
+                   x2 = _mm512_loadu_ps(r + i + 32), x3 = _mm512_loadu_ps(r + i + 48);
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+        const float* qj = q + j * q_stride + i;
+        s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(qj), x0, s[j][0]);
+        s[j][1] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16), x1, s[j][1]);
+        s[j][2] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 32), x2, s[j][2]);
+        s[j][3] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 48), x3, s[j][3]);
+      }
+    }
+    for (; i + kV <= d; i += kV) {
+      const __m512 x = _mm512_loadu_ps(r + i);
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+        s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * q_stride + i), x, s[j][0]);
+      }
+    }
+    if (i < d) {
+      const __mmask16 m = Mask16(d - i);
+      const __m512 x = _mm512_maskz_loadu_ps(m, r + i);
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+        s[j][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j * q_stride + i), x, s[j][1]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NJ; ++j) out[j * out_stride + t] = Sum4(s[j][0], s[j][1], s[j][2], s[j][3]);
+  }
+}
+
+void DotRows(const float* q, size_t nq, size_t q_stride, const float* rows, size_t n,
+             size_t row_stride, size_t d, float* out, size_t out_stride) {
+  size_t j = 0;
+  for (; j + 4 <= nq; j += 4) {
+    DotRowsBlock<4>(q + j * q_stride, q_stride, rows, n, row_stride, d, out + j * out_stride,
+                    out_stride);
+  }
+  const float* qj = q + j * q_stride;
+  float* oj = out + j * out_stride;
+  switch (nq - j) {
+    case 3:
+      DotRowsBlock<3>(qj, q_stride, rows, n, row_stride, d, oj, out_stride);
+      break;
+    case 2:
+      DotRowsBlock<2>(qj, q_stride, rows, n, row_stride, d, oj, out_stride);
+      break;
+    case 1:
+      DotRowsBlock<1>(qj, q_stride, rows, n, row_stride, d, oj, out_stride);
+      break;
+    default:
+      break;
+  }
+}
+
+// Columns [c, c + 64) of NJ heads' outputs stay in registers across all rows:
+// per element, acc = fma(p[t], row[t], acc) for t ascending — what Axpy does
+// to it row by row (its masked tail included).
+template <int NJ>
+void AxpyRowsBlock(const float* p, size_t p_stride, const float* rows, size_t n, size_t row_stride,
+                   size_t d, float* out, size_t out_stride) {
+  for (size_t c = 0; c < d; c += 4 * kV) {
+    __mmask16 m[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const size_t lo = c + size_t(k) * kV;
+      m[k] = lo >= d ? __mmask16(0) : (d - lo >= kV ? __mmask16(0xFFFF) : Mask16(d - lo));
+    }
+    __m512 acc[NJ][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NJ; ++j) {
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        acc[j][k] = _mm512_maskz_loadu_ps(m[k], out + j * out_stride + c + size_t(k) * kV);
+      }
+    }
+    for (size_t t = 0; t < n; ++t) {
+      const float* r = rows + t * row_stride + c;
+      __m512 x[4];
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) x[k] = _mm512_maskz_loadu_ps(m[k], r + size_t(k) * kV);
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+        const __m512 va = _mm512_set1_ps(p[j * p_stride + t]);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) acc[j][k] = _mm512_fmadd_ps(va, x[k], acc[j][k]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NJ; ++j) {
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        _mm512_mask_storeu_ps(out + j * out_stride + c + size_t(k) * kV, m[k], acc[j][k]);
+      }
+    }
+  }
+}
+
+void AxpyRows(const float* p, size_t nq, size_t p_stride, const float* rows, size_t n,
+              size_t row_stride, size_t d, float* out, size_t out_stride) {
+  if (n == 0) return;
+  size_t j = 0;
+  for (; j + 4 <= nq; j += 4) {
+    AxpyRowsBlock<4>(p + j * p_stride, p_stride, rows, n, row_stride, d, out + j * out_stride,
+                     out_stride);
+  }
+  const float* pj = p + j * p_stride;
+  float* oj = out + j * out_stride;
+  switch (nq - j) {
+    case 3:
+      AxpyRowsBlock<3>(pj, p_stride, rows, n, row_stride, d, oj, out_stride);
+      break;
+    case 2:
+      AxpyRowsBlock<2>(pj, p_stride, rows, n, row_stride, d, oj, out_stride);
+      break;
+    case 1:
+      AxpyRowsBlock<1>(pj, p_stride, rows, n, row_stride, d, oj, out_stride);
+      break;
+    default:
+      break;
+  }
 }
 
 float DotI8(const float* a, const int8_t* b, size_t n) {
@@ -876,8 +1013,8 @@ const KernelTable kTable = {
     .isa = Isa::kAvx512,
     .dot = Dot,
     .axpy = Axpy,
-    .dot_rows = internal::DotRowsT<Dot>,
-    .axpy_rows = internal::AxpyRowsT<Axpy>,
+    .dot_rows = DotRows,
+    .axpy_rows = AxpyRows,
     .scale = Scale,
     .dot_i8 = DotI8,
     .axpy_i8 = AxpyI8,

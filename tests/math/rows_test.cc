@@ -20,7 +20,7 @@ TEST(RowsTest, DotRowsAndAxpyRowsEqualTheLoopsBitForBit) {
   for (Isa isa : SupportedIsas()) {
     ScopedIsa scoped(isa);
     for (size_t d : {1, 7, 16, 33, 64, 128, 200}) {
-      for (size_t nq : {1, 2, 3, 4}) {
+      for (size_t nq : {1, 2, 3, 4, 5, 8}) {
         const size_t n = 37, row_stride = d + 5, q_stride = d + 3, out_stride = n + 2;
         std::vector<float> rows(n * row_stride), q(nq * q_stride), p(nq * out_stride);
         for (auto& x : rows) x = nd(rng);
