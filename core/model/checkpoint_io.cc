@@ -11,7 +11,7 @@
 
 namespace cortiq::model {
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
+absl::StatusOr<OpenedFile> OpenRegularFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
   struct stat st {};
@@ -24,12 +24,19 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_by
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+  return OpenedFile{fd, static_cast<uint64_t>(st.st_size)};
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
+  auto file = OpenRegularFile(path);
+  if (!file.ok()) return file.status();
+  const int fd = file->fd;
+  if (file->size > max_bytes) {
     ::close(fd);
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", st.st_size, " bytes, larger than the limit of ", max_bytes));
+        absl::StrCat(path, ": ", file->size, " bytes, larger than the limit of ", max_bytes));
   }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
+  std::string out(static_cast<size_t>(file->size), '\0');
   size_t done = 0;
   while (done < out.size()) {
     ssize_t n = ::read(fd, out.data() + done, out.size() - done);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -15,6 +16,15 @@ namespace cortiq::model {
 
 // The whole file as bytes. `max_bytes` guards against reading a multi-GB file
 // where a small JSON document is expected.
+// An open, read-only file descriptor of a regular file and its size. The
+// caller owns `fd` (close it). Errors name the path: cannot open / stat, or
+// not a regular file.
+struct OpenedFile {
+  int fd = -1;
+  uint64_t size = 0;
+};
+absl::StatusOr<OpenedFile> OpenRegularFile(const std::string& path);
+
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes);
 
 }  // namespace cortiq::model

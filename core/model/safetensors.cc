@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/model/checkpoint_io.h"
 #include "core/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -137,19 +138,9 @@ void SafetensorsFile::Unmap() {
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot stat"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  f.size_ = static_cast<uint64_t>(st.st_size);
+  CORTIQ_ASSIGN_OR_RETURN(OpenedFile file, OpenRegularFile(path));
+  const int fd = file.fd;
+  f.size_ = file.size;
   if (f.size_ < 8) {
     ::close(fd);
     return absl::DataLossError(absl::StrCat(path, ": file is ", f.size_,
