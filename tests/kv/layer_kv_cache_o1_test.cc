@@ -23,44 +23,8 @@
 #include "core/kv/layer_kv_cache.h"
 #include "core/kv/nystrom.h"
 #include "gtest/gtest.h"
+#include "tests/common/alloc_counter.h"
 
-// ---- counting allocator (operator new only) ---------------------------------------
-namespace {
-std::atomic<size_t> g_new_calls{0};
-std::atomic<long long> g_live_bytes{0};
-constexpr size_t kHeader = 16;  // keeps operator new's 16-byte alignment
-
-__attribute__((noinline)) void* CountedAlloc(size_t n) {
-  void* base = std::malloc(n + kHeader);
-  if (base == nullptr) return nullptr;
-  std::memcpy(base, &n, sizeof(n));
-  g_new_calls.fetch_add(1, std::memory_order_relaxed);
-  g_live_bytes.fetch_add(static_cast<long long>(n), std::memory_order_relaxed);
-  return static_cast<char*>(base) + kHeader;
-}
-__attribute__((noinline)) void CountedFree(void* p) {
-  if (p == nullptr) return;
-  void* base = static_cast<char*>(p) - kHeader;
-  size_t n;
-  std::memcpy(&n, base, sizeof(n));
-  g_live_bytes.fetch_sub(static_cast<long long>(n), std::memory_order_relaxed);
-  std::free(base);
-}
-}  // namespace
-
-void* operator new(size_t n) {
-  if (void* p = CountedAlloc(n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t n) { return operator new(n); }
-void* operator new(size_t n, const std::nothrow_t&) noexcept { return CountedAlloc(n); }
-void* operator new[](size_t n, const std::nothrow_t&) noexcept { return CountedAlloc(n); }
-void operator delete(void* p) noexcept { CountedFree(p); }
-void operator delete[](void* p) noexcept { CountedFree(p); }
-void operator delete(void* p, size_t) noexcept { CountedFree(p); }
-void operator delete[](void* p, size_t) noexcept { CountedFree(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { CountedFree(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { CountedFree(p); }
 
 namespace cortiq::kv {
 namespace {
@@ -278,7 +242,7 @@ TEST(LayerKvCacheO1Test, SealFreesTheExactRowsAndMemoryIsExactlyTheStates) {
   const size_t t = 300;
   Stream s = MakeStream(t + 40, t, 5);
   Vec out(kHeads * kD);  // before the probe: the heap delta is the layer alone
-  const long long live0 = g_live_bytes.load();
+  const long long live0 = cortiq::testing::LiveBytes();
   LayerKvCache c(kKv, kD);
   c.Reserve(t);
   ASSERT_TRUE(c.O1Begin(kM, kW, kSink, O1Rect::kAggregate).ok());
@@ -287,7 +251,7 @@ TEST(LayerKvCacheO1Test, SealFreesTheExactRowsAndMemoryIsExactlyTheStates) {
   // Collecting: the trace follows the reserved capacity exactly.
   EXPECT_EQ(c.O1MemoryBytes(), t * kHeads * kD * sizeof(float));
   EXPECT_EQ(c.MemoryBytes(), exact + c.O1MemoryBytes());
-  EXPECT_EQ(g_live_bytes.load() - live0, static_cast<long long>(c.O1MemoryBytes()));
+  EXPECT_EQ(cortiq::testing::LiveBytes() - live0, static_cast<long long>(c.O1MemoryBytes()));
   const size_t before = c.MemoryBytes();
 
   ASSERT_TRUE(c.O1Seal(kHeads).ok());
@@ -302,7 +266,7 @@ TEST(LayerKvCacheO1Test, SealFreesTheExactRowsAndMemoryIsExactlyTheStates) {
   for (const NystromState& st : c.O1States()) states += st.MemoryBytes();
   EXPECT_EQ(c.O1MemoryBytes(), states);
   // ... and they are what the heap holds (trace and seal temporaries freed).
-  EXPECT_EQ(g_live_bytes.load() - live0, static_cast<long long>(c.O1MemoryBytes()));
+  EXPECT_EQ(cortiq::testing::LiveBytes() - live0, static_cast<long long>(c.O1MemoryBytes()));
   EXPECT_LT(c.MemoryBytes(), before);
   std::printf("[ measured ] t=%zu: exact K/V %zu B + trace %zu B -> sealed states %zu B\n", t,
               exact, before - exact, c.MemoryBytes());
@@ -316,7 +280,7 @@ TEST(LayerKvCacheO1Test, SealFreesTheExactRowsAndMemoryIsExactlyTheStates) {
   c.Release();
   EXPECT_EQ(c.MemoryBytes(), 0u);
   EXPECT_FALSE(c.O1Sealed());
-  EXPECT_EQ(g_live_bytes.load(), live0);
+  EXPECT_EQ(cortiq::testing::LiveBytes(), live0);
 }
 
 // ---- decode -------------------------------------------------------------------------
@@ -560,12 +524,12 @@ TEST(LayerKvCacheO1Test, StepAllocatesNothingInSkeletonMode) {
   ASSERT_TRUE(c.O1Views().has_value());  // skeleton mode in every group
   Vec out(kHeads * kD);
   // Positive control: the counter sees std::vector.
-  const size_t c0 = g_new_calls.load();
+  const size_t c0 = cortiq::testing::AllocCount();
   { Vec probe(3); }
-  ASSERT_GT(g_new_calls.load(), c0);
-  const size_t before = g_new_calls.load();
+  ASSERT_GT(cortiq::testing::AllocCount(), c0);
+  const size_t before = cortiq::testing::AllocCount();
   for (size_t j = t; j < t + steps; ++j) c.O1Step(s.q[j], s.k[j], s.v[j], kHeads, out);
-  EXPECT_EQ(g_new_calls.load() - before, 0u) << "heap allocations in " << steps << " O1Steps";
+  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u) << "heap allocations in " << steps << " O1Steps";
 }
 
 }  // namespace

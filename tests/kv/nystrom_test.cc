@@ -26,62 +26,10 @@
 
 #include "core/math/kernels.h"
 #include "gtest/gtest.h"
+#include "tests/common/alloc_counter.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 
-// ---- counting allocator --------------------------------------------------------
-namespace {
-std::atomic<size_t> g_new_calls{0};
-std::atomic<long long> g_live_bytes{0};
-constexpr size_t kHeader = 16;  // keeps the 16-byte alignment of operator new
-// noinline: GCC otherwise sees malloc/free through the replaced operators
-// and warns about mismatched allocation functions.
-
-__attribute__((noinline)) void* CountedAlloc(size_t n) {
-  void* base = std::malloc(n + kHeader);
-  if (base == nullptr) return nullptr;
-  std::memcpy(base, &n, sizeof(n));
-  g_new_calls.fetch_add(1, std::memory_order_relaxed);
-  g_live_bytes.fetch_add(static_cast<long long>(n), std::memory_order_relaxed);
-  return static_cast<char*>(base) + kHeader;
-}
-__attribute__((noinline)) void CountedFree(void* p) {
-  if (p == nullptr) return;
-  void* base = static_cast<char*>(p) - kHeader;
-  size_t n;
-  std::memcpy(&n, base, sizeof(n));
-  g_live_bytes.fetch_sub(static_cast<long long>(n), std::memory_order_relaxed);
-  std::free(base);
-}
-void* AlignedAlloc(size_t n, std::align_val_t al) {
-  g_new_calls.fetch_add(1, std::memory_order_relaxed);
-  const size_t a = static_cast<size_t>(al);
-  return std::aligned_alloc(a, (n + a - 1) / a * a);
-}
-}  // namespace
-
-void* operator new(size_t n) {
-  if (void* p = CountedAlloc(n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t n) { return operator new(n); }
-void* operator new(size_t n, const std::nothrow_t&) noexcept { return CountedAlloc(n); }
-void* operator new[](size_t n, const std::nothrow_t&) noexcept { return CountedAlloc(n); }
-void operator delete(void* p) noexcept { CountedFree(p); }
-void operator delete[](void* p) noexcept { CountedFree(p); }
-void operator delete(void* p, size_t) noexcept { CountedFree(p); }
-void operator delete[](void* p, size_t) noexcept { CountedFree(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { CountedFree(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { CountedFree(p); }
-void* operator new(size_t n, std::align_val_t al) {
-  if (void* p = AlignedAlloc(n, al)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t n, std::align_val_t al) { return operator new(n, al); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace cortiq::kv {
 namespace {
@@ -443,7 +391,7 @@ TEST(NystromTest, StepPerformsZeroHeapAllocationsInSkeletonMode) {
   }
   ASSERT_FALSE(grp.ExactOnly());
   Vec q_all(heads * s.d), out(heads * s.dv), out1(s.dv);
-  const size_t before = g_new_calls.load();
+  const size_t before = cortiq::testing::AllocCount();
   bool ok = true;
   for (size_t j = prompt; j < prompt + steps; ++j) {
     for (size_t h = 0; h < heads; ++h) std::copy_n(s.q(h, j), s.d, &q_all[h * s.d]);
@@ -454,7 +402,7 @@ TEST(NystromTest, StepPerformsZeroHeapAllocationsInSkeletonMode) {
                    std::span<const float>(s.v(j), s.dv), out1)
               .ok();
   }
-  const size_t allocs = g_new_calls.load() - before;
+  const size_t allocs = cortiq::testing::AllocCount() - before;
   EXPECT_TRUE(ok);
   EXPECT_EQ(allocs, 0u) << "heap allocations in " << 2 * steps << " skeleton-mode steps";
 }
@@ -843,12 +791,12 @@ TEST(NystromTest, MemoryBytesIsExactlyTheLiveHeap) {
     const size_t d = 64, dv = 32, m = 32, w = 64, sink = 4, steps = 100;
     Seq s = MakeSeq(c.prompt + steps, d, dv, c.heads, 14, c.prompt);
     Vec q_all(c.heads * d), out(c.heads * dv);  // allocated before the probe
-    const long long before = g_live_bytes.load();
+    const long long before = cortiq::testing::LiveBytes();
     {
       NystromState st = NystromState::NewGroup(m, w, sink, c.heads);
-      EXPECT_EQ(g_live_bytes.load() - before, static_cast<long long>(st.MemoryBytes()));
+      EXPECT_EQ(cortiq::testing::LiveBytes() - before, static_cast<long long>(st.MemoryBytes()));
       ASSERT_TRUE(PrefillFrom(st, s, c.prompt).ok());
-      EXPECT_EQ(g_live_bytes.load() - before, static_cast<long long>(st.MemoryBytes()));
+      EXPECT_EQ(cortiq::testing::LiveBytes() - before, static_cast<long long>(st.MemoryBytes()));
       for (size_t j = c.prompt; j < c.prompt + steps; ++j) {
         for (size_t h = 0; h < c.heads; ++h) std::copy_n(s.q(h, j), d, &q_all[h * d]);
         ASSERT_TRUE(st.StepGroup(q_all, std::span<const float>(s.k(j), d),
@@ -856,7 +804,7 @@ TEST(NystromTest, MemoryBytesIsExactlyTheLiveHeap) {
                         .ok());
       }
       // Exact-only mode has grown its window by now; still exact.
-      EXPECT_EQ(g_live_bytes.load() - before, static_cast<long long>(st.MemoryBytes()));
+      EXPECT_EQ(cortiq::testing::LiveBytes() - before, static_cast<long long>(st.MemoryBytes()));
       if (!st.ExactOnly()) {
         // Skeleton mode: the float buffers the seed lists, plus the two
         // per-head arrays.
@@ -868,11 +816,11 @@ TEST(NystromTest, MemoryBytesIsExactlyTheLiveHeap) {
         EXPECT_LT(st.MemoryBytes() - floats * sizeof(float), c.heads * 512);
       }
       // An explicit copy accounts for itself, too.
-      const long long before_copy = g_live_bytes.load();
+      const long long before_copy = cortiq::testing::LiveBytes();
       NystromState cp = st.Copy();
-      EXPECT_EQ(g_live_bytes.load() - before_copy, static_cast<long long>(cp.MemoryBytes()));
+      EXPECT_EQ(cortiq::testing::LiveBytes() - before_copy, static_cast<long long>(cp.MemoryBytes()));
     }
-    EXPECT_EQ(g_live_bytes.load(), before);  // nothing leaked
+    EXPECT_EQ(cortiq::testing::LiveBytes(), before);  // nothing leaked
   }
 }
 
