@@ -1,0 +1,503 @@
+#include "core/session/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace cortiq::session {
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kEos: return "eos";
+    case FinishReason::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+namespace {
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Length of the longest suffix of `text` that is a proper prefix of one of
+// the stop strings: that much text must be held back, it may still become a
+// stop sequence.
+size_t HeldSuffix(std::string_view text, const std::vector<std::string>& stops) {
+  size_t best = 0;
+  for (const std::string& stop : stops) {
+    const size_t max_k = std::min(text.size(), stop.size() - 1);
+    for (size_t k = max_k; k > best; --k) {
+      if (text.substr(text.size() - k) == std::string_view(stop).substr(0, k)) {
+        best = k;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+// The sampler for a call: a new one when the request names a seed (or the
+// session has none), otherwise the session's RNG continued under the
+// request's parameters (the state blob's parameter fields are replaced; see
+// Sampler::SerializeState for the layout).
+absl::StatusOr<model::Sampler> SamplerFor(std::optional<model::Sampler>& previous,
+                                          const model::SamplingParams& params, bool seed_given) {
+  if (seed_given || !previous.has_value()) return model::Sampler::Create(params);
+  std::string blob = previous->SerializeState();
+  auto put32 = [&](size_t off, const void* v) { std::memcpy(blob.data() + off, v, 4); };
+  put32(8, &params.temperature);
+  put32(12, &params.top_k);
+  put32(16, &params.top_p);
+  put32(20, &params.min_p);
+  put32(24, &params.repetition_penalty);
+  return model::Sampler::Deserialize(blob);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Job
+
+Job::Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request)
+    : engine_(engine),
+      lease_(std::move(lease)),
+      session_id_(lease_->id()),
+      request_(std::move(request)) {}
+
+bool Job::Pop(GenerationEvent* event) {
+  bool was_full;
+  {
+    std::unique_lock lock(mu_);
+    if (queue_.empty()) return false;
+    was_full = queue_.size() >= engine_->options_.queue_capacity;
+    *event = std::move(queue_.front());
+    queue_.pop_front();
+    if (finished_) was_full = false;  // the engine no longer schedules this job
+  }
+  if (was_full) engine_->Wake();
+  return true;
+}
+
+bool Job::WaitPop(GenerationEvent* event) {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !queue_.empty() || finished_; });
+    if (queue_.empty()) return false;
+  }
+  return Pop(event);
+}
+
+bool Job::Drained() const {
+  std::unique_lock lock(mu_);
+  return finished_ && queue_.empty();
+}
+
+bool Job::finished() const {
+  std::unique_lock lock(mu_);
+  return finished_;
+}
+
+const GenerationResult& Job::result() const { return result_; }
+
+void Job::Cancel() {
+  if (!cancelled_.exchange(true)) {
+    std::unique_lock lock(mu_);
+    if (!finished_) {
+      lock.unlock();
+      engine_->Wake();
+    }
+  }
+}
+
+void Job::SetNotify(std::function<void()> notify) {
+  std::unique_lock lock(mu_);
+  notify_ = std::move(notify);
+}
+
+void Job::ClearNotify() {
+  std::unique_lock lock(mu_);
+  notify_cv_.wait(lock, [&] { return notify_running_ == 0; });
+  notify_ = nullptr;
+}
+
+void Job::Notify() {
+  {
+    std::unique_lock lock(mu_);
+    if (!notify_) return;
+    ++notify_running_;
+  }
+  notify_();
+  {
+    std::unique_lock lock(mu_);
+    if (--notify_running_ == 0) notify_cv_.notify_all();
+  }
+}
+
+bool Job::QueueHasRoom() const {
+  std::unique_lock lock(mu_);
+  return queue_.size() < engine_->options_.queue_capacity;
+}
+
+void Job::Push(GenerationEvent event) {
+  {
+    std::unique_lock lock(mu_);
+    queue_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+  Notify();
+}
+
+void Job::Finish(FinishReason reason, absl::Status status) {
+  {
+    std::unique_lock lock(mu_);
+    result_.finish_reason = reason;
+    result_.status = std::move(status);
+    finished_ = true;
+  }
+  cv_.notify_all();
+  Notify();
+}
+
+// ---------------------------------------------------------------------------
+// Engine
+
+Engine::Engine(const model::Transformer& model, const tokenizer::Tokenizer& tokenizer,
+               EngineOptions options)
+    : model_(model), tokenizer_(tokenizer), options_(options) {
+  const auto& cfg = model_.config();
+  max_context_ = options_.max_context > 0 ? options_.max_context
+                                          : static_cast<size_t>(cfg.max_position_embeddings);
+  eos_ids_ = cfg.eos_token_ids;
+  for (auto id : {tokenizer_.endoftext_id(), tokenizer_.im_end_id()}) {
+    if (id && std::find(eos_ids_.begin(), eos_ids_.end(), *id) == eos_ids_.end()) {
+      eos_ids_.push_back(*id);
+    }
+  }
+  logits_.resize(std::max<size_t>(options_.max_batch, 1) * static_cast<size_t>(cfg.vocab_size));
+  batch_tokens_.reserve(options_.max_batch);
+  batch_kvs_.reserve(options_.max_batch);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Shutdown() {
+  {
+    std::unique_lock lock(mu_);
+    if (stop_) {
+      // Already stopping: just wait for the thread below.
+    }
+    stop_ = true;
+    wake_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::Wake() {
+  {
+    std::unique_lock lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_all();
+}
+
+absl::Status Engine::ValidateRequest(const GenerationRequest& r, size_t history,
+                                     size_t max_tokens_limit) const {
+  const auto vocab = static_cast<int64_t>(model_.config().vocab_size);
+  if (r.prompt.empty()) {
+    return absl::InvalidArgumentError("prompt: empty; give prompt text or prompt_tokens");
+  }
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_tokens[", i, "]: id ", r.prompt[i],
+                                                     " is outside the vocabulary [0, ", vocab,
+                                                     ")"));
+    }
+  }
+  if (r.max_tokens < 1 || r.max_tokens > max_tokens_limit) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens: ", r.max_tokens,
+                                                   " is outside [1, ", max_tokens_limit, "]"));
+  }
+  if (absl::Status s = r.sampling.Validate(); !s.ok()) return s;
+  if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs: ", r.top_logprobs,
+                                                   " is outside [0, ", kMaxTopLogprobs, "]"));
+  }
+  if (r.stop.size() > kMaxStopSequences) {
+    return absl::InvalidArgumentError(absl::StrCat("stop: ", r.stop.size(),
+                                                   " sequences, at most ", kMaxStopSequences));
+  }
+  for (size_t i = 0; i < r.stop.size(); ++i) {
+    if (r.stop[i].empty() || r.stop[i].size() > kMaxStopBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: ", r.stop[i].size(),
+                                                     " bytes, must be 1 .. ", kMaxStopBytes));
+    }
+  }
+  const size_t need = history + r.prompt.size() + r.max_tokens;
+  if (need > max_context_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt: ", r.prompt.size(), " prompt tokens + max_tokens ", r.max_tokens, " + ", history,
+        " session tokens = ", need, " positions, beyond the context of ", max_context_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
+                                                    GenerationRequest request) {
+  if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
+  std::shared_ptr<Job> job(new Job(this, std::move(lease), std::move(request)));
+  job->submitted_ = Clock::now();
+  std::weak_ptr<Job> weak = job;
+  job->lease_.SetCanceller([weak] {
+    if (auto j = weak.lock()) j->Cancel();
+  });
+  {
+    std::unique_lock lock(mu_);
+    if (stop_) return absl::UnavailableError("engine: shutting down");
+    submitted_.push_back(job);
+    queued_.store(submitted_.size(), std::memory_order_relaxed);
+    wake_ = true;
+  }
+  cv_.notify_all();
+  return job;
+}
+
+bool Engine::Admit(Job& job) {
+  Session& s = *job.lease_;
+  const GenerationRequest& r = job.request_;
+  absl::Status st = ValidateRequest(r, s.tokens().size(), r.max_tokens);
+  if (st.ok() && s.kv().position() > s.tokens().size()) {
+    st = absl::InternalError("session: cache holds more positions than its history");
+  }
+  absl::StatusOr<model::Sampler> sampler =
+      st.ok() ? SamplerFor(s.sampler(), r.sampling, r.seed_given) : st;
+  if (!sampler.ok()) {
+    FinishJob(job, FinishReason::kNone, sampler.status());
+    return false;
+  }
+  s.sampler() = *std::move(sampler);
+  job.detok_ = std::make_unique<tokenizer::IncrementalDetokenizer>(tokenizer_);
+  if (!job.detok_->RestorePending(s.detok_pending()).ok()) job.detok_->Reset();
+  s.tokens().insert(s.tokens().end(), r.prompt.begin(), r.prompt.end());
+  job.pending_.assign(s.tokens().begin() + static_cast<std::ptrdiff_t>(s.kv().position()),
+                      s.tokens().end());
+  // One reservation for the whole call: no reallocation while decoding.
+  s.kv().Reserve(s.tokens().size() + r.max_tokens);
+  s.PublishMemory();
+  job.phase_ = Job::Phase::kPrefill;
+  return true;
+}
+
+void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
+  if (job.phase_ == Job::Phase::kDone) return;
+  job.phase_ = Job::Phase::kDone;
+  const auto now = Clock::now();
+  GenerationResult& res = job.result_;
+  Session& s = *job.lease_;
+  if (job.detok_) s.detok_pending() = std::string(job.detok_->pending_bytes());
+  s.PublishMemory();
+  res.prompt_tokens = job.request_.prompt.size();
+  res.session_tokens = s.tokens().size();
+  res.memory = s.Memory();
+  res.total_seconds = Seconds(now - job.submitted_);
+  if (res.completion_tokens > 1) {
+    const double dt = Seconds(job.last_token_ - job.first_token_);
+    res.decode_tokens_per_second = dt > 0 ? (res.completion_tokens - 1) / dt : 0.0;
+  }
+  if (options_.observer) options_.observer->OnTokens(res.prompt_tokens, res.completion_tokens);
+  if (job.request_.release_at_end) {
+    job.lease_.ReleaseOnReturn(reason == FinishReason::kCancelled || !status.ok()
+                                   ? ReleaseReason::kCancelled
+                                   : ReleaseReason::kOneshot);
+  }
+  // The session is no longer the engine's: return the lease before the
+  // consumer learns the job is over, so a next call on the session (or a
+  // ReleaseSession waiting for it) proceeds at once.
+  job.lease_.Return();
+  job.Finish(reason, std::move(status));
+}
+
+void Engine::OnLogits(Job& job, const float* logits) {
+  Session& s = *job.lease_;
+  const GenerationRequest& r = job.request_;
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  std::span<const float> row(logits, vocab);
+  const int32_t t = s.sampler()->Sample(row, s.tokens());
+  GenerationEvent ev;
+  ev.token_id = t;
+  if (r.logprobs || r.top_logprobs > 0) {
+    absl::StatusOr<model::Logprobs> lp =
+        model::ComputeLogprobs(row, r.sampling.temperature, t, r.top_logprobs);
+    if (lp.ok()) ev.logprobs = *std::move(lp);
+  }
+  s.tokens().push_back(t);
+  job.next_input_ = t;
+  ++job.result_.completion_tokens;
+  const auto now = Clock::now();
+  if (job.result_.completion_tokens == 1) {
+    job.first_token_ = now;
+    job.result_.ttft_seconds = Seconds(now - job.submitted_);
+    if (options_.observer) options_.observer->OnFirstToken(job.result_.ttft_seconds);
+  } else if (options_.observer) {
+    options_.observer->OnInterToken(Seconds(now - job.last_token_));
+  }
+  job.last_token_ = now;
+
+  const bool eos =
+      !r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end();
+  if (!eos) job.held_ += job.detok_->Push(t);
+  FinishReason finish = FinishReason::kNone;
+  size_t stop_at = std::string::npos;
+  for (const std::string& stop : r.stop) {
+    stop_at = std::min(stop_at, job.held_.find(stop));
+  }
+  if (stop_at != std::string::npos) {
+    ev.text = job.held_.substr(0, stop_at);
+    job.held_.clear();
+    finish = FinishReason::kStop;
+  } else if (eos || job.result_.completion_tokens >= r.max_tokens) {
+    ev.text = std::move(job.held_);
+    job.held_.clear();
+    finish = eos ? FinishReason::kEos : FinishReason::kLength;
+  } else {
+    const size_t keep = HeldSuffix(job.held_, r.stop);
+    ev.text = job.held_.substr(0, job.held_.size() - keep);
+    job.held_.erase(0, job.held_.size() - keep);
+  }
+  s.PublishMemory();
+  job.Push(std::move(ev));
+  if (finish != FinishReason::kNone) {
+    FinishJob(job, finish, absl::OkStatus());
+  } else {
+    job.phase_ = Job::Phase::kDecode;
+  }
+}
+
+void Engine::RunPrefillChunk(Job& job) {
+  Session& s = *job.lease_;
+  const size_t left = job.pending_.size() - job.prefill_done_;
+  const size_t n = std::min(left, std::max<size_t>(options_.prefill_chunk, 1));
+  if (job.prefill_done_ == 0) job.first_chunk_ = Clock::now();
+  if (job.result_.queue_seconds == 0) {
+    job.result_.queue_seconds = Seconds(job.first_chunk_ - job.submitted_);
+  }
+  const bool last = n == left;
+  std::span<const int32_t> chunk(job.pending_.data() + job.prefill_done_, n);
+  absl::Status st = model_.Prefill(chunk, s.kv(), prefill_scratch_, last ? logits_.data() : nullptr);
+  if (!st.ok()) {
+    FinishJob(job, FinishReason::kNone, st);
+    return;
+  }
+  job.prefill_done_ += n;
+  if (!last) {
+    s.PublishMemory();
+    return;
+  }
+  // The prompt is absorbed: O(1) layers seal now (their exact rows are freed).
+  model_.SealO1(s.kv());
+  OnLogits(job, logits_.data());
+}
+
+void Engine::RunDecode(std::vector<Job*>& batch) {
+  batch_tokens_.clear();
+  batch_kvs_.clear();
+  for (Job* j : batch) {
+    batch_tokens_.push_back(j->next_input_);
+    batch_kvs_.push_back(&j->lease_->kv());
+  }
+  absl::Status st = model_.DecodeBatch(batch_tokens_, batch_kvs_, decode_scratch_, logits_.data());
+  if (!st.ok()) {
+    spdlog::error("engine: decode step failed for a batch of {}: {}", batch.size(), st.ToString());
+    for (Job* j : batch) FinishJob(*j, FinishReason::kNone, absl::InternalError(st.message()));
+    return;
+  }
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  for (size_t b = 0; b < batch.size(); ++b) OnLogits(*batch[b], logits_.data() + b * vocab);
+}
+
+void Engine::Loop() {
+  std::vector<Job*> batch;
+  batch.reserve(options_.max_batch);
+  size_t rotate = 0;
+  for (;;) {
+    std::deque<std::shared_ptr<Job>> incoming;
+    bool stop;
+    {
+      std::unique_lock lock(mu_);
+      stop = stop_;
+      incoming.swap(submitted_);
+      queued_.store(0, std::memory_order_relaxed);
+      wake_ = false;
+    }
+    for (auto& j : incoming) {
+      if (stop || j->cancelled_.load()) {
+        j->phase_ = Job::Phase::kPrefill;
+        FinishJob(*j, FinishReason::kCancelled, absl::OkStatus());
+      } else if (Admit(*j)) {
+        jobs_.push_back(std::move(j));
+      }
+    }
+    const auto now = Clock::now();
+    for (auto& j : jobs_) {
+      if (stop || j->cancelled_.load()) {
+        FinishJob(*j, FinishReason::kCancelled, absl::OkStatus());
+      } else if (now >= j->request_.deadline) {
+        FinishJob(*j, FinishReason::kCancelled,
+                  absl::DeadlineExceededError("deadline exceeded before the generation finished"));
+      }
+    }
+    std::erase_if(jobs_, [](const auto& j) { return j->phase_ == Job::Phase::kDone; });
+    active_.store(jobs_.size(), std::memory_order_relaxed);
+    if (stop) break;
+
+    // One decode step for every job with room in its queue (rotating the
+    // start so a batch cap never starves the same jobs) ...
+    batch.clear();
+    Job* prefill = nullptr;
+    const size_t n = jobs_.size();
+    for (size_t i = 0; i < n; ++i) {
+      Job& j = *jobs_[(i + rotate) % n];
+      if (j.phase_ == Job::Phase::kDecode && batch.size() < options_.max_batch &&
+          j.QueueHasRoom()) {
+        batch.push_back(&j);
+      }
+    }
+    // ... and one prefill chunk of the oldest job absorbing its prompt.
+    for (auto& j : jobs_) {
+      if (j->phase_ == Job::Phase::kPrefill) {
+        prefill = j.get();
+        break;
+      }
+    }
+    if (n > 0) rotate = (rotate + 1) % n;
+    if (batch.empty() && prefill == nullptr) {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return wake_ || stop_; });
+      continue;
+    }
+    const auto t0 = Clock::now();
+    size_t prefill_tokens = 0;
+    if (!batch.empty()) RunDecode(batch);
+    if (prefill != nullptr) {
+      const size_t before = prefill->prefill_done_;
+      RunPrefillChunk(*prefill);
+      prefill_tokens = prefill->prefill_done_ - before;
+    }
+    last_batch_.store(batch.size(), std::memory_order_relaxed);
+    steps_.fetch_add(1, std::memory_order_relaxed);
+    if (options_.observer) {
+      options_.observer->OnStep(batch.size(), prefill_tokens, Seconds(Clock::now() - t0));
+    }
+  }
+  jobs_.clear();
+  active_.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace cortiq::session

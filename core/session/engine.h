@@ -1,0 +1,245 @@
+// Engine: the scheduler thread that runs every generation on this node with
+// continuous batching.
+//
+// Each iteration of the loop:
+//   1. admits newly submitted jobs, finishes cancelled / expired ones;
+//   2. runs ONE batched decode step (Transformer::DecodeBatch) for every job
+//      in the decode phase whose token queue has room — each weight matrix is
+//      read once for the whole batch;
+//   3. runs ONE prefill chunk (at most options.prefill_chunk tokens) of the
+//      oldest job still absorbing its prompt, so a long prompt delays the
+//      other streams by at most one chunk per step.
+// The math runs on the model's thread pool, driven from this thread; callers
+// (gRPC threads) only submit jobs and pop their events.
+//
+// A Job is shared by the engine and its consumer (a gRPC reactor, a test, the
+// benchmark). Its queue of events is bounded (options.queue_capacity): a job
+// whose consumer is slow stops being scheduled until it pops, pausing only
+// itself. Cancel(), the deadline and a release of the session take effect at
+// the next step boundary.
+//
+// Example:
+//   Engine engine(model, tokenizer, {});
+//   CORTIQ_ASSIGN_OR_RETURN(auto job, engine.Submit(std::move(lease), request));
+//   GenerationEvent ev;
+//   while (job->WaitPop(&ev)) { std::cout << ev.text; }
+//   const GenerationResult& r = job->result();
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/model/sampler.h"
+#include "core/model/transformer.h"
+#include "core/session/session.h"
+#include "core/session/session_store.h"
+#include "core/tokenizer/detokenizer.h"
+#include "core/tokenizer/tokenizer.h"
+
+namespace cortiq::session {
+
+enum class FinishReason : uint8_t { kNone = 0, kLength, kStop, kEos, kCancelled };
+std::string_view FinishReasonName(FinishReason reason);  // "length" | "stop" | "eos" | "cancelled"
+
+// What a caller asks the engine to do with a leased session. Validated by
+// ValidateRequest (the server does it before leasing anything).
+struct GenerationRequest {
+  std::vector<int32_t> prompt;       // appended to the session's history; non-empty
+  size_t max_tokens = 16;            // >= 1
+  std::vector<std::string> stop;     // stop sequences (text)
+  model::SamplingParams sampling;
+  bool seed_given = true;            // false: a continued session keeps its RNG
+  bool logprobs = false;
+  int top_logprobs = 0;              // 0..kMaxTopLogprobs
+  bool ignore_eos = false;
+  // Release the session when the job ends (a one-shot session): reason
+  // cancelled when the job was cancelled, oneshot otherwise.
+  bool release_at_end = false;
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+inline constexpr int kMaxTopLogprobs = 20;
+inline constexpr size_t kMaxStopSequences = 16;
+inline constexpr size_t kMaxStopBytes = 256;
+
+// One sampled token.
+struct GenerationEvent {
+  int32_t token_id = 0;
+  std::string text;  // whole UTF-8 characters; stop-sequence prefixes held back
+  std::optional<model::Logprobs> logprobs;
+};
+
+struct GenerationResult {
+  FinishReason finish_reason = FinishReason::kNone;
+  absl::Status status;           // non-OK: the job failed (model error, deadline)
+  size_t prompt_tokens = 0;      // prompt tokens of this call (the request's prompt)
+  size_t completion_tokens = 0;  // tokens sampled by this call
+  size_t session_tokens = 0;     // history length after the call
+  double queue_seconds = 0;      // submit → first prefill chunk
+  double ttft_seconds = 0;       // submit → first token
+  double decode_tokens_per_second = 0;
+  double total_seconds = 0;      // submit → finish
+  MemoryByKind memory;           // the session's bytes at the end
+};
+
+// Receives the engine's measurements (metrics live outside core/). Called on
+// the engine thread; must not block.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnStep(size_t /*decode_batch*/, size_t /*prefill_tokens*/, double /*seconds*/) {}
+  virtual void OnFirstToken(double /*ttft_seconds*/) {}
+  virtual void OnInterToken(double /*seconds*/) {}
+  virtual void OnTokens(size_t /*prompt_tokens*/, size_t /*generated_tokens*/) {}
+};
+
+struct EngineOptions {
+  size_t max_batch = 32;          // decode rows per step (< kMatMulGemmMinBatch keeps batches bit-identical to single streams)
+  size_t prefill_chunk = 256;     // prompt tokens per prefill call
+  size_t queue_capacity = 64;     // events buffered per job before it pauses
+  size_t max_context = 0;         // positions per session (0 = the model's max_position_embeddings)
+  EngineObserver* observer = nullptr;  // not owned; may be null
+};
+
+class Engine;
+
+class Job {
+ public:
+  // ---- consumer side (any one thread) ----
+  // Pops one event without blocking; false when none is queued.
+  bool Pop(GenerationEvent* event);
+  // Blocks until an event (true) or the end of the job with an empty queue
+  // (false).
+  bool WaitPop(GenerationEvent* event);
+  // True once the job has finished and every event was popped.
+  bool Drained() const;
+  // Final result; valid once finished() (the engine publishes it last).
+  bool finished() const;
+  const GenerationResult& result() const;
+  // Stops the job at the next step boundary (finish reason cancelled).
+  void Cancel();
+  // Called on the engine thread after each event push and at the finish (may
+  // be called while the consumer runs: it must be cheap and thread-safe).
+  // ClearNotify() returns only once no call is running.
+  void SetNotify(std::function<void()> notify);
+  void ClearNotify();
+  const std::string& session_id() const { return session_id_; }
+
+ private:
+  friend class Engine;
+  Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request);
+
+  // engine side
+  bool QueueHasRoom() const;
+  void Push(GenerationEvent event);
+  void Finish(FinishReason reason, absl::Status status);
+  void Notify();
+
+  Engine* engine_;
+  SessionStore::Lease lease_;
+  const std::string session_id_;
+  GenerationRequest request_;
+  std::atomic<bool> cancelled_{false};
+
+  // engine-thread state
+  enum class Phase : uint8_t { kPrefill, kDecode, kDone } phase_ = Phase::kPrefill;
+  size_t prefill_done_ = 0;           // tokens of `pending_` absorbed
+  std::vector<int32_t> pending_;      // tokens to absorb: history tail + prompt
+  std::unique_ptr<tokenizer::IncrementalDetokenizer> detok_;
+  std::string held_;                  // text held back (possible stop prefix)
+  int32_t next_input_ = -1;           // sampled token to feed in the next decode step
+  Clock::time_point submitted_, first_chunk_, first_token_, last_token_;
+  GenerationResult result_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GenerationEvent> queue_;
+  bool finished_ = false;
+  std::function<void()> notify_;
+  int notify_running_ = 0;
+  std::condition_variable notify_cv_;
+};
+
+class Engine {
+ public:
+  Engine(const model::Transformer& model, const tokenizer::Tokenizer& tokenizer,
+         EngineOptions options);
+  ~Engine();  // Shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Checks a request against the model and the limits, without touching any
+  // state: INVALID_ARGUMENT naming the field and the limit. `history` is the
+  // length of the session's token history (0 for a new session).
+  absl::Status ValidateRequest(const GenerationRequest& request, size_t history,
+                               size_t max_tokens_limit) const;
+
+  // Takes the lease and queues the job. The session's state belongs to the
+  // engine until the job finishes; the lease returns when both the engine and
+  // the consumer have dropped the job. UNAVAILABLE after Shutdown.
+  absl::StatusOr<std::shared_ptr<Job>> Submit(SessionStore::Lease lease,
+                                              GenerationRequest request);
+
+  // Cancels every job (finish reason cancelled) and stops the thread.
+  // Idempotent.
+  void Shutdown();
+
+  // Positions a session may hold.
+  size_t max_context() const { return max_context_; }
+  const model::Transformer& model() const { return model_; }
+
+  // ---- gauges (any thread) ----
+  size_t active_jobs() const { return active_.load(std::memory_order_relaxed); }
+  size_t queued_jobs() const { return queued_.load(std::memory_order_relaxed); }
+  size_t last_batch() const { return last_batch_.load(std::memory_order_relaxed); }
+  uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class Job;
+  void Loop();
+  void Wake();
+  bool Admit(Job& job);                    // prepares a new job; false: finished at once
+  void RunDecode(std::vector<Job*>& batch);
+  void RunPrefillChunk(Job& job);
+  // Samples from logits, pushes the event, decides the finish.
+  void OnLogits(Job& job, const float* logits);
+  void FinishJob(Job& job, FinishReason reason, absl::Status status);
+
+  const model::Transformer& model_;
+  const tokenizer::Tokenizer& tokenizer_;
+  const EngineOptions options_;
+  size_t max_context_;
+  std::vector<int32_t> eos_ids_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> submitted_;
+  bool stop_ = false;
+  bool wake_ = false;
+
+  // engine thread only
+  std::vector<std::shared_ptr<Job>> jobs_;
+  model::ForwardScratch decode_scratch_;
+  model::ForwardScratch prefill_scratch_;
+  std::vector<float> logits_;              // [max_batch × vocab]
+  std::vector<int32_t> batch_tokens_;
+  std::vector<model::SequenceKv*> batch_kvs_;
+
+  std::atomic<size_t> active_{0}, queued_{0}, last_batch_{0};
+  std::atomic<uint64_t> steps_{0};
+  std::thread thread_;
+};
+
+}  // namespace cortiq::session

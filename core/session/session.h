@@ -1,0 +1,137 @@
+// Session: one conversation's state on this node — token history, one
+// attention state per layer (SequenceKv: exact f32/int8 rows, optional sealed
+// O(1) overrides, optional QSA states), the sampler with its RNG, and the
+// incremental detokenizer's held-back bytes.
+//
+// Ownership and threads: a Session is owned by the SessionStore. Its mutable
+// parts (kv, tokens, sampler) are touched only by the holder of its lease
+// (SessionStore::Lease), one thread at a time. Memory() reads counters the
+// lease holder publishes with PublishMemory(), so the metrics thread may read
+// it at any time without racing the engine.
+//
+// Example:
+//   CORTIQ_ASSIGN_OR_RETURN(auto lease, store.Create(config, projected));
+//   Session& s = *lease;
+//   ... run the model on s.kv() ...
+//   s.PublishMemory();   // metrics now see the new bytes
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/kv/layer_kv_cache.h"
+#include "core/kv/o1_config.h"
+#include "core/model/sampler.h"
+#include "core/model/transformer.h"
+
+namespace cortiq::session {
+
+enum class AttentionMode : uint8_t { kExact, kO1, kQsa };
+std::string_view AttentionModeName(AttentionMode mode);  // "exact" | "o1" | "qsa"
+
+// Fixed at creation. Resolved: every field is concrete.
+struct SessionConfig {
+  kv::KvMode kv_mode = kv::KvMode::kF32;
+  AttentionMode attention = AttentionMode::kExact;
+  kv::O1Config o1;         // used when attention == kO1
+  model::QsaConfig qsa;    // used when attention == kQsa
+};
+
+// The kinds of state the metrics report (label kind="kv_f32|kv_int8|o1|qsa").
+enum class MemoryKind : uint8_t { kKvF32 = 0, kKvInt8 = 1, kO1 = 2, kQsa = 3 };
+inline constexpr size_t kNumMemoryKinds = 4;
+std::string_view MemoryKindName(MemoryKind kind);
+
+struct MemoryByKind {
+  std::array<size_t, kNumMemoryKinds> bytes{};
+  size_t operator[](MemoryKind k) const { return bytes[static_cast<size_t>(k)]; }
+  size_t& operator[](MemoryKind k) { return bytes[static_cast<size_t>(k)]; }
+  size_t total() const;
+  MemoryByKind& operator+=(const MemoryByKind& o);
+};
+
+// Splits a sequence's MemoryBytes() by kind: O(1) overrides → o1, QSA states
+// → qsa, the rest → kv_f32 or kv_int8 by the sequence's row type. The parts
+// sum to kv.MemoryBytes() exactly.
+MemoryByKind MemoryOf(const model::SequenceKv& kv);
+
+using Clock = std::chrono::steady_clock;
+
+class Session {
+ public:
+  // A fresh session for `model`: O(1) or QSA enabled per config (errors name
+  // the field). Allocates no cache rows yet.
+  static absl::StatusOr<std::unique_ptr<Session>> Create(std::string id,
+                                                         const model::Transformer& model,
+                                                         const SessionConfig& config);
+
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const std::string& id() const { return id_; }
+  const SessionConfig& config() const { return config_; }
+  Clock::time_point created() const { return created_; }
+
+  // ---- lease holder only ----
+  model::SequenceKv& kv() { return kv_; }
+  const model::SequenceKv& kv() const { return kv_; }
+  // Every token of the conversation: prompts and sampled tokens. The last
+  // sampled token is not yet absorbed by kv() (kv().position() ==
+  // tokens().size() - 1 after a generation): the next call feeds it first.
+  std::vector<int32_t>& tokens() { return tokens_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  // The sampler of the last generation (its RNG continues on the next call
+  // unless the request names a seed); nullopt before the first.
+  std::optional<model::Sampler>& sampler() { return sampler_; }
+  // Bytes of a UTF-8 character cut between the last streamed token and the
+  // next (IncrementalDetokenizer::pending_bytes), so a continued stream never
+  // splits a character.
+  std::string& detok_pending() { return detok_pending_; }
+
+  // Recomputes the memory counters from kv() (O(layers)) and publishes them.
+  void PublishMemory();
+  // Frees every state byte (kv().Release()) and publishes zero. Idempotent.
+  void ReleaseState();
+
+  // ---- any thread ----
+  // Last published bytes by kind (exactly MemoryOf(kv()) as of the last
+  // PublishMemory).
+  MemoryByKind Memory() const;
+  // Token count and cached positions as of the last PublishMemory.
+  size_t published_tokens() const { return published_tokens_.load(std::memory_order_relaxed); }
+  size_t published_cached() const { return published_cached_.load(std::memory_order_relaxed); }
+
+ private:
+  Session(std::string id, const model::ModelConfig& config, const SessionConfig& session_config);
+
+  std::string id_;
+  SessionConfig config_;
+  Clock::time_point created_;
+  model::SequenceKv kv_;
+  std::vector<int32_t> tokens_;
+  std::optional<model::Sampler> sampler_;
+  std::string detok_pending_;
+
+  std::array<std::atomic<size_t>, kNumMemoryKinds> memory_{};
+  std::atomic<size_t> published_tokens_{0};
+  std::atomic<size_t> published_cached_{0};
+};
+
+// Bytes a session of `config` holds at its peak while absorbing `positions`
+// positions in total (history + prompt + max_tokens): what admission checks
+// against the memory budget. Exact for exact layers (LayerKvCache::
+// ProjectedBytes); for O(1) layers the prompt's exact rows plus its query
+// trace (the peak, before the seal frees them) plus the sealed states; for
+// QSA layers the exact rows plus the indexer states. An upper bound, never
+// an underestimate of what the caches reserve.
+size_t ProjectedSessionBytes(const model::ModelConfig& model, const SessionConfig& config,
+                             size_t positions, size_t prompt_positions);
+
+}  // namespace cortiq::session

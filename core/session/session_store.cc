@@ -1,0 +1,311 @@
+#include "core/session/session_store.h"
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+
+namespace cortiq::session {
+
+std::string_view ReleaseReasonName(ReleaseReason reason) {
+  switch (reason) {
+    case ReleaseReason::kExplicit: return "explicit";
+    case ReleaseReason::kTtl: return "ttl";
+    case ReleaseReason::kCancelled: return "cancelled";
+    case ReleaseReason::kMigrated: return "migrated";
+    case ReleaseReason::kOneshot: return "oneshot";
+  }
+  return "unknown";
+}
+
+namespace {
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+SessionStore::SessionStore(StoreOptions options) : options_(options) {}
+
+SessionStore::~SessionStore() {
+  // Leases must not outlive the store (the server destroys the engine first).
+  std::unique_lock lock(mu_);
+  sessions_.clear();
+}
+
+std::string SessionStore::NewId() {
+  // std::random_device reads the kernel CSPRNG (getrandom) on Linux: ids are
+  // unguessable, so knowing one session's id says nothing about another's.
+  std::random_device rd;
+  for (;;) {
+    uint64_t hi = (static_cast<uint64_t>(rd()) << 32) | rd();
+    uint64_t lo = (static_cast<uint64_t>(rd()) << 32) | rd();
+    std::string id = absl::StrFormat("%016x%016x", hi, lo);
+    if (!sessions_.contains(id)) return id;
+  }
+}
+
+size_t SessionStore::CommittedLocked() const {
+  size_t total = 0;
+  for (const auto& [id, e] : sessions_) {
+    total += std::max(e.session->Memory().total(), e.reservation);
+  }
+  return total;
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transformer& model,
+                                                         const SessionConfig& config,
+                                                         size_t projected_bytes) {
+  std::unique_lock lock(mu_);
+  if (sessions_.size() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session cap reached: ", sessions_.size(), " live sessions, --max-sessions ",
+        options_.max_sessions, "; release sessions or retry later"));
+  }
+  if (options_.memory_budget_bytes > 0) {
+    const size_t committed = CommittedLocked();
+    if (committed + projected_bytes > options_.memory_budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "memory budget: this request projects ", projected_bytes, " bytes, ", committed,
+          " of the ", options_.memory_budget_bytes, " byte budget are committed (",
+          options_.memory_budget_bytes - std::min(committed, options_.memory_budget_bytes),
+          " free)"));
+    }
+  }
+  std::string id = NewId();
+  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(id, model, config);
+  if (!s.ok()) return s.status();
+  Entry& e = sessions_[id];
+  e.session = *std::move(s);
+  e.leased = true;
+  e.reservation = projected_bytes;
+  e.last_used = Clock::now();
+  return Lease(this, e.session.get());
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id) {
+  std::unique_lock lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "' on this node"));
+  }
+  if (it->second.leased) {
+    return absl::AbortedError(
+        absl::StrCat("session busy: '", id, "' is in use by another call"));
+  }
+  it->second.leased = true;
+  it->second.last_used = Clock::now();
+  return Lease(this, it->second.session.get());
+}
+
+std::unique_ptr<Session> SessionStore::EraseLocked(std::map<std::string, Entry>::iterator it,
+                                                   ReleaseReason reason, size_t* freed) {
+  std::unique_ptr<Session> s = std::move(it->second.session);
+  if (freed) *freed = s->Memory().total();
+  ++releases_[static_cast<size_t>(reason)];
+  sessions_.erase(it);
+  return s;
+}
+
+ReleaseResult SessionStore::Release(const std::string& id, ReleaseReason reason) {
+  std::unique_lock lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return {};
+  ReleaseResult r;
+  r.released = true;
+  if (!it->second.leased) {
+    std::unique_ptr<Session> s = EraseLocked(it, reason, &r.freed_bytes);
+    lock.unlock();
+    s->ReleaseState();  // frees outside the lock
+    return r;
+  }
+  // Leased: stop the call, then wait for the lease to come back; ReturnLease
+  // frees it with this reason.
+  Entry& e = it->second;
+  const bool first = !e.release_requested;
+  e.release_requested = true;
+  e.release_on_return = reason;
+  r.freed_bytes = e.session->Memory().total();
+  std::function<void()> cancel = first ? e.canceller : nullptr;
+  lock.unlock();
+  if (cancel) cancel();
+  lock.lock();
+  returned_cv_.wait_for(lock, options_.release_wait, [&] { return !sessions_.contains(id); });
+  return r;
+}
+
+size_t SessionStore::ReapIdle(Clock::time_point now) {
+  std::vector<std::unique_ptr<Session>> dead;
+  {
+    std::unique_lock lock(mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      auto next = std::next(it);
+      if (!it->second.leased && now - it->second.last_used >= options_.ttl) {
+        spdlog::info("session {} idle for {:.0f} s: released (ttl)", it->first,
+                     Seconds(now - it->second.last_used));
+        dead.push_back(EraseLocked(it, ReleaseReason::kTtl, nullptr));
+      }
+      it = next;
+    }
+  }
+  for (auto& s : dead) s->ReleaseState();
+  return dead.size();
+}
+
+void SessionStore::CancelAll() {
+  std::vector<std::function<void()>> cancels;
+  {
+    std::unique_lock lock(mu_);
+    for (auto& [id, e] : sessions_) {
+      if (e.leased && e.canceller) cancels.push_back(e.canceller);
+    }
+  }
+  for (auto& c : cancels) c();
+}
+
+SessionSnapshot SessionStore::SnapshotLocked(const Entry& e, Clock::time_point now) const {
+  SessionSnapshot s;
+  s.id = e.session->id();
+  s.config = e.session->config();
+  s.tokens = e.session->published_tokens();
+  s.cached_tokens = e.session->published_cached();
+  s.memory = e.session->Memory();
+  s.busy = e.leased;
+  s.age_seconds = Seconds(now - e.session->created());
+  s.idle_seconds = e.leased ? 0.0 : Seconds(now - e.last_used);
+  s.ttl_remaining_seconds =
+      e.leased ? Seconds(options_.ttl) : std::max(0.0, Seconds(options_.ttl) - s.idle_seconds);
+  return s;
+}
+
+std::optional<SessionSnapshot> SessionStore::Get(const std::string& id) const {
+  std::unique_lock lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return std::nullopt;
+  return SnapshotLocked(it->second, Clock::now());
+}
+
+std::vector<SessionSnapshot> SessionStore::List() const {
+  std::vector<std::pair<Clock::time_point, SessionSnapshot>> v;
+  {
+    std::unique_lock lock(mu_);
+    const auto now = Clock::now();
+    for (const auto& [id, e] : sessions_) v.emplace_back(e.session->created(), SnapshotLocked(e, now));
+  }
+  std::stable_sort(v.begin(), v.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<SessionSnapshot> out;
+  out.reserve(v.size());
+  for (auto& p : v) out.push_back(std::move(p.second));
+  return out;
+}
+
+MemoryByKind SessionStore::MemoryByKindTotal() const {
+  std::unique_lock lock(mu_);
+  MemoryByKind m;
+  for (const auto& [id, e] : sessions_) m += e.session->Memory();
+  return m;
+}
+
+size_t SessionStore::num_sessions() const {
+  std::unique_lock lock(mu_);
+  return sessions_.size();
+}
+
+size_t SessionStore::num_leased() const {
+  std::unique_lock lock(mu_);
+  size_t n = 0;
+  for (const auto& [id, e] : sessions_) n += e.leased ? 1 : 0;
+  return n;
+}
+
+size_t SessionStore::committed_bytes() const {
+  std::unique_lock lock(mu_);
+  return CommittedLocked();
+}
+
+std::array<uint64_t, kNumReleaseReasons> SessionStore::releases() const {
+  std::unique_lock lock(mu_);
+  return releases_;
+}
+
+void SessionStore::ReturnLease(Session* session) {
+  std::unique_ptr<Session> dead;
+  {
+    std::unique_lock lock(mu_);
+    auto it = sessions_.find(session->id());
+    if (it == sessions_.end()) return;  // cannot happen: leased sessions are never erased
+    Entry& e = it->second;
+    e.leased = false;
+    e.reservation = 0;
+    e.canceller = nullptr;
+    e.last_used = Clock::now();
+    if (e.release_on_return) {
+      dead = EraseLocked(it, *e.release_on_return, nullptr);
+    }
+  }
+  if (dead) dead->ReleaseState();
+  returned_cv_.notify_all();
+}
+
+// ---- Lease ----
+
+SessionStore::Lease& SessionStore::Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    Return();
+    store_ = std::exchange(o.store_, nullptr);
+    session_ = std::exchange(o.session_, nullptr);
+  }
+  return *this;
+}
+
+absl::Status SessionStore::Lease::Reserve(size_t projected_bytes) {
+  SessionStore& st = *store_;
+  std::unique_lock lock(st.mu_);
+  Entry& e = st.sessions_.at(session_->id());
+  const size_t budget = st.options_.memory_budget_bytes;
+  if (budget > 0 && projected_bytes > e.reservation) {
+    const size_t mine = std::max(e.session->Memory().total(), e.reservation);
+    const size_t others = st.CommittedLocked() - mine;
+    if (others + std::max(mine, projected_bytes) > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "memory budget: this request projects the session to ", projected_bytes, " bytes, ",
+          others, " of the ", budget, " byte budget are committed to other sessions (",
+          budget - std::min(others, budget), " free)"));
+    }
+  }
+  e.reservation = std::max(e.reservation, projected_bytes);
+  return absl::OkStatus();
+}
+
+void SessionStore::Lease::SetCanceller(std::function<void()> cancel) {
+  std::function<void()> run_now;
+  {
+    std::unique_lock lock(store_->mu_);
+    Entry& e = store_->sessions_.at(session_->id());
+    if (e.release_requested) {
+      run_now = cancel;  // released while we were setting up: stop at once
+    }
+    e.canceller = std::move(cancel);
+  }
+  if (run_now) run_now();
+}
+
+void SessionStore::Lease::ReleaseOnReturn(ReleaseReason reason) {
+  std::unique_lock lock(store_->mu_);
+  Entry& e = store_->sessions_.at(session_->id());
+  if (!e.release_requested) e.release_on_return = reason;
+}
+
+bool SessionStore::Lease::release_requested() const {
+  std::unique_lock lock(store_->mu_);
+  return store_->sessions_.at(session_->id()).release_requested;
+}
+
+void SessionStore::Lease::Return() {
+  if (session_ == nullptr) return;
+  Session* s = std::exchange(session_, nullptr);
+  std::exchange(store_, nullptr)->ReturnLease(s);
+}
+
+}  // namespace cortiq::session

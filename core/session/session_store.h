@@ -1,0 +1,179 @@
+// SessionStore: the live sessions of this node — 128-bit random ids,
+// exclusive leases, explicit idempotent release, the idle TTL, the session cap
+// and the memory budget with admission by projected bytes.
+//
+// Threads: every method is thread-safe (one mutex; no method holds it while
+// running model code). A Lease is used by one thread at a time and returns
+// itself when destroyed.
+//
+// Memory accounting: each session publishes its exact bytes by kind
+// (Session::PublishMemory); MemoryByKindTotal() sums them at call time, so a
+// metrics scrape reads the live value. Admission counts, per session, the
+// larger of its current bytes and its lease's reservation (the projected peak
+// of the running call), so two admitted calls can never together exceed the
+// budget.
+//
+// Example:
+//   SessionStore store({.max_sessions = 64, .memory_budget_bytes = 8 << 30});
+//   CORTIQ_ASSIGN_OR_RETURN(SessionStore::Lease lease,
+//                           store.Create(model, config, projected_bytes));
+//   lease.SetCanceller([job] { job->Cancel(); });  // ReleaseSession stops it
+//   ...                                             // lease returns on scope exit
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/session/session.h"
+
+namespace cortiq::session {
+
+enum class ReleaseReason : uint8_t { kExplicit = 0, kTtl, kCancelled, kMigrated, kOneshot };
+inline constexpr size_t kNumReleaseReasons = 5;
+std::string_view ReleaseReasonName(ReleaseReason reason);  // "explicit", "ttl", ...
+
+struct StoreOptions {
+  size_t max_sessions = 256;
+  size_t memory_budget_bytes = 0;  // 0 = unlimited
+  std::chrono::milliseconds ttl{600'000};
+  // How long ReleaseSession waits for a generating session's lease to return.
+  std::chrono::milliseconds release_wait{10'000};
+};
+
+// A snapshot of one session for GetSession / ListSessions.
+struct SessionSnapshot {
+  std::string id;
+  SessionConfig config;
+  size_t tokens = 0;
+  size_t cached_tokens = 0;
+  MemoryByKind memory;
+  bool busy = false;
+  double age_seconds = 0;
+  double idle_seconds = 0;
+  double ttl_remaining_seconds = 0;
+};
+
+struct ReleaseResult {
+  bool released = false;  // false: unknown or already released
+  size_t freed_bytes = 0;
+};
+
+class SessionStore {
+ public:
+  class Lease;
+
+  explicit SessionStore(StoreOptions options);
+  ~SessionStore();  // releases every session
+  SessionStore(const SessionStore&) = delete;
+  SessionStore& operator=(const SessionStore&) = delete;
+
+  // Creates a session and leases it. RESOURCE_EXHAUSTED (nothing allocated,
+  // numbers in the message) when the cap is reached or projected_bytes does
+  // not fit the budget; INVALID_ARGUMENT from Session::Create.
+  absl::StatusOr<Lease> Create(const model::Transformer& model, const SessionConfig& config,
+                               size_t projected_bytes);
+  // Leases an existing session. NOT_FOUND for an unknown id; ABORTED when
+  // another call holds it ("session busy").
+  absl::StatusOr<Lease> Acquire(const std::string& id);
+
+  // Frees a session. Idempotent: unknown / already released → released=false.
+  // A leased session has its canceller called, is marked for release, and
+  // this waits (up to options.release_wait) until the lease returns and the
+  // bytes are freed; after the wait it reports released=true with the bytes
+  // it will free.
+  ReleaseResult Release(const std::string& id, ReleaseReason reason = ReleaseReason::kExplicit);
+
+  // Releases (reason ttl) every idle, unleased session whose last use is
+  // older than the TTL. Returns how many. Called by the server's reaper.
+  size_t ReapIdle(Clock::time_point now = Clock::now());
+
+  // Cancels every running call (their leases' cancellers). For shutdown.
+  void CancelAll();
+
+  std::optional<SessionSnapshot> Get(const std::string& id) const;
+  std::vector<SessionSnapshot> List() const;  // by creation time
+
+  // ---- accounting (read at scrape time) ----
+  MemoryByKind MemoryByKindTotal() const;
+  size_t num_sessions() const;
+  size_t num_leased() const;
+  // Bytes admission counts as committed: Σ max(current, reservation).
+  size_t committed_bytes() const;
+  std::array<uint64_t, kNumReleaseReasons> releases() const;  // cumulative, by reason
+  const StoreOptions& options() const { return options_; }
+
+  // A lease: exclusive use of one session. Move-only; returns itself on
+  // destruction (or Return()). While held, Session's mutable parts belong to
+  // the holder.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept { *this = std::move(o); }
+    Lease& operator=(Lease&& o) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { Return(); }
+
+    explicit operator bool() const { return session_ != nullptr; }
+    Session& operator*() const { return *session_; }
+    Session* operator->() const { return session_; }
+    Session* get() const { return session_; }
+
+    // Grows this call's reservation to `projected_bytes` (the session's
+    // projected peak after the call). RESOURCE_EXHAUSTED with the numbers
+    // when it does not fit the budget; nothing changes then.
+    absl::Status Reserve(size_t projected_bytes);
+    // Called (once, from the releasing thread) when the session is released
+    // while leased; it must make the holder return the lease promptly.
+    void SetCanceller(std::function<void()> cancel);
+    // When the lease returns, release the session with `reason` (one-shot
+    // sessions, migrated ones).
+    void ReleaseOnReturn(ReleaseReason reason);
+    // True once Release() was asked for this session while leased.
+    bool release_requested() const;
+    // Returns the lease now (idempotent).
+    void Return();
+
+   private:
+    friend class SessionStore;
+    Lease(SessionStore* store, Session* session) : store_(store), session_(session) {}
+    SessionStore* store_ = nullptr;
+    Session* session_ = nullptr;
+  };
+
+ private:
+  struct Entry {
+    std::unique_ptr<Session> session;
+    bool leased = false;
+    size_t reservation = 0;
+    std::function<void()> canceller;
+    std::optional<ReleaseReason> release_on_return;
+    bool release_requested = false;
+    Clock::time_point last_used;
+  };
+
+  std::string NewId();  // 32 hex digits from a CSPRNG-seeded 128-bit draw; mu_ held
+  size_t CommittedLocked() const;
+  SessionSnapshot SnapshotLocked(const Entry& e, Clock::time_point now) const;
+  // Erases the entry and returns the session to free outside the lock.
+  std::unique_ptr<Session> EraseLocked(std::map<std::string, Entry>::iterator it,
+                                       ReleaseReason reason, size_t* freed);
+  void ReturnLease(Session* session);
+
+  const StoreOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable returned_cv_;
+  std::map<std::string, Entry> sessions_;
+  std::array<uint64_t, kNumReleaseReasons> releases_{};
+};
+
+}  // namespace cortiq::session

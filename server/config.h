@@ -1,0 +1,59 @@
+// cortiq-server's configuration: flags, their defaults, and parsing.
+//
+// Every flag is `--name value` or `--name=value`. Parsing is strict: an
+// unknown flag, a missing value or a malformed number is an InvalidArgument
+// error naming the flag; nothing is guessed. Sizes accept K/M/G/T suffixes
+// (powers of 1024); durations are seconds (fractions allowed).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/kv/o1_config.h"
+
+namespace cortiq::server {
+
+struct ServerConfig {
+  std::string model_dir;                      // empty: the embedded default model
+  std::string listen = "127.0.0.1:50051";     // gRPC; port 0 = any free port
+  std::string metrics_listen = "127.0.0.1:9464";  // "" or "off" disables /metrics
+  size_t threads = 0;                         // math threads; 0 = every core
+  size_t max_sessions = 256;
+  size_t memory_budget_bytes = 0;             // 0 = unlimited
+  std::chrono::milliseconds session_ttl{600'000};
+  std::string kv_dtype = "f32";               // default for new sessions: f32 | int8
+  std::string attention = "exact";            // default mode: exact | o1 | qsa
+  kv::O1Overrides o1;                         // --o1-layers/-m/-window/-sink/-rect
+  std::optional<std::string> qsa_layers;      // --qsa-layers (default "all")
+  std::optional<size_t> qsa_ratio;            // --qsa-ratio (default 64)
+  std::optional<size_t> qsa_budget;           // --qsa-budget (default 16)
+  size_t max_tokens_limit = 4096;             // GenerateRequest.max_tokens bound
+  size_t max_context = 0;                     // 0 = the model's max_position_embeddings
+  size_t max_prompt_bytes = 1 << 20;          // prompt text / tokens bound (INVALID_ARGUMENT)
+  size_t max_message_bytes = 8 << 20;         // gRPC receive limit (RESOURCE_EXHAUSTED)
+  size_t max_batch = 32;
+  size_t prefill_chunk = 256;
+  size_t queue_capacity = 64;
+  std::chrono::milliseconds grace{10'000};    // shutdown: streams get this long to finish
+  std::string auth_token;                     // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
+  std::string tls_cert, tls_key;              // PEM files; both or neither
+  std::string log_level = "info";             // trace | debug | info | warn | error | off
+};
+
+// Parses argv[1..]; env CORTIQ_AUTH_TOKEN and CORTIQ_MODEL fill the token and
+// the model when the flags do not. Returns nullopt-equivalent via `help`
+// when --help was given (the caller prints Usage()).
+absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& args, bool* help);
+
+// The flag reference printed by --help.
+std::string ServerUsage();
+
+// The embedded default model's directory: $CORTIQ_MODEL, else the first of
+// the build tree's models/<name>, <exe>/../share/cortiq/model that exists.
+std::string DefaultModelDir();
+
+}  // namespace cortiq::server

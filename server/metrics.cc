@@ -1,0 +1,382 @@
+#include "server/metrics.h"
+
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "spdlog/spdlog.h"
+
+namespace cortiq::server {
+namespace {
+
+// Bucket upper bounds. CPU inference of small models: a decode step of a
+// batch takes ~1 ms to a few hundred ms, a first token waits behind the
+// prompt's prefill (tens of ms to tens of s), a streamed Generate lasts up to
+// minutes while unary RPCs take well under a millisecond.
+const std::vector<double>& TtftBuckets() {
+  static const std::vector<double> b = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                        1,     2.5,  5,     10,   20,  30,   60};
+  return b;
+}
+const std::vector<double>& InterTokenBuckets() {
+  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05,
+                                        0.075, 0.1,    0.15,  0.25, 0.5,  1,     2.5};
+  return b;
+}
+const std::vector<double>& RequestBuckets() {
+  static const std::vector<double> b = {0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                        1,      2.5,   5,     10,   30,    60,   120, 300};
+  return b;
+}
+const std::vector<double>& StepBuckets() {
+  static const std::vector<double> b = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                        0.05,   0.1,   0.25,   0.5,   1,    2.5};
+  return b;
+}
+const std::vector<double>& BatchBuckets() {
+  static const std::vector<double> b = {1, 2, 4, 8, 16, 32, 64, 128};
+  return b;
+}
+
+std::string OrUnknown(const std::string& s) { return s.empty() ? std::string("unknown") : s; }
+
+// ---- scrape-time families ----
+
+prometheus::MetricFamily NewFamily(const char* name, const char* help,
+                                   prometheus::MetricType type) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  return f;
+}
+
+void AddSample(prometheus::MetricFamily& f, double value,
+               std::vector<prometheus::ClientMetric::Label> labels = {}) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  if (f.type == prometheus::MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  f.metric.push_back(std::move(m));
+}
+
+prometheus::MetricFamily GaugeFamily(const char* name, const char* help, double value) {
+  prometheus::MetricFamily f = NewFamily(name, help, prometheus::MetricType::Gauge);
+  AddSample(f, value);
+  return f;
+}
+
+prometheus::MetricFamily CounterFamily(const char* name, const char* help, double value) {
+  prometheus::MetricFamily f = NewFamily(name, help, prometheus::MetricType::Counter);
+  AddSample(f, value);
+  return f;
+}
+
+}  // namespace
+
+std::optional<size_t> RpcIndex(std::string_view rpc) {
+  for (size_t i = 0; i < kNumRpcs; ++i) {
+    if (kRpcNames[i] == rpc) return i;
+  }
+  return std::nullopt;
+}
+
+std::string_view ExportRefusalName(ExportRefusal reason) {
+  switch (reason) {
+    case ExportRefusal::kImportance:
+      return "importance";
+    case ExportRefusal::kO1Overlay:
+      return "o1_overlay";
+    case ExportRefusal::kInt8Rows:
+      return "int8_rows";
+    case ExportRefusal::kOther:
+      return "other";
+  }
+  return "other";
+}
+
+// The series read from the sources at scrape time (called on the Exposer's
+// HTTP threads; every source accessor it uses is thread-safe).
+class Metrics::LiveState : public prometheus::Collectable {
+ public:
+  explicit LiveState(const MetricsSources& s)
+      : store_(s.store), model_(s.model), engine_(s.engine) {}
+
+  void AttachEngine(const session::Engine* engine) {
+    engine_.store(engine, std::memory_order_release);
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    if (store_ != nullptr) CollectStore(out);
+    if (const session::Engine* e = engine_.load(std::memory_order_acquire)) CollectEngine(*e, out);
+    if (model_ != nullptr) {
+      out.push_back(GaugeFamily("cortiq_qsa_backend_live_bytes",
+                                "Bytes the QSA backend holds now (indexer weights, session states, "
+                                "scratches).",
+                                static_cast<double>(model_->QsaBackendStats().live_bytes)));
+    }
+    return out;
+  }
+
+ private:
+  void CollectStore(std::vector<prometheus::MetricFamily>& out) const {
+    using session::MemoryKind;
+    const session::MemoryByKind mem = store_->MemoryByKindTotal();
+    prometheus::MetricFamily by_kind = NewFamily(
+        "cortiq_session_memory_bytes",
+        "Bytes of session state by kind, summed over live sessions (exact, read at scrape).",
+        prometheus::MetricType::Gauge);
+    for (size_t k = 0; k < session::kNumMemoryKinds; ++k) {
+      const auto kind = static_cast<MemoryKind>(k);
+      AddSample(by_kind, static_cast<double>(mem[kind]),
+                {{"kind", std::string(session::MemoryKindName(kind))}});
+    }
+    out.push_back(std::move(by_kind));
+    out.push_back(GaugeFamily("cortiq_session_memory_total_bytes",
+                              "Bytes of session state of every kind (the sum of "
+                              "cortiq_session_memory_bytes).",
+                              static_cast<double>(mem.total())));
+    out.push_back(GaugeFamily("cortiq_sessions_active", "Live sessions on this node.",
+                              static_cast<double>(store_->num_sessions())));
+    out.push_back(GaugeFamily("cortiq_sessions_busy", "Sessions leased by a running call.",
+                              static_cast<double>(store_->num_leased())));
+    out.push_back(GaugeFamily("cortiq_sessions_max", "Session cap of this node.",
+                              static_cast<double>(store_->options().max_sessions)));
+    out.push_back(GaugeFamily("cortiq_memory_budget_bytes",
+                              "Memory budget for session state (0 = unlimited).",
+                              static_cast<double>(store_->options().memory_budget_bytes)));
+    out.push_back(GaugeFamily("cortiq_memory_committed_bytes",
+                              "Bytes admission counts as committed: per session the larger of its "
+                              "current bytes and its running call's reservation.",
+                              static_cast<double>(store_->committed_bytes())));
+    const auto releases = store_->releases();
+    prometheus::MetricFamily rel =
+        NewFamily("cortiq_session_releases_total", "Sessions released, by reason.",
+                  prometheus::MetricType::Counter);
+    for (size_t r = 0; r < session::kNumReleaseReasons; ++r) {
+      const auto reason = static_cast<session::ReleaseReason>(r);
+      AddSample(rel, static_cast<double>(releases[r]),
+                {{"reason", std::string(session::ReleaseReasonName(reason))}});
+    }
+    out.push_back(std::move(rel));
+  }
+
+  static void CollectEngine(const session::Engine& e, std::vector<prometheus::MetricFamily>& out) {
+    out.push_back(GaugeFamily("cortiq_engine_batch_size", "Decode rows in the engine's last step.",
+                              static_cast<double>(e.last_batch())));
+    out.push_back(GaugeFamily("cortiq_engine_queue_depth",
+                              "Jobs submitted to the engine and not yet admitted.",
+                              static_cast<double>(e.queued_jobs())));
+    out.push_back(GaugeFamily("cortiq_engine_active_jobs",
+                              "Jobs the engine is running (prefill or decode).",
+                              static_cast<double>(e.active_jobs())));
+    out.push_back(CounterFamily("cortiq_engine_steps_total", "Scheduler steps the engine has run.",
+                                static_cast<double>(e.steps())));
+  }
+
+  const session::SessionStore* const store_;
+  const model::Transformer* const model_;
+  std::atomic<const session::Engine*> engine_;
+};
+
+Metrics::~Metrics() = default;
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsSources& sources) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  absl::Status s = m->Register(sources);
+  if (!s.ok()) return s;
+  return m;
+}
+
+absl::Status Metrics::Register(const MetricsSources& sources) {
+  // The family being registered, for the error message.
+  const char* current = "";
+  try {
+    registry_ = std::make_shared<prometheus::Registry>();
+    live_state_ = std::make_shared<LiveState>(sources);
+    auto& reg = *registry_;
+
+    current = "cortiq_requests_total";
+    auto& requests = prometheus::BuildCounter()
+                         .Name(current)
+                         .Help("Finished RPCs by method and gRPC status code.")
+                         .Register(reg);
+    for (size_t r = 0; r < kNumRpcs; ++r) {
+      for (size_t c = 0; c < kNumGrpcCodes; ++c) {
+        requests_[r][c] = &requests.Add(
+            {{"rpc", std::string(kRpcNames[r])}, {"code", std::string(kGrpcCodeNames[c])}});
+      }
+    }
+
+    current = "cortiq_request_duration_seconds";
+    auto& duration = prometheus::BuildHistogram()
+                         .Name(current)
+                         .Help(
+                             "Wall time of finished RPCs (a streamed Generate: until its last "
+                             "message), by method.")
+                         .Register(reg);
+    for (size_t r = 0; r < kNumRpcs; ++r) {
+      request_seconds_[r] = &duration.Add({{"rpc", std::string(kRpcNames[r])}}, RequestBuckets());
+    }
+
+    current = "cortiq_prompt_tokens_total";
+    prompt_tokens_ = &prometheus::BuildCounter()
+                          .Name(current)
+                          .Help("Prompt tokens of finished generations.")
+                          .Register(reg)
+                          .Add({});
+    current = "cortiq_generated_tokens_total";
+    generated_tokens_ = &prometheus::BuildCounter()
+                             .Name(current)
+                             .Help("Tokens sampled and streamed by finished generations.")
+                             .Register(reg)
+                             .Add({});
+
+    current = "cortiq_time_to_first_token_seconds";
+    ttft_seconds_ = &prometheus::BuildHistogram()
+                         .Name(current)
+                         .Help("Time from a Generate's submission to its first token.")
+                         .Register(reg)
+                         .Add({}, TtftBuckets());
+    current = "cortiq_inter_token_latency_seconds";
+    inter_token_seconds_ = &prometheus::BuildHistogram()
+                                .Name(current)
+                                .Help("Time between consecutive tokens of one generation.")
+                                .Register(reg)
+                                .Add({}, InterTokenBuckets());
+    current = "cortiq_engine_step_seconds";
+    step_seconds_ = &prometheus::BuildHistogram()
+                         .Name(current)
+                         .Help(
+                             "Wall time of one engine step (batched decode plus at most one "
+                             "prefill chunk).")
+                         .Register(reg)
+                         .Add({}, StepBuckets());
+    current = "cortiq_engine_step_batch_size";
+    step_batch_size_ = &prometheus::BuildHistogram()
+                            .Name(current)
+                            .Help("Decode rows per engine step that decoded.")
+                            .Register(reg)
+                            .Add({}, BatchBuckets());
+
+    current = "cortiq_exports_refused_total";
+    auto& refused = prometheus::BuildCounter()
+                        .Name(current)
+                        .Help(
+                            "Session exports refused because the wire format cannot describe "
+                            "the state, by reason.")
+                        .Register(reg);
+    for (size_t i = 0; i < kNumExportRefusals; ++i) {
+      exports_refused_[i] =
+          &refused.Add({{"reason", std::string(ExportRefusalName(static_cast<ExportRefusal>(i)))}});
+    }
+
+    current = "cortiq_migrations_total";
+    auto& migrations = prometheus::BuildCounter()
+                           .Name(current)
+                           .Help(
+                               "Session migrations by direction (out: this node sent, in: this "
+                               "node imported) and result.")
+                           .Register(reg);
+    constexpr std::array<const char*, 2> kDirections = {"out", "in"};
+    constexpr std::array<const char*, 2> kResults = {"ok", "failed"};
+    for (size_t d = 0; d < 2; ++d) {
+      for (size_t r = 0; r < 2; ++r) {
+        migrations_[d][r] =
+            &migrations.Add({{"direction", kDirections[d]}, {"result", kResults[r]}});
+      }
+    }
+
+    current = "cortiq_build_info";
+    prometheus::BuildGauge()
+        .Name(current)
+        .Help("Always 1; the labels name the server version and the loaded model.")
+        .Register(reg)
+        .Add({{"version", OrUnknown(sources.version)}, {"model", OrUnknown(sources.model_name)}})
+        .Set(1);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("metrics: registering ", current, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<prometheus::Collectable> Metrics::live_state() const { return live_state_; }
+
+void Metrics::AttachEngine(const session::Engine* engine) { live_state_->AttachEngine(engine); }
+
+void Metrics::CountRequest(std::string_view rpc, int grpc_code) {
+  const std::optional<size_t> r = RpcIndex(rpc);
+  if (!r || grpc_code < 0 || grpc_code >= static_cast<int>(kNumGrpcCodes)) return;
+  requests_[*r][static_cast<size_t>(grpc_code)]->Increment();
+}
+
+void Metrics::ObserveRequest(std::string_view rpc, double seconds) {
+  if (const std::optional<size_t> r = RpcIndex(rpc)) request_seconds_[*r]->Observe(seconds);
+}
+
+void Metrics::CountExportRefused(ExportRefusal reason) {
+  const size_t i = static_cast<size_t>(reason);
+  exports_refused_[i < kNumExportRefusals ? i : static_cast<size_t>(ExportRefusal::kOther)]
+      ->Increment();
+}
+
+void Metrics::CountMigration(MigrationDirection direction, MigrationResult result) {
+  migrations_[static_cast<size_t>(direction) & 1][static_cast<size_t>(result) & 1]->Increment();
+}
+
+void Metrics::OnStep(size_t decode_batch, size_t /*prefill_tokens*/, double seconds) {
+  step_seconds_->Observe(seconds);
+  if (decode_batch > 0) step_batch_size_->Observe(static_cast<double>(decode_batch));
+}
+
+void Metrics::OnFirstToken(double ttft_seconds) { ttft_seconds_->Observe(ttft_seconds); }
+
+void Metrics::OnInterToken(double seconds) { inter_token_seconds_->Observe(seconds); }
+
+void Metrics::OnTokens(size_t prompt_tokens, size_t generated_tokens) {
+  if (prompt_tokens > 0) prompt_tokens_->Increment(static_cast<double>(prompt_tokens));
+  if (generated_tokens > 0) generated_tokens_->Increment(static_cast<double>(generated_tokens));
+}
+
+// ---- MetricsServer ----
+
+MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, int port)
+    : exposer_(std::move(exposer)), port_(port) {}
+
+MetricsServer::~MetricsServer() = default;
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
+                                                                    Metrics& metrics) {
+  if (listen.empty()) return absl::InvalidArgumentError("metrics listen address is empty");
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+    exposer->RegisterCollectable(metrics.registry(), "/metrics");
+    exposer->RegisterCollectable(metrics.live_state(), "/metrics");
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
+  }
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("metrics: no listening port for ", listen));
+  }
+  spdlog::info("metrics: serving http://{}/metrics (port {})", listen, ports.front());
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(exposer), ports.front()));
+}
+
+}  // namespace cortiq::server

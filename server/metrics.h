@@ -1,0 +1,178 @@
+// Metrics: the server's Prometheus metrics (prometheus-cpp), served on their
+// own port at /metrics by a MetricsServer. docs/METRICS.md lists every series.
+//
+// Two kinds of series:
+//   * State read AT SCRAPE TIME from the session store, the engine and the
+//     model (memory by kind, sessions, budget, releases, engine gauges, QSA
+//     backend bytes): a custom prometheus::Collectable builds them in
+//     Collect(), so a scrape never sees a stale value and the hot path never
+//     touches them.
+//   * Events counted on the hot path (requests by RPC and code, tokens,
+//     latency histograms, refused exports, migrations): every family and
+//     every labelled child is built once in Create() into fixed arrays; the
+//     hot path only calls Increment() / Observe() on a child it already
+//     holds — it never creates a child, allocates, or takes a lock of ours
+//     (prometheus-cpp's Histogram::Observe holds its own mutex for a few
+//     instructions). Labels are low-cardinality only: never a session id.
+//
+// Ownership and threads: Metrics does not own its sources. The store, engine
+// and model must outlive every scrape: destroy the MetricsServer (which
+// stops the HTTP threads) before them. Every public method is thread-safe.
+//
+// Example:
+//   CORTIQ_ASSIGN_OR_RETURN(auto metrics, server::Metrics::Create(
+//       {.store = &store, .model = model.get(), .version = "0.1.0", .model_name = "qwen3-0.6b"}));
+//   session::Engine engine(*model, tokenizer, {.observer = metrics.get()});
+//   metrics->AttachEngine(&engine);
+//   CORTIQ_ASSIGN_OR_RETURN(auto http, server::MetricsServer::Start("127.0.0.1:9464", *metrics));
+//   ...
+//   metrics->CountRequest("Generate", grpc::StatusCode::OK);
+//   http.reset();                     // before the engine, store, model go
+//   metrics->AttachEngine(nullptr);
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "core/model/transformer.h"
+#include "core/session/engine.h"
+#include "core/session/session_store.h"
+
+namespace prometheus {
+class Collectable;
+class Counter;
+class Exposer;
+class Histogram;
+class Registry;
+}  // namespace prometheus
+
+namespace cortiq::server {
+
+inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9464";
+
+// The RPCs of cortiq.v1.Inference, the label values of rpc="...".
+inline constexpr size_t kNumRpcs = 10;
+inline constexpr std::array<std::string_view, kNumRpcs> kRpcNames = {
+    "Generate", "CreateSession", "GetSession",    "ListSessions",  "ReleaseSession",
+    "Tokenize", "GetModelInfo",  "ExportSession", "ImportSession", "MigrateSession"};
+
+// gRPC status code names indexed by the code's number (grpc::StatusCode and
+// absl::StatusCode agree on 0..16): the label values of code="...".
+inline constexpr size_t kNumGrpcCodes = 17;
+inline constexpr std::array<std::string_view, kNumGrpcCodes> kGrpcCodeNames = {
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
+
+// Index of `rpc` in kRpcNames; nullopt for an unknown name. O(kNumRpcs), no
+// allocation.
+std::optional<size_t> RpcIndex(std::string_view rpc);
+
+// Why an export was refused (label reason="..." of cortiq_exports_refused_total).
+enum class ExportRefusal : uint8_t { kImportance = 0, kO1Overlay, kInt8Rows, kOther };
+inline constexpr size_t kNumExportRefusals = 4;
+std::string_view ExportRefusalName(ExportRefusal reason);  // "importance", "o1_overlay", ...
+
+enum class MigrationDirection : uint8_t { kOut = 0, kIn = 1 };  // direction="out|in"
+enum class MigrationResult : uint8_t { kOk = 0, kFailed = 1 };  // result="ok|failed"
+
+// Where the scrape-time series come from. Non-owning; any may be null (its
+// series are then not exported).
+struct MetricsSources {
+  const session::SessionStore* store = nullptr;
+  const session::Engine* engine = nullptr;  // or attach later: Metrics::AttachEngine
+  const model::Transformer* model = nullptr;
+  std::string version;     // cortiq_build_info{version=...}; empty → "unknown"
+  std::string model_name;  // cortiq_build_info{model=...}; empty → "unknown"
+};
+
+class Metrics : public session::EngineObserver {
+ public:
+  // Registers every family and child. A prometheus-cpp exception (an invalid
+  // name or label: a bug here) becomes INTERNAL naming the metric.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsSources& sources);
+  ~Metrics() override;
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // The engine whose gauges the scrape reads. The Engine takes its observer
+  // at construction, so a server creates Metrics first, then the Engine, then
+  // attaches it; attach nullptr before the engine is destroyed.
+  void AttachEngine(const session::Engine* engine);
+
+  // ---- hot path: no allocation, never creates a child ----
+  // One finished RPC. Unknown rpc names and codes outside 0..16 are ignored.
+  void CountRequest(std::string_view rpc, int grpc_code);
+  // Wall time of one finished RPC (cortiq_request_duration_seconds{rpc}).
+  void ObserveRequest(std::string_view rpc, double seconds);
+  void CountExportRefused(ExportRefusal reason);
+  void CountMigration(MigrationDirection direction, MigrationResult result);
+
+  // ---- session::EngineObserver (engine thread; never blocks) ----
+  // One scheduler step: its wall time, and its decode batch when it decoded
+  // (a prefill-only step has no batch size to record).
+  void OnStep(size_t decode_batch, size_t prefill_tokens, double seconds) override;
+  void OnFirstToken(double ttft_seconds) override;
+  void OnInterToken(double seconds) override;
+  void OnTokens(size_t prompt_tokens, size_t generated_tokens) override;
+
+  // ---- exposition (MetricsServer registers both) ----
+  // The hot-path families.
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // The scrape-time families (reads the sources in Collect()).
+  std::shared_ptr<prometheus::Collectable> live_state() const;
+
+ private:
+  class LiveState;
+  Metrics() = default;
+  absl::Status Register(const MetricsSources& sources);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<LiveState> live_state_;
+
+  // Children, built once by Register(); owned by registry_'s families.
+  std::array<std::array<prometheus::Counter*, kNumGrpcCodes>, kNumRpcs> requests_{};
+  std::array<prometheus::Histogram*, kNumRpcs> request_seconds_{};
+  std::array<prometheus::Counter*, kNumExportRefusals> exports_refused_{};
+  std::array<std::array<prometheus::Counter*, 2>, 2> migrations_{};  // [direction][result]
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Counter* generated_tokens_ = nullptr;
+  prometheus::Histogram* ttft_seconds_ = nullptr;
+  prometheus::Histogram* inter_token_seconds_ = nullptr;
+  prometheus::Histogram* step_seconds_ = nullptr;
+  prometheus::Histogram* step_batch_size_ = nullptr;
+};
+
+// The HTTP endpoint: a prometheus::Exposer (civetweb, 2 threads) serving
+// Metrics' registry and live state at /metrics. Stops on destruction.
+class MetricsServer {
+ public:
+  // Listens on `listen` ("HOST:PORT"; port 0 = any free port, see port()).
+  // UNAVAILABLE naming the address when it cannot bind (port in use, bad
+  // host); INVALID_ARGUMENT for an empty address. `metrics` must outlive the
+  // server's scrapes (the server holds weak references and skips an expired
+  // one).
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
+                                                              Metrics& metrics);
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  // The bound port (the real one when started on port 0).
+  int port() const { return port_; }
+
+ private:
+  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, int port);
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace cortiq::server

@@ -1,0 +1,180 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "core/util/status_macros.h"
+#include "core/util/strings.h"
+#include "spdlog/spdlog.h"
+
+namespace cortiq::server {
+
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, std::string_view flag) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat(util::Sv(flag), ": cannot read '", path, "'"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+constexpr const char* kServiceName = "cortiq.v1.Inference";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config) {
+  std::unique_ptr<Server> s(new Server(config));
+  CORTIQ_RETURN_IF_ERROR(s->Init());
+  return s;
+}
+
+absl::Status Server::Init() {
+  const ServerConfig& c = config_;
+  if (c.model_dir.empty() || !std::filesystem::exists(c.model_dir + "/config.json")) {
+    return absl::NotFoundError(absl::StrCat(
+        "--model: no model at '", c.model_dir,
+        "' (give --model DIR with config.json, model.safetensors and tokenizer.json)"));
+  }
+  pool_ = std::make_unique<util::ThreadPool>(c.threads);
+  CORTIQ_ASSIGN_OR_RETURN(model_, model::Transformer::Load(c.model_dir, pool_.get()));
+  CORTIQ_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok,
+                          tokenizer::Tokenizer::FromFile(c.model_dir + "/tokenizer.json"));
+  tokenizer_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok));
+
+  session::StoreOptions so;
+  so.max_sessions = c.max_sessions;
+  so.memory_budget_bytes = c.memory_budget_bytes;
+  so.ttl = c.session_ttl;
+  store_ = std::make_unique<session::SessionStore>(so);
+
+  const bool metrics_on = !c.metrics_listen.empty() && c.metrics_listen != "off";
+  if (metrics_on) {
+    MetricsSources src;
+    src.store = store_.get();
+    src.model = model_.get();
+    src.model_name = std::filesystem::path(c.model_dir).filename().string();
+    src.version = "0.1.0";
+    CORTIQ_ASSIGN_OR_RETURN(metrics_, Metrics::Create(src));
+  }
+  session::EngineOptions eo;
+  eo.max_batch = c.max_batch;
+  eo.prefill_chunk = c.prefill_chunk;
+  eo.queue_capacity = c.queue_capacity;
+  eo.max_context = c.max_context;
+  eo.observer = metrics_.get();
+  engine_ = std::make_unique<session::Engine>(*model_, *tokenizer_, eo);
+  if (metrics_) metrics_->AttachEngine(engine_.get());
+
+  ctx_ = std::make_unique<ServiceContext>();
+  ctx_->config = &config_;
+  ctx_->model = model_.get();
+  ctx_->tokenizer = tokenizer_.get();
+  ctx_->store = store_.get();
+  ctx_->engine = engine_.get();
+  ctx_->metrics = metrics_.get();
+  ctx_->model_name = std::filesystem::path(c.model_dir).filename().string();
+  ctx_->fingerprint = absl::StrFormat("%016x", model_->checkpoint().Fingerprint());
+  CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session,
+                          DefaultSessionConfig(c, *model_, c.model_dir));
+  service_ = std::make_unique<InferenceService>(ctx_.get());
+
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!c.tls_cert.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    CORTIQ_ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(c.tls_cert, "--tls-cert"));
+    CORTIQ_ASSIGN_OR_RETURN(pair.private_key, ReadFile(c.tls_key, "--tls-key"));
+    ssl.pem_key_cert_pairs.push_back(std::move(pair));
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(c.listen, creds, &port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(c.max_message_bytes, INT32_MAX)));
+  builder.RegisterService(service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (!grpc_server_ || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on '", c.listen, "'"));
+  }
+  auto* health = grpc_server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus(kServiceName, true);
+
+  if (metrics_on) {
+    CORTIQ_ASSIGN_OR_RETURN(metrics_server_, MetricsServer::Start(c.metrics_listen, *metrics_));
+  }
+  reaper_ = std::thread([this] { ReaperLoop(); });
+  return absl::OkStatus();
+}
+
+void Server::ReaperLoop() {
+  const auto period = std::clamp<std::chrono::milliseconds>(
+      config_.session_ttl / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, period, [&] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    store_->ReapIdle();
+    lock.lock();
+  }
+}
+
+void Server::Shutdown(std::chrono::milliseconds grace) {
+  {
+    std::unique_lock lock(mu_);
+    if (stopping_) {
+      cv_.wait(lock, [&] { return stopped_; });
+      return;
+    }
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  if (grpc_server_) {
+    auto* health = grpc_server_->GetHealthCheckService();
+    health->SetServingStatus(false);
+    health->SetServingStatus(kServiceName, false);
+    ctx_->draining.store(true);
+    // Streams in flight get the grace period to finish ...
+    const auto until = session::Clock::now() + grace;
+    while (session::Clock::now() < until &&
+           (ctx_->streams_in_flight.load() > 0 || engine_->active_jobs() > 0 ||
+            engine_->queued_jobs() > 0)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // ... then the rest are cancelled (their streams end with finish reason
+    // cancelled) and the server stops.
+    store_->CancelAll();
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+  if (engine_) engine_->Shutdown();
+  {
+    std::unique_lock lock(mu_);
+    stopped_ = true;
+  }
+  cv_.notify_all();
+  spdlog::info("server stopped");
+}
+
+void Server::Wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return stopped_; });
+}
+
+Server::~Server() {
+  Shutdown(std::chrono::milliseconds(0));
+  if (grpc_server_) grpc_server_->Wait();
+}
+
+}  // namespace cortiq::server

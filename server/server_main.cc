@@ -1,0 +1,56 @@
+// cortiq-server: serves a model over gRPC (cortiq.v1.Inference) with
+// Prometheus metrics. Flags: cortiq-server --help (server/config.h).
+// SIGTERM / SIGINT drain the server (see Server::Shutdown) and exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "server/config.h"
+#include "server/server.h"
+#include "spdlog/spdlog.h"
+
+int main(int argc, char** argv) {
+  using cortiq::server::ServerConfig;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  bool help = false;
+  absl::StatusOr<ServerConfig> config = cortiq::server::ParseServerFlags(args, &help);
+  if (help) {
+    std::fputs(cortiq::server::ServerUsage().c_str(), stdout);
+    return 0;
+  }
+  if (!config.ok()) {
+    std::fprintf(stderr, "cortiq-server: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  spdlog::set_level(spdlog::level::from_str(config->log_level));
+
+  // Signals are taken synchronously by this thread: block them before any
+  // other thread starts, so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = cortiq::server::Server::Start(*config);
+  if (!server.ok()) {
+    std::fprintf(stderr, "cortiq-server: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  const std::string host = config->listen.substr(0, config->listen.rfind(':'));
+  spdlog::info("serving {} on {}:{} (metrics: {})", config->model_dir, host, (*server)->port(),
+               (*server)->metrics_port() ? host + ":" + std::to_string((*server)->metrics_port()) + "/metrics"
+                                         : std::string("off"));
+  // A machine-readable line for scripts and tests.
+  std::printf("listening on %s:%d metrics %d\n", host.c_str(), (*server)->port(),
+              (*server)->metrics_port());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: draining (grace {} ms)", sig, config->grace.count());
+  (*server)->Shutdown(config->grace);
+  return 0;
+}

@@ -1,0 +1,682 @@
+#include "server/service.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/session/session.h"
+#include "core/util/status_macros.h"
+#include "core/util/strings.h"
+#include "nlohmann/json.hpp"
+#include "server/status_util.h"
+#include "spdlog/spdlog.h"
+
+namespace cortiq::server {
+
+using session::Clock;
+
+namespace {
+
+constexpr std::string_view kServerVersion = "0.1.0";
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// ---- auth ----
+
+bool ConstantTimeEqual(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerContext* call) {
+  const std::string& token = ctx.config->auth_token;
+  if (token.empty()) return absl::OkStatus();
+  const auto& md = call->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
+  }
+  std::string_view value(it->second.data(), it->second.size());
+  constexpr std::string_view kBearer = "Bearer ";
+  if (value.substr(0, kBearer.size()) != kBearer ||
+      !ConstantTimeEqual(value.substr(kBearer.size()), token)) {
+    return absl::UnauthenticatedError("invalid bearer token");
+  }
+  return absl::OkStatus();
+}
+
+// ---- one log line and the request metrics per call ----
+
+class CallLog {
+ public:
+  CallLog(ServiceContext* ctx, std::string_view rpc)
+      : ctx_(ctx), rpc_(rpc), id_(ctx->next_request_id.fetch_add(1)), start_(Clock::now()) {}
+
+  uint64_t id() const { return id_; }
+
+  void Done(grpc::StatusCode code, std::string_view message, std::string_view detail = {}) {
+    const double s = Seconds(Clock::now() - start_);
+    if (ctx_->metrics) {
+      ctx_->metrics->CountRequest(rpc_, static_cast<int>(code));
+      ctx_->metrics->ObserveRequest(rpc_, s);
+    }
+    if (code == grpc::StatusCode::OK) {
+      spdlog::info("req={} rpc={} code=OK{}{} dur_ms={:.1f}", id_, rpc_, detail.empty() ? "" : " ",
+                   detail, s * 1e3);
+    } else {
+      spdlog::info("req={} rpc={} code={}{}{} dur_ms={:.1f} error=\"{}\"", id_, rpc_,
+                   GrpcCodeName(static_cast<int>(code)), detail.empty() ? "" : " ", detail,
+                   s * 1e3, message);
+    }
+  }
+
+ private:
+  ServiceContext* ctx_;
+  std::string_view rpc_;
+  uint64_t id_;
+  Clock::time_point start_;
+};
+
+// Runs a unary handler body with auth, logging and metrics around it.
+template <typename Body>
+grpc::ServerUnaryReactor* Unary(ServiceContext* ctx, grpc::CallbackServerContext* call,
+                                std::string_view rpc, Body&& body) {
+  CallLog log(ctx, rpc);
+  absl::Status st = CheckAuth(*ctx, call);
+  if (st.ok()) st = body();
+  grpc::Status gs = ToGrpcStatus(st);
+  log.Done(gs.error_code(), gs.error_message());
+  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+  reactor->Finish(gs);
+  return reactor;
+}
+
+// ---- conversions ----
+
+v1::KvDtype ToProto(kv::KvMode m) {
+  return m == kv::KvMode::kInt8 ? v1::KV_DTYPE_INT8 : v1::KV_DTYPE_F32;
+}
+
+std::string LayersSpec(const std::vector<size_t>& layers) {
+  std::string s;
+  for (size_t l : layers) absl::StrAppend(&s, s.empty() ? "" : ",", l);
+  return s.empty() ? "none" : s;
+}
+
+void ToProto(const session::SessionConfig& c, v1::SessionConfig* out) {
+  out->set_kv_dtype(ToProto(c.kv_mode));
+  switch (c.attention) {
+    case session::AttentionMode::kExact:
+      out->set_attention(v1::ATTENTION_MODE_EXACT);
+      break;
+    case session::AttentionMode::kO1: {
+      out->set_attention(v1::ATTENTION_MODE_O1);
+      auto* o = out->mutable_o1();
+      o->set_layers(LayersSpec(c.o1.layers));
+      o->set_m(static_cast<uint32_t>(c.o1.m));
+      o->set_window(static_cast<uint32_t>(c.o1.w));
+      o->set_sink(static_cast<uint32_t>(c.o1.sink));
+      o->set_rect(c.o1.rect == kv::O1Rect::kFm ? "fm" : "agg");
+      break;
+    }
+    case session::AttentionMode::kQsa: {
+      out->set_attention(v1::ATTENTION_MODE_QSA);
+      auto* q = out->mutable_qsa();
+      q->set_layers(LayersSpec(c.qsa.layers));
+      q->set_ratio(static_cast<uint32_t>(c.qsa.ratio));
+      q->set_budget(static_cast<uint32_t>(c.qsa.budget));
+      break;
+    }
+  }
+}
+
+void ToProto(const session::MemoryByKind& m, v1::SessionMemory* out) {
+  using session::MemoryKind;
+  out->set_kv_f32_bytes(m[MemoryKind::kKvF32]);
+  out->set_kv_int8_bytes(m[MemoryKind::kKvInt8]);
+  out->set_o1_bytes(m[MemoryKind::kO1]);
+  out->set_qsa_bytes(m[MemoryKind::kQsa]);
+  out->set_total_bytes(m.total());
+}
+
+void ToProto(const session::SessionSnapshot& s, v1::SessionInfo* out) {
+  out->set_session_id(s.id);
+  ToProto(s.config, out->mutable_config());
+  out->set_tokens(s.tokens);
+  out->set_cached_tokens(s.cached_tokens);
+  ToProto(s.memory, out->mutable_memory());
+  out->set_busy(s.busy);
+  out->set_age_seconds(s.age_seconds);
+  out->set_idle_seconds(s.idle_seconds);
+  out->set_ttl_remaining_seconds(s.ttl_remaining_seconds);
+}
+
+v1::FinishReason ToProto(session::FinishReason r) {
+  switch (r) {
+    case session::FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
+    case session::FinishReason::kStop: return v1::FINISH_REASON_STOP;
+    case session::FinishReason::kEos: return v1::FINISH_REASON_EOS;
+    case session::FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
+    case session::FinishReason::kNone: break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+absl::Status CheckSessionId(const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError("session_id: empty");
+  if (id.size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("session_id: ", id.size(), " bytes, at most 64"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Unavailable(const ServiceContext& ctx) {
+  if (ctx.draining.load()) {
+    return absl::UnavailableError("server is draining: no new sessions or generations");
+  }
+  return absl::OkStatus();
+}
+
+// The request's sampling parameters with the documented defaults.
+model::SamplingParams SamplingFrom(const v1::SamplingParams& p) {
+  model::SamplingParams s;
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  if (p.has_seed()) s.seed = p.seed();
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Generate: one reactor per call.
+
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(ServiceContext* ctx, grpc::CallbackServerContext* call)
+      : ctx_(ctx), call_(call), log_(ctx, "Generate") {
+    ctx_->streams_in_flight.fetch_add(1);
+  }
+
+  // Runs in the handler, before gRPC calls any reaction.
+  void Start(const v1::GenerateRequest& request) {
+    absl::Status st = Setup(request);
+    if (!st.ok()) {
+      std::lock_guard lock(mu_);
+      FinishLocked(ToGrpcStatus(st));
+      return;
+    }
+    job_->SetNotify([this] { Pump(); });
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard lock(mu_);
+      writing_ = false;
+      if (!ok) {  // the stream is broken (client gone): stop generating
+        job_->Cancel();
+        FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
+        return;
+      }
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    if (job_) job_->Cancel();
+    std::lock_guard lock(mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    size_t completion = 0;
+    if (job_) {
+      job_->ClearNotify();  // no engine callback can reach this object after this
+      job_->Cancel();       // no-op when finished; a disconnected client stops here
+      if (job_->finished()) completion = job_->result().completion_tokens;
+    }
+    grpc::StatusCode code = final_code_;
+    if (code == grpc::StatusCode::CANCELLED && call_->deadline() <= std::chrono::system_clock::now()) {
+      code = grpc::StatusCode::DEADLINE_EXCEEDED;
+    }
+    log_.Done(code, final_message_,
+              absl::StrFormat("session=%s prompt_tokens=%d completion_tokens=%d finish=%s",
+                              session_id_.empty() ? "-" : session_id_, prompt_tokens_, completion,
+                              finish_reason_));
+    ctx_->streams_in_flight.fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  absl::Status Setup(const v1::GenerateRequest& req) {
+    CORTIQ_RETURN_IF_ERROR(CheckAuth(*ctx_, call_));
+    CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
+    const ServerConfig& cfg = *ctx_->config;
+    session::GenerationRequest g;
+    if (!req.prompt().empty() && req.prompt_tokens_size() > 0) {
+      return absl::InvalidArgumentError("prompt: give prompt text or prompt_tokens, not both");
+    }
+    if (req.prompt().size() > cfg.max_prompt_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt: ", req.prompt().size(),
+                                                     " bytes, the limit is ", cfg.max_prompt_bytes,
+                                                     " (--max-prompt-bytes)"));
+    }
+    if (static_cast<size_t>(req.prompt_tokens_size()) * sizeof(int32_t) > cfg.max_prompt_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_tokens: ", req.prompt_tokens_size(), " ids, the limit is ",
+          cfg.max_prompt_bytes / sizeof(int32_t), " (--max-prompt-bytes / 4)"));
+    }
+    if (req.prompt_tokens_size() > 0) {
+      g.prompt.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
+    } else {
+      g.prompt = ctx_->tokenizer->Encode(req.prompt());
+    }
+    g.max_tokens = req.max_tokens();
+    g.stop.assign(req.stop().begin(), req.stop().end());
+    g.sampling = SamplingFrom(req.sampling());
+    g.seed_given = req.sampling().has_seed();
+    g.logprobs = req.logprobs();
+    if (req.top_logprobs() > static_cast<uint32_t>(session::kMaxTopLogprobs)) {
+      return absl::InvalidArgumentError(absl::StrCat("top_logprobs: ", req.top_logprobs(),
+                                                     " is outside [0, ", session::kMaxTopLogprobs,
+                                                     "]"));
+    }
+    g.top_logprobs = static_cast<int>(req.top_logprobs());
+    g.ignore_eos = req.ignore_eos();
+    const auto deadline = call_->deadline();
+    const auto left = deadline - std::chrono::system_clock::now();
+    if (left < std::chrono::hours(24 * 365)) {
+      g.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+    }
+    prompt_tokens_ = g.prompt.size();
+
+    session::SessionStore::Lease lease;
+    const auto& mcfg = ctx_->model->config();
+    if (!req.session_id().empty()) {
+      CORTIQ_RETURN_IF_ERROR(CheckSessionId(req.session_id()));
+      // Validate what needs no session first, so a bad request never leases.
+      CORTIQ_RETURN_IF_ERROR(
+          ctx_->engine->ValidateRequest(g, 0, cfg.max_tokens_limit));
+      auto l = ctx_->store->Acquire(req.session_id());
+      if (!l.ok()) return l.status();
+      lease = *std::move(l);
+      const size_t history = lease->tokens().size();
+      CORTIQ_RETURN_IF_ERROR(
+          ctx_->engine->ValidateRequest(g, history, cfg.max_tokens_limit));
+      const size_t positions = history + g.prompt.size() + g.max_tokens;
+      CORTIQ_RETURN_IF_ERROR(lease.Reserve(session::ProjectedSessionBytes(
+          mcfg, lease->config(), positions, history + g.prompt.size())));
+    } else {
+      auto config = ResolveSessionConfig(req.session_config(), *ctx_);
+      if (!config.ok()) return config.status();
+      CORTIQ_RETURN_IF_ERROR(ctx_->engine->ValidateRequest(g, 0, cfg.max_tokens_limit));
+      const size_t projected = session::ProjectedSessionBytes(
+          mcfg, *config, g.prompt.size() + g.max_tokens, g.prompt.size());
+      auto l = ctx_->store->Create(*ctx_->model, *config, projected);
+      if (!l.ok()) return l.status();
+      lease = *std::move(l);
+      g.release_at_end = !req.keep_session();
+    }
+    session_id_ = lease->id();
+    auto job = ctx_->engine->Submit(std::move(lease), std::move(g));
+    if (!job.ok()) return job.status();
+    job_ = *std::move(job);
+    return absl::OkStatus();
+  }
+
+  // Moves the stream forward: writes the next event, or the summary once the
+  // job is drained. Called from the engine thread (job notify), from
+  // OnWriteDone and from Start; one write in flight at a time.
+  void Pump() {
+    std::lock_guard lock(mu_);
+    if (writing_ || finished_) return;
+    session::GenerationEvent ev;
+    if (job_->Pop(&ev)) {
+      msg_.Clear();
+      v1::GeneratedToken* t = msg_.mutable_token();
+      t->set_token_id(ev.token_id);
+      t->set_text(std::move(ev.text));
+      if (ev.logprobs) {
+        auto fill = [&](const model::TokenLogprob& lp, v1::TokenLogprob* out) {
+          out->set_token_id(lp.id);
+          out->set_logprob(lp.logprob);
+          const int32_t id = lp.id;
+          out->set_text(ctx_->tokenizer->Decode(std::span<const int32_t>(&id, 1)));
+        };
+        fill(ev.logprobs->chosen, t->mutable_logprob());
+        for (const auto& alt : ev.logprobs->top) fill(alt, t->add_top_logprobs());
+      }
+      writing_ = true;
+      StartWrite(&msg_);
+      return;
+    }
+    if (!job_->Drained()) return;  // the engine will notify again
+    const session::GenerationResult& r = job_->result();
+    finish_reason_ = std::string(session::FinishReasonName(r.finish_reason));
+    if (!r.status.ok()) {
+      FinishLocked(ToGrpcStatus(r.status));
+      return;
+    }
+    msg_.Clear();
+    v1::GenerateSummary* s = msg_.mutable_summary();
+    s->set_finish_reason(ToProto(r.finish_reason));
+    s->mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(r.prompt_tokens));
+    s->mutable_usage()->set_completion_tokens(static_cast<uint32_t>(r.completion_tokens));
+    s->mutable_usage()->set_session_tokens(r.session_tokens);
+    s->mutable_timings()->set_queue_seconds(r.queue_seconds);
+    s->mutable_timings()->set_time_to_first_token_seconds(r.ttft_seconds);
+    s->mutable_timings()->set_decode_tokens_per_second(r.decode_tokens_per_second);
+    s->mutable_timings()->set_total_seconds(r.total_seconds);
+    s->set_session_id(session_id_);
+    s->set_session_kept(ctx_->store->Get(session_id_).has_value());
+    ToProto(r.memory, s->mutable_memory());
+    finished_ = true;
+    final_code_ = grpc::StatusCode::OK;
+    StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    final_code_ = status.error_code();
+    final_message_ = status.error_message();
+    Finish(status);
+  }
+
+  ServiceContext* ctx_;
+  grpc::CallbackServerContext* call_;
+  CallLog log_;
+  std::shared_ptr<session::Job> job_;
+  std::string session_id_;
+  size_t prompt_tokens_ = 0;
+  std::string finish_reason_ = "-";
+
+  std::mutex mu_;
+  bool writing_ = false;
+  bool finished_ = false;
+  grpc::StatusCode final_code_ = grpc::StatusCode::OK;
+  std::string final_message_;
+  v1::GenerateResponse msg_;  // the message in flight
+};
+
+// A streaming call that is not implemented yet (the migration RPCs).
+template <typename Base>
+class UnimplementedReactor final : public Base {
+ public:
+  UnimplementedReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, std::string_view rpc)
+      : log_(ctx, rpc) {
+    absl::Status st = CheckAuth(*ctx, call);
+    if (st.ok()) {
+      st = absl::UnimplementedError(
+          absl::StrCat(util::Sv(rpc), ": session migration is not implemented in this server version"));
+    }
+    status_ = ToGrpcStatus(st);
+    this->Finish(status_);
+  }
+  void OnDone() override {
+    log_.Done(status_.error_code(), status_.error_message());
+    delete this;
+  }
+
+ private:
+  CallLog log_;
+  grpc::Status status_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Session configuration
+
+absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& config,
+                                                            const model::Transformer& model,
+                                                            const std::string& model_dir) {
+  session::SessionConfig c;
+  c.kv_mode = config.kv_dtype == "int8" ? kv::KvMode::kInt8 : kv::KvMode::kF32;
+  const size_t layers = static_cast<size_t>(model.config().num_hidden_layers);
+  // The O(1) defaults (used by requests asking for o1 without parameters and
+  // by --attention o1): flags > env > the model's hint > built-in defaults.
+  auto env = kv::EnvOverrides();
+  if (!env.ok()) return env.status();
+  kv::O1Overrides hint;
+  std::ifstream cf(model_dir + "/config.json");
+  nlohmann::json cj = nlohmann::json::parse(cf, nullptr, /*allow_exceptions=*/false);
+  if (!cj.is_discarded()) {
+    auto h = kv::O1HintFromModelConfig(cj);
+    if (!h.ok()) return h.status();
+    hint = *h;
+  }
+  kv::O1Overrides flags = config.o1;
+  if (!flags.layers && !env->layers && !hint.layers) flags.layers = "all";
+  auto o1 = kv::ResolveO1Config({}, flags, *env, hint, layers);
+  if (!o1.ok()) return o1.status();
+  c.o1 = *o1;
+  auto qsa = model::MakeQsaConfig(config.qsa_layers.value_or("all"), config.qsa_ratio.value_or(64),
+                                  config.qsa_budget.value_or(16), layers);
+  if (!qsa.ok()) return qsa.status();
+  c.qsa = *qsa;
+  c.attention = config.attention == "o1"    ? session::AttentionMode::kO1
+                : config.attention == "qsa" ? session::AttentionMode::kQsa
+                                            : session::AttentionMode::kExact;
+  return c;
+}
+
+absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionConfig& request,
+                                                            const ServiceContext& ctx) {
+  session::SessionConfig c = ctx.default_session;
+  const size_t layers = static_cast<size_t>(ctx.model->config().num_hidden_layers);
+  switch (request.kv_dtype()) {
+    case v1::KV_DTYPE_UNSPECIFIED: break;
+    case v1::KV_DTYPE_F32: c.kv_mode = kv::KvMode::kF32; break;
+    case v1::KV_DTYPE_INT8: c.kv_mode = kv::KvMode::kInt8; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session_config.kv_dtype: unknown value ", static_cast<int>(request.kv_dtype()),
+          " (KV_DTYPE_F32 = 1 | KV_DTYPE_INT8 = 2)"));
+  }
+  switch (request.attention()) {
+    case v1::ATTENTION_MODE_UNSPECIFIED:
+      return c;
+    case v1::ATTENTION_MODE_EXACT:
+      c.attention = session::AttentionMode::kExact;
+      return c;
+    case v1::ATTENTION_MODE_O1: {
+      c.attention = session::AttentionMode::kO1;
+      const v1::O1Params& p = request.o1();
+      if (p.has_layers()) {
+        auto l = kv::ParseLayerSpec(p.layers(), layers);
+        if (!l.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("session_config.o1.layers: ", l.status().message()));
+        }
+        c.o1.layers = *l;
+      }
+      if (p.has_m()) {
+        if (p.m() < 4) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("session_config.o1.m: ", p.m(), " is below the minimum 4"));
+        }
+        c.o1.m = p.m();
+      }
+      if (p.has_window()) {
+        if (p.window() < 1) {
+          return absl::InvalidArgumentError("session_config.o1.window: 0 is below the minimum 1");
+        }
+        c.o1.w = p.window();
+      }
+      if (p.has_sink()) c.o1.sink = p.sink();
+      if (p.has_rect()) {
+        auto r = kv::ParseO1Rect(p.rect());
+        if (!r.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("session_config.o1.rect: '", p.rect(), "' is not agg | fm"));
+        }
+        c.o1.rect = *r;
+      }
+      return c;
+    }
+    case v1::ATTENTION_MODE_QSA: {
+      c.attention = session::AttentionMode::kQsa;
+      const v1::QsaParams& p = request.qsa();
+      std::string spec = p.has_layers() ? p.layers() : LayersSpec(c.qsa.layers);
+      const size_t ratio = p.has_ratio() ? p.ratio() : c.qsa.ratio;
+      const size_t budget = p.has_budget() ? p.budget() : c.qsa.budget;
+      auto q = model::MakeQsaConfig(spec, ratio, budget, layers);
+      if (!q.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("session_config.qsa: ", q.status().message()));
+      }
+      c.qsa = *q;
+      return c;
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session_config.attention: unknown mode ", static_cast<int>(request.attention()),
+          " (ATTENTION_MODE_EXACT = 1 | ATTENTION_MODE_O1 = 2 | ATTENTION_MODE_QSA = 3)"));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Handlers
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto* reactor = new GenerateReactor(ctx_, context);
+  reactor->Start(*request);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::CreateSession(grpc::CallbackServerContext* context,
+                                                          const v1::CreateSessionRequest* request,
+                                                          v1::SessionInfo* response) {
+  return Unary(ctx_, context, "CreateSession", [&]() -> absl::Status {
+    CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
+    auto config = ResolveSessionConfig(request->config(), *ctx_);
+    if (!config.ok()) return config.status();
+    auto lease = ctx_->store->Create(*ctx_->model, *config, /*projected_bytes=*/0);
+    if (!lease.ok()) return lease.status();
+    const std::string id = (*lease)->id();
+    (*lease)->PublishMemory();
+    lease->Return();
+    auto snap = ctx_->store->Get(id);
+    if (!snap) return absl::NotFoundError(absl::StrCat("session_id: '", id, "' was released"));
+    ToProto(*snap, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetSession(grpc::CallbackServerContext* context,
+                                                       const v1::GetSessionRequest* request,
+                                                       v1::SessionInfo* response) {
+  return Unary(ctx_, context, "GetSession", [&]() -> absl::Status {
+    CORTIQ_RETURN_IF_ERROR(CheckSessionId(request->session_id()));
+    auto snap = ctx_->store->Get(request->session_id());
+    if (!snap) {
+      return absl::NotFoundError(
+          absl::StrCat("session_id: no session '", request->session_id(), "' on this node"));
+    }
+    ToProto(*snap, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ListSessions(grpc::CallbackServerContext* context,
+                                                         const v1::ListSessionsRequest*,
+                                                         v1::ListSessionsResponse* response) {
+  return Unary(ctx_, context, "ListSessions", [&]() -> absl::Status {
+    session::MemoryByKind total;
+    for (const auto& s : ctx_->store->List()) {
+      ToProto(s, response->add_sessions());
+      total += s.memory;
+    }
+    ToProto(total, response->mutable_total_memory());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ReleaseSession(
+    grpc::CallbackServerContext* context, const v1::ReleaseSessionRequest* request,
+    v1::ReleaseSessionResponse* response) {
+  return Unary(ctx_, context, "ReleaseSession", [&]() -> absl::Status {
+    CORTIQ_RETURN_IF_ERROR(CheckSessionId(request->session_id()));
+    const session::ReleaseResult r = ctx_->store->Release(request->session_id());
+    response->set_released(r.released);
+    response->set_freed_bytes(r.freed_bytes);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
+                                                     const v1::TokenizeRequest* request,
+                                                     v1::TokenizeResponse* response) {
+  return Unary(ctx_, context, "Tokenize", [&]() -> absl::Status {
+    if (request->text().size() > ctx_->config->max_prompt_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("text: ", request->text().size(),
+                                                     " bytes, the limit is ",
+                                                     ctx_->config->max_prompt_bytes,
+                                                     " (--max-prompt-bytes)"));
+    }
+    const bool special = !request->has_parse_special() || request->parse_special();
+    for (int32_t id : ctx_->tokenizer->Encode(request->text(), special)) {
+      response->add_token_ids(id);
+      response->add_tokens(std::string(ctx_->tokenizer->TokenString(id)));
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                         const v1::GetModelInfoRequest*,
+                                                         v1::ModelInfo* response) {
+  return Unary(ctx_, context, "GetModelInfo", [&]() -> absl::Status {
+    const auto& c = ctx_->model->config();
+    response->set_name(ctx_->model_name);
+    response->set_model_type(model::ModelConfig::ArchName(c.arch));
+    response->set_fingerprint(ctx_->fingerprint);
+    response->set_vocab_size(static_cast<uint32_t>(c.vocab_size));
+    response->set_num_layers(static_cast<uint32_t>(c.num_hidden_layers));
+    response->set_hidden_size(static_cast<uint32_t>(c.hidden_size));
+    response->set_num_attention_heads(static_cast<uint32_t>(c.num_attention_heads));
+    response->set_num_key_value_heads(static_cast<uint32_t>(c.num_key_value_heads));
+    response->set_head_dim(static_cast<uint32_t>(c.head_dim));
+    response->set_max_context(ctx_->engine->max_context());
+    for (int32_t id : c.eos_token_ids) response->add_eos_token_ids(id);
+    response->set_weight_bytes(ctx_->model->WeightBytesPerStep());
+    response->set_max_tokens_limit(static_cast<uint32_t>(ctx_->config->max_tokens_limit));
+    response->set_max_sessions(static_cast<uint32_t>(ctx_->store->options().max_sessions));
+    response->set_memory_budget_bytes(ctx_->store->options().memory_budget_bytes);
+    response->set_server_version(std::string(kServerVersion));
+    ToProto(ctx_->default_session, response->mutable_default_session_config());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerWriteReactor<v1::WireChunk>* InferenceService::ExportSession(
+    grpc::CallbackServerContext* context, const v1::ExportSessionRequest*) {
+  return new UnimplementedReactor<grpc::ServerWriteReactor<v1::WireChunk>>(ctx_, context,
+                                                                           "ExportSession");
+}
+
+grpc::ServerReadReactor<v1::WireChunk>* InferenceService::ImportSession(
+    grpc::CallbackServerContext* context, v1::ImportSessionResponse*) {
+  return new UnimplementedReactor<grpc::ServerReadReactor<v1::WireChunk>>(ctx_, context,
+                                                                          "ImportSession");
+}
+
+grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerContext* context,
+                                                           const v1::MigrateSessionRequest*,
+                                                           v1::MigrateSessionResponse*) {
+  return Unary(ctx_, context, "MigrateSession", [&]() -> absl::Status {
+    return absl::UnimplementedError(
+        "MigrateSession: session migration is not implemented in this server version");
+  });
+}
+
+}  // namespace cortiq::server

@@ -1,0 +1,93 @@
+// InferenceService: the cortiq.v1.Inference gRPC service on the callback API.
+//
+// Threads: handlers run on gRPC's callback threads and do only cheap work
+// there (validation, tokenization, store bookkeeping); every forward pass
+// runs on the Engine's thread. Generate is one GenerateReactor per call (see
+// service.cc): one write in flight, OnCancel cancels the job, OnDone frees
+// everything and deletes the reactor.
+//
+// Every RPC: bearer-token check first (when configured), then validation —
+// bad input gets INVALID_ARGUMENT naming the field and the limit and changes
+// nothing. Each call ends with one log line (request id, RPC, code, tokens,
+// duration; never the prompt text at info) and the request metrics.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cortiq/v1/inference.grpc.pb.h"
+#include "core/model/transformer.h"
+#include "core/session/engine.h"
+#include "core/session/session_store.h"
+#include "core/tokenizer/tokenizer.h"
+#include "server/config.h"
+#include "server/metrics.h"
+
+namespace cortiq::server {
+
+// Everything a handler needs; owned by Server, outlives the service.
+struct ServiceContext {
+  const ServerConfig* config = nullptr;
+  const model::Transformer* model = nullptr;
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  session::SessionStore* store = nullptr;
+  session::Engine* engine = nullptr;
+  Metrics* metrics = nullptr;         // may be null (metrics off)
+  std::string model_name;             // directory basename
+  std::string fingerprint;            // hex
+  session::SessionConfig default_session;  // resolved from the flags
+  std::atomic<bool> draining{false};  // new generations / sessions → UNAVAILABLE
+  std::atomic<uint64_t> next_request_id{1};
+  std::atomic<int> streams_in_flight{0};
+};
+
+// Resolves a request's session configuration against the server's defaults
+// (request > flags > CMF_O1* env > model hint > defaults). INVALID_ARGUMENT
+// naming the field (e.g. "session_config.o1.m: 2 is below 4").
+absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionConfig& request,
+                                                            const ServiceContext& ctx);
+// The server's default session configuration from its flags.
+absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& config,
+                                                            const model::Transformer& model,
+                                                            const std::string& model_dir);
+
+class InferenceService final : public v1::Inference::CallbackService {
+ public:
+  explicit InferenceService(ServiceContext* ctx) : ctx_(ctx) {}
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const v1::CreateSessionRequest* request,
+                                          v1::SessionInfo* response) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const v1::GetSessionRequest* request,
+                                       v1::SessionInfo* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseSession(grpc::CallbackServerContext* context,
+                                           const v1::ReleaseSessionRequest* request,
+                                           v1::ReleaseSessionResponse* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerWriteReactor<v1::WireChunk>* ExportSession(
+      grpc::CallbackServerContext* context, const v1::ExportSessionRequest* request) override;
+  grpc::ServerReadReactor<v1::WireChunk>* ImportSession(
+      grpc::CallbackServerContext* context, v1::ImportSessionResponse* response) override;
+  grpc::ServerUnaryReactor* MigrateSession(grpc::CallbackServerContext* context,
+                                           const v1::MigrateSessionRequest* request,
+                                           v1::MigrateSessionResponse* response) override;
+
+ private:
+  ServiceContext* ctx_;
+};
+
+}  // namespace cortiq::server

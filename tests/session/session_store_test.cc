@@ -1,0 +1,208 @@
+// SessionStore: ids, leases, idempotent release (also of a leased session),
+// TTL, cap, budget admission and exact memory accounting.
+#include "core/session/session_store.h"
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "core/model/transformer.h"
+#include "gtest/gtest.h"
+#include "tests/common/model_test_util.h"
+
+namespace cortiq::session {
+namespace {
+
+using std::chrono::milliseconds;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = model::Transformer::Load(testing::TempModel("tiny"));
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = *std::move(m);
+  }
+  // Absorbs n tokens into the leased session and publishes its bytes.
+  void Fill(SessionStore::Lease& lease, size_t n) {
+    auto ids = testing::TestIds(n, model_->config().vocab_size, 7);
+    std::vector<float> logits(model_->config().vocab_size);
+    ASSERT_TRUE(model_->Prefill(ids, lease->kv(), scratch_, logits.data()).ok());
+    lease->tokens().insert(lease->tokens().end(), ids.begin(), ids.end());
+    lease->PublishMemory();
+  }
+  std::unique_ptr<model::Transformer> model_;
+  model::ForwardScratch scratch_;
+};
+
+TEST_F(StoreTest, IdsAreUniqueHexAndLeasesExclusive) {
+  SessionStore store({});
+  std::set<std::string> ids;
+  std::vector<std::string> keep;
+  for (int i = 0; i < 200; ++i) {
+    auto lease = store.Create(*model_, {}, 0);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    const std::string id = (*lease)->id();
+    ASSERT_EQ(id.size(), 32u);
+    ASSERT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+    ASSERT_TRUE(ids.insert(id).second) << "duplicate id " << id;
+    if (i == 0) {
+      // Leased by Create: a second lease is refused as busy.
+      auto busy = store.Acquire(id);
+      EXPECT_EQ(busy.status().code(), absl::StatusCode::kAborted);
+      EXPECT_NE(busy.status().message().find("busy"), std::string_view::npos);
+    }
+    keep.push_back(id);
+  }
+  // Returned on scope exit: now it can be leased again.
+  auto again = store.Acquire(keep[0]);
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(store.Acquire("0123").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, ReleaseIsIdempotentAndFreesEveryByte) {
+  SessionStore store({});
+  std::string id;
+  size_t bytes = 0;
+  {
+    auto lease = store.Create(*model_, {}, 0);
+    ASSERT_TRUE(lease.ok());
+    Fill(*lease, 40);
+    id = (*lease)->id();
+    bytes = (*lease)->kv().MemoryBytes();
+    ASSERT_GT(bytes, 0u);
+    EXPECT_EQ(store.MemoryByKindTotal()[MemoryKind::kKvF32], bytes);
+    EXPECT_EQ(store.MemoryByKindTotal().total(), bytes);
+  }
+  ReleaseResult r = store.Release(id);
+  EXPECT_TRUE(r.released);
+  EXPECT_EQ(r.freed_bytes, bytes);
+  EXPECT_EQ(store.MemoryByKindTotal().total(), 0u);
+  EXPECT_EQ(store.num_sessions(), 0u);
+  ReleaseResult again = store.Release(id);
+  EXPECT_FALSE(again.released);
+  EXPECT_FALSE(store.Release("unknown").released);
+  EXPECT_EQ(store.releases()[static_cast<size_t>(ReleaseReason::kExplicit)], 1u);
+}
+
+TEST_F(StoreTest, ReleasingALeasedSessionCancelsItsHolderAndWaits) {
+  SessionStore store({});
+  auto lease = store.Create(*model_, {}, 0);
+  ASSERT_TRUE(lease.ok());
+  Fill(*lease, 20);
+  const std::string id = (*lease)->id();
+  std::atomic<bool> cancelled{false};
+  lease->SetCanceller([&] { cancelled = true; });
+  // The "engine": returns the lease once it sees the cancel.
+  std::thread holder([&, l = std::move(*lease)]() mutable {
+    while (!cancelled) std::this_thread::sleep_for(milliseconds(1));
+    std::this_thread::sleep_for(milliseconds(30));
+    l.Return();
+  });
+  ReleaseResult r = store.Release(id);
+  holder.join();
+  EXPECT_TRUE(cancelled);
+  EXPECT_TRUE(r.released);
+  EXPECT_GT(r.freed_bytes, 0u);
+  // Release returned only after the lease came back and the bytes were freed.
+  EXPECT_EQ(store.num_sessions(), 0u);
+  EXPECT_EQ(store.MemoryByKindTotal().total(), 0u);
+}
+
+TEST_F(StoreTest, IdleSessionsAreReapedAfterTheTtlButNotWhileLeased) {
+  StoreOptions o;
+  o.ttl = milliseconds(50);
+  SessionStore store(o);
+  std::string idle_id;
+  {
+    auto a = store.Create(*model_, {}, 0);
+    ASSERT_TRUE(a.ok());
+    idle_id = (*a)->id();
+  }
+  auto busy = store.Create(*model_, {}, 0);
+  ASSERT_TRUE(busy.ok());
+  EXPECT_EQ(store.ReapIdle(Clock::now()), 0u);  // not idle long enough
+  EXPECT_EQ(store.ReapIdle(Clock::now() + milliseconds(60)), 1u);
+  EXPECT_FALSE(store.Get(idle_id).has_value());
+  EXPECT_TRUE(store.Get((*busy)->id()).has_value());
+  EXPECT_EQ(store.releases()[static_cast<size_t>(ReleaseReason::kTtl)], 1u);
+}
+
+TEST_F(StoreTest, SessionCapRefusesWithTheNumbers) {
+  StoreOptions o;
+  o.max_sessions = 2;
+  SessionStore store(o);
+  auto a = store.Create(*model_, {}, 0);
+  auto b = store.Create(*model_, {}, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = store.Create(*model_, {}, 0);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("--max-sessions 2"), std::string_view::npos)
+      << c.status();
+  EXPECT_EQ(store.num_sessions(), 2u);
+}
+
+TEST_F(StoreTest, BudgetAdmissionCountsReservationsAndAllocatesNothingOnRefusal) {
+  StoreOptions o;
+  o.memory_budget_bytes = 1000;
+  SessionStore store(o);
+  auto a = store.Create(*model_, {}, 600);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(store.committed_bytes(), 600u);
+  auto b = store.Create(*model_, {}, 600);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("600"), std::string_view::npos) << b.status();
+  EXPECT_NE(b.status().message().find("1000"), std::string_view::npos) << b.status();
+  EXPECT_EQ(store.num_sessions(), 1u);
+  // Growing the running call's reservation beyond the budget is refused too.
+  EXPECT_EQ(a->Reserve(1200).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(a->Reserve(900).ok());
+  EXPECT_EQ(store.committed_bytes(), 900u);
+  a->Return();  // reservation ends with the call; the session holds 0 bytes
+  EXPECT_EQ(store.committed_bytes(), 0u);
+  EXPECT_TRUE(store.Create(*model_, {}, 1000).ok());
+}
+
+TEST_F(StoreTest, MemoryByKindSplitsExactlyAcrossModes) {
+  SessionStore store({});
+  SessionConfig int8;
+  int8.kv_mode = kv::KvMode::kInt8;
+  SessionConfig o1;
+  o1.attention = AttentionMode::kO1;
+  o1.o1.layers = {0, 1};
+  o1.o1.m = 8;
+  o1.o1.w = 16;
+  o1.o1.sink = 2;
+  size_t expect = 0;
+  std::vector<std::string> ids;
+  for (const SessionConfig& c : {SessionConfig{}, int8, o1}) {
+    auto lease = store.Create(*model_, c, 0);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    Fill(*lease, 100);
+    if (c.attention == AttentionMode::kO1) {
+      ASSERT_GT(model_->SealO1((*lease)->kv()), 0u);
+      (*lease)->PublishMemory();
+    }
+    expect += (*lease)->kv().MemoryBytes();
+    ids.push_back((*lease)->id());
+  }
+  const MemoryByKind m = store.MemoryByKindTotal();
+  EXPECT_GT(m[MemoryKind::kKvF32], 0u);
+  EXPECT_GT(m[MemoryKind::kKvInt8], 0u);
+  EXPECT_GT(m[MemoryKind::kO1], 0u);
+  EXPECT_EQ(m.total(), expect);
+  for (const auto& id : ids) EXPECT_TRUE(store.Release(id).released);
+  EXPECT_EQ(store.MemoryByKindTotal().total(), 0u);
+}
+
+TEST_F(StoreTest, ProjectionBoundsWhatTheCachesReserve) {
+  for (kv::KvMode mode : {kv::KvMode::kF32, kv::KvMode::kInt8}) {
+    SessionConfig c;
+    c.kv_mode = mode;
+    model::SequenceKv kv(model_->config(), mode);
+    kv.Reserve(300);
+    EXPECT_EQ(ProjectedSessionBytes(model_->config(), c, 300, 100), kv.MemoryBytes());
+  }
+}
+
+}  // namespace
+}  // namespace cortiq::session
