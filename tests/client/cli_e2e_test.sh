@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The `cortiq` command against a real cortiq-server on 127.0.0.1 (port 0):
+# every command, its output, and its exit codes.
+#   cli_e2e_test.sh SERVER_BIN CLI_BIN TOOL_BIN WORKDIR
+set -euo pipefail
+SERVER="$1" CLI="$2" TOOL="$3" WORK="$4"
+rm -rf "$WORK" && mkdir -p "$WORK"
+"$TOOL" mkmodel tiny "$WORK/model" --seed 1 >/dev/null
+"$SERVER" --model "$WORK/model" --listen 127.0.0.1:0 --metrics-listen off --threads 1 \
+  --auth-token t0ken >"$WORK/server.out" 2>"$WORK/server.err" &
+PID=$!
+trap 'kill -TERM $PID 2>/dev/null || true; wait $PID 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do grep -q '^listening on' "$WORK/server.out" && break; sleep 0.1; done
+ADDR="$(sed -n 's/^listening on \([^ ]*\) .*/\1/p' "$WORK/server.out")"
+[ -n "$ADDR" ] || { cat "$WORK/server.err"; echo "FAIL: server did not start"; exit 1; }
+C=("$CLI" --server "$ADDR" --token t0ken)
+fail() { echo "FAIL: $*"; exit 1; }
+
+# health and model
+[ "$("${C[@]}" health)" = SERVING ] || fail "health"
+"${C[@]}" model | grep -q '"vocab_size": 259' || fail "model info"
+
+# a one-shot generation streams text and a summary line
+out="$("${C[@]}" generate --max-tokens 7 --temperature 0 --ignore-eos "Hello" 2>"$WORK/gen.err")"
+[ -n "$out" ] || fail "generate printed nothing"
+grep -q 'finish=length' "$WORK/gen.err" || fail "no summary: $(cat "$WORK/gen.err")"
+grep -q 'completion_tokens=7' "$WORK/gen.err" || fail "wrong token count: $(cat "$WORK/gen.err")"
+# greedy is deterministic
+[ "$out" = "$("${C[@]}" generate --max-tokens 7 --temperature 0 --ignore-eos "Hello" 2>/dev/null)" ] \
+  || fail "greedy differs"
+
+# --keep prints the session id; sessions / session show / release
+"${C[@]}" generate --keep --max-tokens 3 --temperature 0 "Hi" >/dev/null 2>"$WORK/keep.err"
+ID="$(sed -n 's/^session: //p' "$WORK/keep.err")"
+[ ${#ID} -eq 32 ] || fail "no session id: $(cat "$WORK/keep.err")"
+"${C[@]}" sessions | grep -q "$ID" || fail "sessions does not list $ID"
+"${C[@]}" session show "$ID" | grep -q '"tokens": "5"' || fail "session show: $("${C[@]}" session show "$ID")"
+"${C[@]}" generate --session "$ID" --max-tokens 2 --temperature 0 " again" >/dev/null 2>&1 || fail "continue"
+"${C[@]}" session release "$ID" | grep -q '^released [1-9][0-9]* bytes' || fail "release"
+"${C[@]}" session release "$ID" | grep -q 'not found' || fail "second release"
+
+# --json: one JSON object per message, the last one the summary
+"${C[@]}" generate --json --max-tokens 3 --temperature 0 --ignore-eos "x" >"$WORK/gen.json"
+[ "$(wc -l <"$WORK/gen.json")" -eq 4 ] || fail "json lines: $(cat "$WORK/gen.json")"
+tail -1 "$WORK/gen.json" | grep -q '"summary"' || fail "json summary"
+
+# tokenize
+[ "$("${C[@]}" tokenize "hi")" = "104 105" ] || fail "tokenize: $("${C[@]}" tokenize "hi")"
+
+# errors: the code and message on stderr, exit 1; usage errors exit 2
+set +e
+"${C[@]}" generate --temperature -1 "x" 2>"$WORK/err1"; rc=$?
+[ $rc -eq 1 ] && grep -q 'INVALID_ARGUMENT: temperature' "$WORK/err1" || fail "bad temperature rc=$rc $(cat "$WORK/err1")"
+"$CLI" --server "$ADDR" model 2>"$WORK/err2"; rc=$?
+[ $rc -eq 1 ] && grep -q 'UNAUTHENTICATED' "$WORK/err2" || fail "no token rc=$rc $(cat "$WORK/err2")"
+"${C[@]}" session show 0123456789abcdef0123456789abcdef 2>"$WORK/err3"; rc=$?
+[ $rc -eq 1 ] && grep -q 'NOT_FOUND' "$WORK/err3" || fail "not found rc=$rc"
+"${C[@]}" generate --max-tokens nope "x" 2>"$WORK/err4"; rc=$?
+[ $rc -eq 2 ] && grep -q -- '--max-tokens' "$WORK/err4" || fail "usage rc=$rc"
+"${C[@]}" export "$ID" -o "$WORK/x.wire" 2>"$WORK/err5"; rc=$?
+[ $rc -eq 1 ] && grep -q 'UNIMPLEMENTED' "$WORK/err5" || fail "export rc=$rc $(cat "$WORK/err5")"
+set -e
+echo "PASS: cortiq CLI end to end against $ADDR"
