@@ -365,6 +365,9 @@ void Engine::OnLogits(Job& job, const float* logits) {
   } else if (eos || job.result_.completion_tokens >= r.max_tokens) {
     ev.text = std::move(job.held_);
     job.held_.clear();
+    // A session that ends with this call flushes a cut character (as U+FFFD);
+    // a kept one keeps the bytes for its next call.
+    if (r.release_at_end) ev.text += job.detok_->Flush();
     finish = eos ? FinishReason::kEos : FinishReason::kLength;
   } else {
     const size_t keep = HeldSuffix(job.held_, r.stop);
