@@ -100,6 +100,7 @@ std::string ServerUsage() {
   --max-context N         positions per session (default: the model's max_position_embeddings)
   --max-prompt-bytes B    prompt size limit (default 1M)
   --max-message-bytes B   gRPC receive limit (default 8M)
+  --max-import-bytes B    largest session an ImportSession stream may carry (default 8G)
   --max-batch N           decode rows per engine step (default 32)
   --prefill-chunk N       prompt tokens per prefill call (default 256)
   --queue-capacity N      tokens buffered per stream before its job pauses (default 64)
@@ -201,6 +202,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       {"max-context", count(&c.max_context)},
       {"max-prompt-bytes", bytes(&c.max_prompt_bytes)},
       {"max-message-bytes", bytes(&c.max_message_bytes)},
+      {"max-import-bytes", bytes(&c.max_import_bytes)},
       {"max-batch", count(&c.max_batch)},
       {"prefill-chunk", count(&c.prefill_chunk)},
       {"queue-capacity", count(&c.queue_capacity)},

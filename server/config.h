@@ -35,6 +35,7 @@ struct ServerConfig {
   size_t max_context = 0;                     // 0 = the model's max_position_embeddings
   size_t max_prompt_bytes = 1 << 20;          // prompt text / tokens bound (INVALID_ARGUMENT)
   size_t max_message_bytes = 8 << 20;         // gRPC receive limit (RESOURCE_EXHAUSTED)
+  size_t max_import_bytes = size_t{8} << 30;  // ImportSession stream bound (RESOURCE_EXHAUSTED)
   size_t max_batch = 32;
   size_t prefill_chunk = 256;
   size_t queue_capacity = 64;

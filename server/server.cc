@@ -11,6 +11,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
 #include "spdlog/spdlog.h"
@@ -82,7 +83,10 @@ absl::Status Server::Init() {
   ctx_->engine = engine_.get();
   ctx_->metrics = metrics_.get();
   ctx_->model_name = std::filesystem::path(c.model_dir).filename().string();
-  ctx_->fingerprint = absl::StrFormat("%016x", model_->checkpoint().Fingerprint());
+  CORTIQ_ASSIGN_OR_RETURN(std::string tokenizer_json,
+                          ReadFile(c.model_dir + "/tokenizer.json", "--model"));
+  ctx_->wire_fingerprint = session::ModelWireFingerprint(model_->checkpoint(), tokenizer_json);
+  ctx_->fingerprint = absl::StrFormat("%016x", ctx_->wire_fingerprint);
   CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session,
                           DefaultSessionConfig(c, *model_, c.model_dir));
   service_ = std::make_unique<InferenceService>(ctx_.get());
@@ -156,6 +160,9 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     // ... then the rest are cancelled (their streams end with finish reason
     // cancelled) and the server stops.
     store_->CancelAll();
+    while (ctx_->migrations_in_flight.load() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
   if (engine_) engine_->Shutdown();

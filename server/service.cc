@@ -9,9 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/session/session.h"
+#include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
 #include "nlohmann/json.hpp"
+#include "server/call_util.h"
 #include "server/status_util.h"
 #include "spdlog/spdlog.h"
 
@@ -22,166 +24,6 @@ using session::Clock;
 namespace {
 
 constexpr std::string_view kServerVersion = "0.1.0";
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// ---- auth ----
-
-bool ConstantTimeEqual(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerContext* call) {
-  const std::string& token = ctx.config->auth_token;
-  if (token.empty()) return absl::OkStatus();
-  const auto& md = call->client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
-  }
-  std::string_view value(it->second.data(), it->second.size());
-  constexpr std::string_view kBearer = "Bearer ";
-  if (value.substr(0, kBearer.size()) != kBearer ||
-      !ConstantTimeEqual(value.substr(kBearer.size()), token)) {
-    return absl::UnauthenticatedError("invalid bearer token");
-  }
-  return absl::OkStatus();
-}
-
-// ---- one log line and the request metrics per call ----
-
-class CallLog {
- public:
-  CallLog(ServiceContext* ctx, std::string_view rpc)
-      : ctx_(ctx), rpc_(rpc), id_(ctx->next_request_id.fetch_add(1)), start_(Clock::now()) {}
-
-  uint64_t id() const { return id_; }
-
-  void Done(grpc::StatusCode code, std::string_view message, std::string_view detail = {}) {
-    const double s = Seconds(Clock::now() - start_);
-    if (ctx_->metrics) {
-      ctx_->metrics->CountRequest(rpc_, static_cast<int>(code));
-      ctx_->metrics->ObserveRequest(rpc_, s);
-    }
-    if (code == grpc::StatusCode::OK) {
-      spdlog::info("req={} rpc={} code=OK{}{} dur_ms={:.1f}", id_, rpc_, detail.empty() ? "" : " ",
-                   detail, s * 1e3);
-    } else {
-      spdlog::info("req={} rpc={} code={}{}{} dur_ms={:.1f} error=\"{}\"", id_, rpc_,
-                   GrpcCodeName(static_cast<int>(code)), detail.empty() ? "" : " ", detail,
-                   s * 1e3, message);
-    }
-  }
-
- private:
-  ServiceContext* ctx_;
-  std::string_view rpc_;
-  uint64_t id_;
-  Clock::time_point start_;
-};
-
-// Runs a unary handler body with auth, logging and metrics around it.
-template <typename Body>
-grpc::ServerUnaryReactor* Unary(ServiceContext* ctx, grpc::CallbackServerContext* call,
-                                std::string_view rpc, Body&& body) {
-  CallLog log(ctx, rpc);
-  absl::Status st = CheckAuth(*ctx, call);
-  if (st.ok()) st = body();
-  grpc::Status gs = ToGrpcStatus(st);
-  log.Done(gs.error_code(), gs.error_message());
-  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
-  reactor->Finish(gs);
-  return reactor;
-}
-
-// ---- conversions ----
-
-v1::KvDtype ToProto(kv::KvMode m) {
-  return m == kv::KvMode::kInt8 ? v1::KV_DTYPE_INT8 : v1::KV_DTYPE_F32;
-}
-
-std::string LayersSpec(const std::vector<size_t>& layers) {
-  std::string s;
-  for (size_t l : layers) absl::StrAppend(&s, s.empty() ? "" : ",", l);
-  return s.empty() ? "none" : s;
-}
-
-void ToProto(const session::SessionConfig& c, v1::SessionConfig* out) {
-  out->set_kv_dtype(ToProto(c.kv_mode));
-  switch (c.attention) {
-    case session::AttentionMode::kExact:
-      out->set_attention(v1::ATTENTION_MODE_EXACT);
-      break;
-    case session::AttentionMode::kO1: {
-      out->set_attention(v1::ATTENTION_MODE_O1);
-      auto* o = out->mutable_o1();
-      o->set_layers(LayersSpec(c.o1.layers));
-      o->set_m(static_cast<uint32_t>(c.o1.m));
-      o->set_window(static_cast<uint32_t>(c.o1.w));
-      o->set_sink(static_cast<uint32_t>(c.o1.sink));
-      o->set_rect(c.o1.rect == kv::O1Rect::kFm ? "fm" : "agg");
-      break;
-    }
-    case session::AttentionMode::kQsa: {
-      out->set_attention(v1::ATTENTION_MODE_QSA);
-      auto* q = out->mutable_qsa();
-      q->set_layers(LayersSpec(c.qsa.layers));
-      q->set_ratio(static_cast<uint32_t>(c.qsa.ratio));
-      q->set_budget(static_cast<uint32_t>(c.qsa.budget));
-      break;
-    }
-  }
-}
-
-void ToProto(const session::MemoryByKind& m, v1::SessionMemory* out) {
-  using session::MemoryKind;
-  out->set_kv_f32_bytes(m[MemoryKind::kKvF32]);
-  out->set_kv_int8_bytes(m[MemoryKind::kKvInt8]);
-  out->set_o1_bytes(m[MemoryKind::kO1]);
-  out->set_qsa_bytes(m[MemoryKind::kQsa]);
-  out->set_total_bytes(m.total());
-}
-
-void ToProto(const session::SessionSnapshot& s, v1::SessionInfo* out) {
-  out->set_session_id(s.id);
-  ToProto(s.config, out->mutable_config());
-  out->set_tokens(s.tokens);
-  out->set_cached_tokens(s.cached_tokens);
-  ToProto(s.memory, out->mutable_memory());
-  out->set_busy(s.busy);
-  out->set_age_seconds(s.age_seconds);
-  out->set_idle_seconds(s.idle_seconds);
-  out->set_ttl_remaining_seconds(s.ttl_remaining_seconds);
-}
-
-v1::FinishReason ToProto(session::FinishReason r) {
-  switch (r) {
-    case session::FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
-    case session::FinishReason::kStop: return v1::FINISH_REASON_STOP;
-    case session::FinishReason::kEos: return v1::FINISH_REASON_EOS;
-    case session::FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
-    case session::FinishReason::kNone: break;
-  }
-  return v1::FINISH_REASON_UNSPECIFIED;
-}
-
-absl::Status CheckSessionId(const std::string& id) {
-  if (id.empty()) return absl::InvalidArgumentError("session_id: empty");
-  if (id.size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("session_id: ", id.size(), " bytes, at most 64"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Unavailable(const ServiceContext& ctx) {
-  if (ctx.draining.load()) {
-    return absl::UnavailableError("server is draining: no new sessions or generations");
-  }
-  return absl::OkStatus();
-}
 
 // The request's sampling parameters with the documented defaults.
 model::SamplingParams SamplingFrom(const v1::SamplingParams& p) {
@@ -407,30 +249,6 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   v1::GenerateResponse msg_;  // the message in flight
 };
 
-// A streaming call that is not implemented yet (the migration RPCs).
-template <typename Base>
-class UnimplementedReactor final : public Base {
- public:
-  UnimplementedReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, std::string_view rpc)
-      : log_(ctx, rpc) {
-    absl::Status st = CheckAuth(*ctx, call);
-    if (st.ok()) {
-      st = absl::UnimplementedError(
-          absl::StrCat(util::Sv(rpc), ": session migration is not implemented in this server version"));
-    }
-    status_ = ToGrpcStatus(st);
-    this->Finish(status_);
-  }
-  void OnDone() override {
-    log_.Done(status_.error_code(), status_.error_message());
-    delete this;
-  }
-
- private:
-  CallLog log_;
-  grpc::Status status_;
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -653,29 +471,11 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
     response->set_max_sessions(static_cast<uint32_t>(ctx_->store->options().max_sessions));
     response->set_memory_budget_bytes(ctx_->store->options().memory_budget_bytes);
     response->set_server_version(std::string(kServerVersion));
+    for (uint32_t v = session::kSessionWireMinVersion; v <= session::kSessionWireMaxVersion; ++v) {
+      response->add_wire_versions(v);
+    }
     ToProto(ctx_->default_session, response->mutable_default_session_config());
     return absl::OkStatus();
-  });
-}
-
-grpc::ServerWriteReactor<v1::WireChunk>* InferenceService::ExportSession(
-    grpc::CallbackServerContext* context, const v1::ExportSessionRequest*) {
-  return new UnimplementedReactor<grpc::ServerWriteReactor<v1::WireChunk>>(ctx_, context,
-                                                                           "ExportSession");
-}
-
-grpc::ServerReadReactor<v1::WireChunk>* InferenceService::ImportSession(
-    grpc::CallbackServerContext* context, v1::ImportSessionResponse*) {
-  return new UnimplementedReactor<grpc::ServerReadReactor<v1::WireChunk>>(ctx_, context,
-                                                                          "ImportSession");
-}
-
-grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerContext* context,
-                                                           const v1::MigrateSessionRequest*,
-                                                           v1::MigrateSessionResponse*) {
-  return Unary(ctx_, context, "MigrateSession", [&]() -> absl::Status {
-    return absl::UnimplementedError(
-        "MigrateSession: session migration is not implemented in this server version");
   });
 }
 

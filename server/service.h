@@ -37,11 +37,13 @@ struct ServiceContext {
   session::Engine* engine = nullptr;
   Metrics* metrics = nullptr;         // may be null (metrics off)
   std::string model_name;             // directory basename
-  std::string fingerprint;            // hex
+  std::string fingerprint;            // hex of wire_fingerprint
+  uint64_t wire_fingerprint = 0;      // session::ModelWireFingerprint (checkpoint + tokenizer)
   session::SessionConfig default_session;  // resolved from the flags
   std::atomic<bool> draining{false};  // new generations / sessions → UNAVAILABLE
   std::atomic<uint64_t> next_request_id{1};
   std::atomic<int> streams_in_flight{0};
+  std::atomic<int> migrations_in_flight{0};  // MigrateSession threads still running
 };
 
 // Resolves a request's session configuration against the server's defaults

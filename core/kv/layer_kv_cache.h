@@ -27,6 +27,10 @@
 //     no-ops, TruncateLast is refused (FailedPrecondition), HeadLen() is 0.
 //     seq_len() keeps counting (O1Step advances it). Clear / Release drop
 //     the override.
+//   * Wire format (ExportWire / ImportWire, implemented in layer_wire.cc,
+//     layout in docs/WIRE_FORMAT.md): one self-checking blob per layer;
+//     export refuses state the requested version does not describe, import
+//     validates everything before it touches the cache.
 //
 // Ownership: owns all its buffers; move-only, deep copies are explicit (Copy()).
 //
@@ -51,9 +55,12 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/kv/nystrom.h"
 #include "core/util/aligned_buffer.h"
 
@@ -109,6 +116,22 @@ struct LayerO1State {
   std::vector<NystromState> states;  // sealed: [num_kv_heads]
 };
 }  // namespace internal
+
+// Wire versions this build writes and reads (ExportWire / ImportWire).
+inline constexpr uint32_t kWireVersionMin = 1;
+inline constexpr uint32_t kWireVersionMax = 2;
+
+struct WireOptions {
+  uint32_t version = kWireVersionMax;  // 1: the seed's format (exact f32 only)
+  bool f16 = false;                    // f32 rows travel as f16 (lossy, half the bytes)
+};
+
+// What the importing side's model says about the layer beyond the geometry
+// the cache was constructed with (num_kv_heads, head_dim, mode).
+struct WireImportExpect {
+  size_t num_q_heads = 0;    // the layer's query heads: a sealed O(1) blob must match
+  size_t max_positions = 0;  // context limit: a longer seq_len is refused, capacity clamped
+};
 
 class LayerKvCache {
  public:
@@ -301,9 +324,49 @@ class LayerKvCache {
   // any exact capacity the cache still holds.
   absl::Status O1Install(std::vector<NystromState> states, size_t seq_len);
 
-  // Next (own issue): ExportWire / ImportWire (absl::Status / StatusOr):
-  // refuse kInt8 rows, importance, dead heads or an O(1) override (or carry
-  // it via O1States / O1Install); validate geometry before installing.
+  // ---- wire format (seed 001 export_wire / import_wire; layer_wire.cc) ----
+  // One self-checking "CQKV" blob per layer, laid out byte by byte in
+  // docs/WIRE_FORMAT.md ("Layer blob (CQKV)"). Version 1 is the seed's
+  // format: exact f32 rows (optionally as f16). Version 2 also carries int8
+  // rows with their scales and a sealed O(1) layer (every NystromState field
+  // of every group and head), so int8 and O(1) sessions migrate too.
+
+  // Serialises this layer. O(MemoryBytes()) time; allocates the returned
+  // string once (exact size). Only the seq_len() stored rows travel, plus
+  // capacity() as a reservation hint. options.f16 sends f32 rows as f16
+  // (round to nearest even; relative error <= 2^-11 per element in f16's
+  // normal range, absolute <= 2^-25 below 2^-14): the caller's explicit,
+  // lossy choice, which halves the rows. It applies to f32 rows only: int8
+  // rows and O(1) state always travel exact (the flag is then ignored and
+  // not set in the blob). Refuses, FailedPrecondition naming the reason,
+  // state the requested version does not describe, rather than shipping a
+  // cache that would answer differently: "O(1) trace being collected",
+  // "accumulated importance", "dead heads" (any version); "int8 rows" and
+  // "O(1) overlay" (version 1); with f16, a finite value beyond f16's range
+  // (it would arrive as inf). InvalidArgument for a version this build does
+  // not write. Const: may run concurrently with the other const methods.
+  absl::StatusOr<std::string> ExportWire(const WireOptions& options = {}) const;
+
+  // Installs a peer's blob (version 1 or 2) over this layer, replacing
+  // whatever it held. The geometry must match the model both sides hold,
+  // and it is checked, not assumed: the blob's num_kv_heads, head_dim and
+  // KV mode against this cache's own (construct it from the model config
+  // you hold), a sealed blob's Q-head count against expect.num_q_heads, its
+  // seq_len against expect.max_positions. VALIDATES EVERYTHING BEFORE
+  // TOUCHING *this: on any error *this is unchanged. Errors: DataLoss for a
+  // corrupt blob (truncated, bad magic, length mismatch, bad checksum,
+  // impossible field values); FailedPrecondition for an unknown version
+  // ("version 7: this build reads 1..2") or a geometry mismatch (naming
+  // both values). Lengths are checked against buf.size() before anything is
+  // allocated. On success the cache holds exactly the exporter's state and
+  // decodes on as the exporter would, bit for bit (f16 blobs: on the
+  // rounded rows): exact rows byte for byte with capacity() = the
+  // exporter's (clamped to expect.max_positions, never below seq_len()),
+  // hence the same MemoryBytes(); sealed states field for field (the same
+  // MemoryBytes() too, except an exact-only group's spare window capacity,
+  // which does not travel). O(buf.size()) plus the reserved capacity; holds
+  // both the old and the new state while it runs.
+  absl::Status ImportWire(std::string_view buf, const WireImportExpect& expect);
 
  private:
   // Reallocates every per-position buffer to new_capacity (>= seq_len_),

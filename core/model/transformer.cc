@@ -203,6 +203,15 @@ const qsa::QsaSeqState* SequenceKv::qsa_state(size_t layer) const {
   return &qsa_.state_[layer];
 }
 
+absl::StatusOr<std::vector<uint8_t>> SequenceKv::QsaSnapshotAux(size_t layer) const {
+  const qsa::QsaSeqState* st = qsa_state(layer);
+  if (st == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("qsa: layer ", layer, " is not a bound QSA layer of this sequence"));
+  }
+  return qsa_.indexer_[layer]->SnapshotAux(*st);
+}
+
 size_t SequenceKv::O1MemoryBytes() const {
   size_t total = 0;
   for (const auto& l : layers_) total += l.O1MemoryBytes();
@@ -794,6 +803,16 @@ absl::Status Transformer::QsaIngestRows(SequenceKv& kv, size_t layer, const floa
   qsa::QsaSeqState& st = kv.qsa_.state_[layer];
   qsa::QsaScratch scratch(&qsa_->backend);
   return kv.qsa_.indexer_[layer]->PrefillIngest(st, P(normed), rows, st.ingested(), scratch);
+}
+
+absl::Status Transformer::QsaRestoreAux(SequenceKv& kv, size_t layer,
+                                        std::span<const uint8_t> blob) const {
+  CORTIQ_RETURN_IF_ERROR(BindQsa(kv));
+  if (layer >= kv.qsa_.indexer_.size() || kv.qsa_.indexer_[layer] == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("qsa: layer ", layer, " is not a QSA layer of this sequence"));
+  }
+  return kv.qsa_.indexer_[layer]->RestoreAux(kv.qsa_.state_[layer], blob);
 }
 
 absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& kv,

@@ -198,6 +198,10 @@ class SequenceKv {
   const std::optional<QsaConfig>& qsa_config() const { return qsa_config_; }
   // The states of a QSA layer (null when `layer` is not QSA or not yet bound).
   const qsa::QsaSeqState* qsa_state(size_t layer) const;
+  // The aux blob of a QSA layer's state (QsaIndexer::SnapshotAux: it IS the
+  // state), for session export. FailedPrecondition when `layer` is not a
+  // bound QSA layer of this sequence.
+  absl::StatusOr<std::vector<uint8_t>> QsaSnapshotAux(size_t layer) const;
 
  private:
   friend class Transformer;
@@ -284,6 +288,11 @@ class Transformer {
   // for K/V rows the caller appended to the cache directly. FailedPrecondition
   // when the layer is not a bound QSA layer.
   absl::Status QsaIngestRows(SequenceKv& kv, size_t layer, const float* normed, size_t rows) const;
+  // Session import: binds `kv`'s QSA states if needed and restores layer
+  // `layer`'s from an aux blob (QsaIndexer::RestoreAux). FailedPrecondition
+  // when the layer is not a QSA layer of `kv`; DATA_LOSS for a blob that
+  // disagrees with the geometry (the state is then untouched).
+  absl::Status QsaRestoreAux(SequenceKv& kv, size_t layer, std::span<const uint8_t> blob) const;
   // The QSA backend's live allocations (weights + states + scratches).
   qsa::BackendStats QsaBackendStats() const { return qsa_->backend.stats(); }
   // Backend bytes of every indexer built so far (their uploaded weights).

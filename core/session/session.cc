@@ -54,7 +54,9 @@ Session::Session(std::string id, const model::ModelConfig& config,
     : id_(std::move(id)),
       config_(session_config),
       created_(Clock::now()),
-      kv_(config, session_config.kv_mode) {}
+      kv_(config, session_config.kv_mode),
+      num_attention_heads_(config.num_attention_heads),
+      vocab_size_(config.vocab_size) {}
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(std::string id,
                                                          const model::Transformer& model,

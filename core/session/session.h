@@ -90,10 +90,15 @@ class Session {
   // The sampler of the last generation (its RNG continues on the next call
   // unless the request names a seed); nullopt before the first.
   std::optional<model::Sampler>& sampler() { return sampler_; }
+  const std::optional<model::Sampler>& sampler() const { return sampler_; }
   // Bytes of a UTF-8 character cut between the last streamed token and the
   // next (IncrementalDetokenizer::pending_bytes), so a continued stream never
   // splits a character.
   std::string& detok_pending() { return detok_pending_; }
+  const std::string& detok_pending() const { return detok_pending_; }
+  // The model geometry the session was made for (checked by the wire import).
+  int64_t num_attention_heads() const { return num_attention_heads_; }
+  int64_t vocab_size() const { return vocab_size_; }
 
   // Recomputes the memory counters from kv() (O(layers)) and publishes them.
   void PublishMemory();
@@ -118,6 +123,8 @@ class Session {
   std::vector<int32_t> tokens_;
   std::optional<model::Sampler> sampler_;
   std::string detok_pending_;
+  int64_t num_attention_heads_ = 0;
+  int64_t vocab_size_ = 0;
 
   std::array<std::atomic<size_t>, kNumMemoryKinds> memory_{};
   std::atomic<size_t> published_tokens_{0};

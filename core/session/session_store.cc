@@ -33,16 +33,47 @@ SessionStore::~SessionStore() {
   sessions_.clear();
 }
 
-std::string SessionStore::NewId() {
+std::string SessionStore::RandomId() {
   // std::random_device reads the kernel CSPRNG (getrandom) on Linux: ids are
   // unguessable, so knowing one session's id says nothing about another's.
   std::random_device rd;
+  uint64_t hi = (static_cast<uint64_t>(rd()) << 32) | rd();
+  uint64_t lo = (static_cast<uint64_t>(rd()) << 32) | rd();
+  return absl::StrFormat("%016x%016x", hi, lo);
+}
+
+std::string SessionStore::NewId() {
   for (;;) {
-    uint64_t hi = (static_cast<uint64_t>(rd()) << 32) | rd();
-    uint64_t lo = (static_cast<uint64_t>(rd()) << 32) | rd();
-    std::string id = absl::StrFormat("%016x%016x", hi, lo);
+    std::string id = RandomId();
     if (!sessions_.contains(id)) return id;
   }
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Session> session) {
+  session->PublishMemory();
+  const size_t bytes = session->Memory().total();
+  std::unique_lock lock(mu_);
+  if (sessions_.size() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session cap reached: ", sessions_.size(), " live sessions, --max-sessions ",
+        options_.max_sessions));
+  }
+  if (options_.memory_budget_bytes > 0) {
+    const size_t committed = CommittedLocked();
+    if (committed + bytes > options_.memory_budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "memory budget: the imported session holds ", bytes, " bytes, ", committed, " of the ",
+          options_.memory_budget_bytes, " byte budget are committed"));
+    }
+  }
+  if (sessions_.contains(session->id())) {
+    return absl::AlreadyExistsError(absl::StrCat("session_id: '", session->id(), "' exists"));
+  }
+  Entry& e = sessions_[session->id()];
+  e.session = std::move(session);
+  e.leased = true;
+  e.last_used = Clock::now();
+  return Lease(this, e.session.get());
 }
 
 size_t SessionStore::CommittedLocked() const {

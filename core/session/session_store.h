@@ -81,6 +81,13 @@ class SessionStore {
   // not fit the budget; INVALID_ARGUMENT from Session::Create.
   absl::StatusOr<Lease> Create(const model::Transformer& model, const SessionConfig& config,
                                size_t projected_bytes);
+  // Installs a session built outside the store (an import) and leases it.
+  // RESOURCE_EXHAUSTED (the session is destroyed, nothing installed) when the
+  // cap is reached or its bytes do not fit the budget; ALREADY_EXISTS on an
+  // id collision.
+  absl::StatusOr<Lease> Install(std::unique_ptr<Session> session);
+  // A fresh session id: 32 hex digits of 128 bits from the kernel CSPRNG.
+  static std::string RandomId();
   // Leases an existing session. NOT_FOUND for an unknown id; ABORTED when
   // another call holds it ("session busy").
   absl::StatusOr<Lease> Acquire(const std::string& id);

@@ -58,6 +58,20 @@ set +e
 "${C[@]}" generate --max-tokens nope "x" 2>"$WORK/err4"; rc=$?
 [ $rc -eq 2 ] && grep -q -- '--max-tokens' "$WORK/err4" || fail "usage rc=$rc"
 "${C[@]}" export "$ID" -o "$WORK/x.wire" 2>"$WORK/err5"; rc=$?
-[ $rc -eq 1 ] && grep -q 'UNIMPLEMENTED' "$WORK/err5" || fail "export rc=$rc $(cat "$WORK/err5")"
+[ $rc -eq 1 ] && grep -q 'NOT_FOUND' "$WORK/err5" || fail "export of a released session rc=$rc $(cat "$WORK/err5")"
 set -e
+
+# export / import / migrate (to this same server: import, then the source goes)
+"${C[@]}" generate --keep --max-tokens 3 --temperature 0 "Moby" >/dev/null 2>"$WORK/keep2.err"
+ID2="$(sed -n 's/^session: //p' "$WORK/keep2.err")"
+"${C[@]}" export "$ID2" -o "$WORK/s.wire" 2>/dev/null || fail "export"
+[ -s "$WORK/s.wire" ] && [ "$(head -c4 "$WORK/s.wire")" = CQSW ] || fail "export file"
+ID3="$("${C[@]}" import "$WORK/s.wire")" || fail "import"
+[ ${#ID3} -eq 32 ] && [ "$ID3" != "$ID2" ] || fail "import id '$ID3'"
+"${C[@]}" migrate "$ID2" --to "$ADDR" --peer-token t0ken | grep -q "^migrated $ID2 to $ADDR as " \
+  || fail "migrate"
+set +e
+"${C[@]}" session show "$ID2" >/dev/null 2>&1; rc=$?
+set -e
+[ $rc -eq 1 ] || fail "the migrated session is still on the source"
 echo "PASS: cortiq CLI end to end against $ADDR"

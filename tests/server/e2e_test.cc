@@ -189,11 +189,12 @@ TEST_F(E2eTest, EveryUnaryRpcAndAKeptConversation) {
     EXPECT_EQ(resp.freed_bytes() > 0, expect_released);
   }
   EXPECT_TRUE(Sessions().empty());
-  // The migration RPCs are declared and answer UNIMPLEMENTED for now.
+  // The migration RPCs validate their input (tests/server/migration_test.cc
+  // covers them fully).
   {
     grpc::ClientContext ctx;
     v1::MigrateSessionResponse resp;
-    EXPECT_EQ(stub_->MigrateSession(&ctx, {}, &resp).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    ExpectCode(stub_->MigrateSession(&ctx, {}, &resp), grpc::StatusCode::INVALID_ARGUMENT, "session_id");
   }
   {
     grpc::ClientContext ctx;
@@ -201,14 +202,14 @@ TEST_F(E2eTest, EveryUnaryRpcAndAKeptConversation) {
     v1::WireChunk chunk;
     while (reader->Read(&chunk)) {
     }
-    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    ExpectCode(reader->Finish(), grpc::StatusCode::INVALID_ARGUMENT, "session_id");
   }
   {
     grpc::ClientContext ctx;
     v1::ImportSessionResponse resp;
     auto writer = stub_->ImportSession(&ctx, &resp);
     writer->WritesDone();
-    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    ExpectCode(writer->Finish(), grpc::StatusCode::DATA_LOSS, "empty");
   }
 }
 

@@ -1,0 +1,269 @@
+// Sessions moving between two real servers on loopback: Export/Import over
+// gRPC, MigrateSession in the middle of a conversation (token-identical
+// continuation in every mode), and every failure leaving the source session
+// intact and usable: peer down, peer refusing (another model), a peer dying
+// mid-stream; corrupt, truncated and oversize imports install nothing.
+#include <future>
+#include <thread>
+
+#include "cortiq/v1/inference.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "tests/common/model_test_util.h"
+
+namespace cortiq::server {
+namespace {
+
+using std::chrono::milliseconds;
+namespace v1 = ::cortiq::v1;
+
+struct Node {
+  std::unique_ptr<Server> server;
+  std::unique_ptr<v1::Inference::Stub> stub;
+  std::string addr;
+};
+
+Node StartNode(const std::string& model_dir, size_t max_import_bytes = size_t{1} << 30) {
+  ServerConfig c;
+  c.model_dir = model_dir;
+  c.listen = "127.0.0.1:0";
+  c.metrics_listen = "off";
+  c.threads = 1;
+  c.grace = milliseconds(0);
+  c.max_import_bytes = max_import_bytes;
+  auto s = Server::Start(c);
+  EXPECT_TRUE(s.ok()) << s.status();
+  Node n;
+  n.server = *std::move(s);
+  n.addr = "127.0.0.1:" + std::to_string(n.server->port());
+  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
+  return n;
+}
+
+v1::GenerateRequest Turn(const std::string& session, std::string prompt, bool sampled) {
+  v1::GenerateRequest r;
+  r.set_prompt(std::move(prompt));
+  r.set_max_tokens(10);
+  r.set_ignore_eos(true);
+  r.set_keep_session(true);
+  r.set_session_id(session);
+  r.mutable_sampling()->set_temperature(sampled ? 0.9f : 0.0f);
+  return r;
+}
+
+struct Out {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::string session;
+};
+
+Out Generate(Node& n, const v1::GenerateRequest& r) {
+  grpc::ClientContext ctx;
+  Out o;
+  auto reader = n.stub->Generate(&ctx, r);
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    if (m.has_token()) o.ids.push_back(m.token().token_id());
+    if (m.has_summary()) o.session = m.summary().session_id();
+  }
+  o.status = reader->Finish();
+  return o;
+}
+
+// A new kept session of `mode` on `n` after a first turn; returns its id.
+std::string Open(Node& n, int mode, bool sampled) {
+  v1::GenerateRequest r = Turn("", std::string(120, 'a') + "Call me Ishmael.", sampled);
+  r.mutable_sampling()->set_seed(1234);
+  auto* c = r.mutable_session_config();
+  if (mode == 1) c->set_kv_dtype(v1::KV_DTYPE_INT8);
+  if (mode == 2) {
+    c->set_attention(v1::ATTENTION_MODE_O1);
+    c->mutable_o1()->set_m(8);
+    c->mutable_o1()->set_window(16);
+    c->mutable_o1()->set_sink(2);
+  }
+  if (mode == 3) {
+    c->set_attention(v1::ATTENTION_MODE_QSA);
+    c->mutable_qsa()->set_ratio(16);
+    c->mutable_qsa()->set_budget(4);
+  }
+  Out o = Generate(n, r);
+  EXPECT_TRUE(o.status.ok()) << o.status.error_message();
+  return o.session;
+}
+
+grpc::Status Migrate(Node& from, const std::string& id, const std::string& peer,
+                     v1::MigrateSessionResponse* resp) {
+  grpc::ClientContext ctx;
+  v1::MigrateSessionRequest req;
+  req.set_session_id(id);
+  req.set_peer(peer);
+  return from.stub->MigrateSession(&ctx, req, resp);
+}
+
+std::string ExportBytes(Node& n, const std::string& id) {
+  grpc::ClientContext ctx;
+  v1::ExportSessionRequest req;
+  req.set_session_id(id);
+  auto reader = n.stub->ExportSession(&ctx, req);
+  std::string out;
+  v1::WireChunk chunk;
+  while (reader->Read(&chunk)) {
+    EXPECT_LE(chunk.data().size(), size_t{1} << 20);
+    out += chunk.data();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  return out;
+}
+
+grpc::Status ImportBytes(Node& n, const std::string& wire, v1::ImportSessionResponse* resp,
+                         size_t chunk_bytes = 1 << 20) {
+  grpc::ClientContext ctx;
+  auto writer = n.stub->ImportSession(&ctx, resp);
+  v1::WireChunk chunk;
+  for (size_t off = 0; off < wire.size(); off += chunk_bytes) {
+    chunk.set_data(wire.substr(off, chunk_bytes));
+    if (!writer->Write(chunk)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
+  const std::string model = testing::TempModel("tiny");
+  Node a = StartNode(model), b = StartNode(model);
+  for (int mode = 0; mode < 4; ++mode) {
+    for (bool sampled : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
+      // Reference: the whole conversation on A without a move.
+      const std::string ref = Open(a, mode, sampled);
+      const std::string moved = Open(a, mode, sampled);
+      ASSERT_EQ(Generate(a, Turn(ref, " Some years ago", sampled)).status.error_code(), grpc::StatusCode::OK);
+      ASSERT_TRUE(Generate(a, Turn(moved, " Some years ago", sampled)).status.ok());
+      v1::MigrateSessionResponse resp;
+      grpc::Status st = Migrate(a, moved, b.addr, &resp);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+      EXPECT_EQ(resp.version(), 2u);
+      EXPECT_GT(resp.wire_bytes(), 0u);
+      // Moved, not copied: gone from A, present on B.
+      EXPECT_FALSE(a.server->store().Get(moved).has_value());
+      EXPECT_TRUE(b.server->store().Get(resp.peer_session_id()).has_value());
+      Out on_b = Generate(b, Turn(resp.peer_session_id(), " never mind how long", sampled));
+      Out on_a = Generate(a, Turn(ref, " never mind how long", sampled));
+      ASSERT_TRUE(on_b.status.ok()) << on_b.status.error_message();
+      EXPECT_EQ(on_b.ids, on_a.ids);
+    }
+  }
+  EXPECT_EQ(a.server->store().releases()[static_cast<size_t>(session::ReleaseReason::kMigrated)], 8u);
+}
+
+TEST(MigrationTest, ExportImportOverGrpcIsByteExact) {
+  const std::string model = testing::TempModel("tiny");
+  Node a = StartNode(model), b = StartNode(model);
+  const std::string id = Open(a, 0, false);
+  const std::string wire = ExportBytes(a, id);
+  ASSERT_GT(wire.size(), 0u);
+  v1::ImportSessionResponse resp;
+  ASSERT_TRUE(ImportBytes(b, wire, &resp, 1000).ok());
+  EXPECT_EQ(resp.session().tokens(), a.server->store().Get(id)->tokens);
+  EXPECT_EQ(resp.session().memory().total_bytes(), a.server->store().Get(id)->memory.total());
+  EXPECT_EQ(ExportBytes(b, resp.session().session_id()), wire);
+  EXPECT_TRUE(a.server->store().Get(id).has_value());  // export copies; only migrate moves
+}
+
+TEST(MigrationTest, CorruptTruncatedAndOversizeImportsInstallNothing) {
+  const std::string model = testing::TempModel("tiny");
+  Node a = StartNode(model), b = StartNode(model, /*max_import_bytes=*/200'000);
+  const std::string wire = ExportBytes(a, Open(a, 0, false));
+  ASSERT_LT(wire.size(), 200'000u);
+  v1::ImportSessionResponse resp;
+  std::string flipped = wire;
+  flipped[wire.size() / 2] ^= 1;
+  EXPECT_EQ(ImportBytes(b, flipped, &resp).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(ImportBytes(b, wire.substr(0, wire.size() - 9), &resp).error_code(),
+            grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(ImportBytes(b, "", &resp).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(ImportBytes(b, wire + wire + wire + wire + wire + wire + wire, &resp, 4096).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(b.server->store().num_sessions(), 0u);
+  // Another model: refused as incompatible.
+  Node c = StartNode(testing::TempModel("tiny", math::DType::kF32, /*seed=*/99));
+  grpc::Status st = ImportBytes(c, wire, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_EQ(c.server->store().num_sessions(), 0u);
+}
+
+// A peer that answers GetModelInfo and then dies in the middle of the import.
+class DyingPeer final : public v1::Inference::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest*,
+                                         v1::ModelInfo* info) override {
+    info->add_wire_versions(1);
+    info->add_wire_versions(2);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerReadReactor<v1::WireChunk>* ImportSession(grpc::CallbackServerContext*,
+                                                        v1::ImportSessionResponse*) override {
+    class Reactor : public grpc::ServerReadReactor<v1::WireChunk> {
+     public:
+      Reactor() { StartRead(&chunk_); }
+      void OnReadDone(bool) override {
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "peer process killed"));
+      }
+      void OnDone() override { delete this; }
+      v1::WireChunk chunk_;
+    };
+    return new Reactor;
+  }
+};
+
+TEST(MigrationTest, EveryFailureLeavesTheSourceSessionIntactAndUsable) {
+  const std::string model = testing::TempModel("tiny");
+  Node a = StartNode(model);
+  const std::string id = Open(a, 0, false);
+  const auto before = a.server->store().Get(id);
+  auto check_intact = [&](const char* what) {
+    SCOPED_TRACE(what);
+    auto now = a.server->store().Get(id);
+    ASSERT_TRUE(now.has_value());
+    EXPECT_EQ(now->tokens, before->tokens);
+    EXPECT_EQ(now->memory.bytes, before->memory.bytes);
+    EXPECT_FALSE(now->busy);
+  };
+  v1::MigrateSessionResponse resp;
+  // Peer down: nothing listens there.
+  grpc::Status st = Migrate(a, id, "127.0.0.1:1", &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_NE(st.error_message().find("127.0.0.1:1"), std::string::npos);
+  check_intact("peer down");
+  // Peer refuses: it serves another model.
+  Node other = StartNode(testing::TempModel("tiny", math::DType::kF32, /*seed=*/99));
+  st = Migrate(a, id, other.addr, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  check_intact("peer refuses");
+  // Peer dies mid-stream.
+  DyingPeer dying;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&dying);
+  auto dying_server = builder.BuildAndStart();
+  st = Migrate(a, id, "127.0.0.1:" + std::to_string(port), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  check_intact("peer died");
+  dying_server->Shutdown();
+  // Unknown session and bad requests.
+  EXPECT_EQ(Migrate(a, "0123456789abcdef0123456789abcdef", other.addr, &resp).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Migrate(a, id, "", &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Still usable: the conversation goes on.
+  Out more = Generate(a, Turn(id, " and on", false));
+  EXPECT_TRUE(more.status.ok());
+  EXPECT_EQ(more.ids.size(), 10u);
+}
+
+}  // namespace
+}  // namespace cortiq::server

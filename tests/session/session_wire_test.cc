@@ -1,0 +1,202 @@
+// The session wire format: round trips that are byte-exact and
+// continuation-identical in every attention mode, refusals by version, and
+// hostile streams — every flipped byte and every truncation is refused and
+// installs nothing.
+#include "core/session/session_wire.h"
+
+#include "core/session/engine.h"
+#include "core/session/session_store.h"
+#include "core/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "tests/common/model_test_util.h"
+
+namespace cortiq::session {
+namespace {
+
+constexpr uint64_t kFingerprint = 0x1234abcd5678ef01ull;
+
+class SessionWireTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = testing::TempModel("tiny");
+    auto m = model::Transformer::Load(dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = *std::move(m);
+    auto t = tokenizer::Tokenizer::FromFile(dir + "/tokenizer.json");
+    ASSERT_TRUE(t.ok());
+    tok_ = std::make_unique<tokenizer::Tokenizer>(*std::move(t));
+    engine_ = std::make_unique<Engine>(*model_, *tok_, EngineOptions{});
+  }
+
+  static SessionConfig Mode(int mode) {
+    SessionConfig c;
+    if (mode == 1) c.kv_mode = kv::KvMode::kInt8;
+    if (mode == 2) {
+      c.attention = AttentionMode::kO1;
+      c.o1.layers = {0, 1};
+      c.o1.m = 8;
+      c.o1.w = 16;
+      c.o1.sink = 2;
+    }
+    if (mode == 3) {
+      c.attention = AttentionMode::kQsa;
+      auto q = model::MakeQsaConfig("all", 16, 4, 2);
+      EXPECT_TRUE(q.ok());
+      c.qsa = *q;
+    }
+    return c;
+  }
+
+  GenerationRequest Req(std::vector<int32_t> prompt, size_t n, bool sampled) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    r.sampling.temperature = sampled ? 0.9f : 0.0f;
+    r.sampling.seed = 77;
+    r.seed_given = false;  // a continuation keeps the session's RNG
+    return r;
+  }
+
+  std::vector<int32_t> Run(SessionStore& store, const std::string& id, GenerationRequest r) {
+    auto lease = store.Acquire(id);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    auto job = engine_->Submit(*std::move(lease), std::move(r));
+    EXPECT_TRUE(job.ok());
+    std::vector<int32_t> ids;
+    GenerationEvent ev;
+    while ((*job)->WaitPop(&ev)) ids.push_back(ev.token_id);
+    EXPECT_TRUE((*job)->result().status.ok()) << (*job)->result().status;
+    return ids;
+  }
+
+  // A kept session of `mode` after a 150-token prompt and 10 generated tokens.
+  std::string MakeSession(SessionStore& store, int mode, bool sampled) {
+    auto lease = store.Create(*model_, Mode(mode), 0);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    const std::string id = (*lease)->id();
+    lease->Return();
+    GenerationRequest r = Req(testing::TestIds(150, 259, 5), 10, sampled);
+    r.seed_given = true;
+    Run(store, id, r);
+    return id;
+  }
+
+  absl::StatusOr<std::string> Export(SessionStore& store, const std::string& id,
+                                     SessionWireOptions o = {}) {
+    auto lease = store.Acquire(id);
+    if (!lease.ok()) return lease.status();
+    return ExportSessionWire(**lease, kFingerprint, o);
+  }
+
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(SessionWireTest, RoundTripIsByteExactAndContinuesIdentically) {
+  for (int mode = 0; mode < 4; ++mode) {
+    for (bool sampled : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
+      SessionStore store({});
+      const std::string id = MakeSession(store, mode, sampled);
+      auto wire = Export(store, id);
+      ASSERT_TRUE(wire.ok()) << wire.status();
+      auto imported = ImportSessionWire(*wire, *model_, kFingerprint, SessionStore::RandomId());
+      ASSERT_TRUE(imported.ok()) << imported.status();
+      const std::string copy_id = (*imported)->id();
+      const auto src = store.Get(id);
+      EXPECT_EQ((*imported)->tokens().size(), src->tokens);
+      EXPECT_EQ((*imported)->kv().position(), src->cached_tokens);
+      EXPECT_EQ((*imported)->Memory().bytes, src->memory.bytes);
+      auto installed = store.Install(*std::move(imported));
+      ASSERT_TRUE(installed.ok()) << installed.status();
+      installed->Return();
+      // Re-exporting the copy gives the same bytes: every layer, the tokens
+      // and the sampler travelled exactly.
+      auto again = Export(store, copy_id);
+      ASSERT_TRUE(again.ok());
+      EXPECT_TRUE(*again == *wire) << "re-export differs";
+      // The same continuation on both gives the same tokens.
+      const auto prompt = testing::TestIds(7, 259, 9);
+      EXPECT_EQ(Run(store, id, Req(prompt, 12, sampled)), Run(store, copy_id, Req(prompt, 12, sampled)));
+    }
+  }
+}
+
+TEST_F(SessionWireTest, F16HalvesThePayloadAndStillContinues) {
+  SessionStore store({});
+  const std::string id = MakeSession(store, 0, false);
+  auto f32 = Export(store, id);
+  auto f16 = Export(store, id, {.version = 2, .f16 = true});
+  ASSERT_TRUE(f32.ok() && f16.ok()) << f16.status();
+  EXPECT_LT(f16->size(), f32->size() * 0.55);
+  auto imported = ImportSessionWire(*f16, *model_, kFingerprint, SessionStore::RandomId());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ((*imported)->Memory().total(), store.Get(id)->memory.total());
+}
+
+TEST_F(SessionWireTest, VersionOneRefusesWhatItCannotDescribe) {
+  SessionStore store({});
+  const std::string exact = MakeSession(store, 0, false);
+  EXPECT_TRUE(Export(store, exact, {.version = 1}).ok());
+  for (int mode : {1, 2}) {
+    const std::string id = MakeSession(store, mode, false);
+    auto w = Export(store, id, {.version = 1});
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
+    EXPECT_TRUE(Export(store, id, {.version = 2}).ok());
+  }
+  EXPECT_EQ(Export(store, exact, {.version = 3}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*NegotiateWireVersion({1, 2, 7}), 2u);
+  EXPECT_EQ(*NegotiateWireVersion({1}), 1u);
+  EXPECT_EQ(NegotiateWireVersion({}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SessionWireTest, AnotherModelIsFailedPrecondition) {
+  SessionStore store({});
+  const std::string id = MakeSession(store, 0, false);
+  auto wire = Export(store, id);
+  ASSERT_TRUE(wire.ok());
+  auto other_fp = ImportSessionWire(*wire, *model_, kFingerprint + 1, "x");
+  EXPECT_EQ(other_fp.status().code(), absl::StatusCode::kFailedPrecondition) << other_fp.status();
+  auto gqa = model::Transformer::Load(testing::TempModel("tiny-gqa"));
+  ASSERT_TRUE(gqa.ok());
+  auto other_geometry = ImportSessionWire(*wire, **gqa, kFingerprint, "x");
+  EXPECT_EQ(other_geometry.status().code(), absl::StatusCode::kFailedPrecondition)
+      << other_geometry.status();
+}
+
+TEST_F(SessionWireTest, EveryFlippedByteAndEveryTruncationIsRefused) {
+  SessionStore store({});
+  // A short session keeps the stream small enough to try every position.
+  auto lease = store.Create(*model_, Mode(1), 0);
+  ASSERT_TRUE(lease.ok());
+  const std::string id = (*lease)->id();
+  lease->Return();
+  Run(store, id, Req({1, 2, 3, 4}, 3, true));
+  auto wire = Export(store, id);
+  ASSERT_TRUE(wire.ok());
+  ASSERT_LT(wire->size(), 40000u);
+  for (size_t i = 0; i < wire->size(); ++i) {
+    std::string bad = *wire;
+    bad[i] ^= 0x5a;
+    auto r = ImportSessionWire(bad, *model_, kFingerprint, "x");
+    ASSERT_FALSE(r.ok()) << "flipped byte " << i << " was accepted";
+    const auto code = r.status().code();
+    // The version field answers FAILED_PRECONDITION ("this server reads
+    // 1..2"); everything else is DATA_LOSS.
+    if (i >= 4 && i < 8) {
+      EXPECT_EQ(code, absl::StatusCode::kFailedPrecondition) << i << ": " << r.status();
+    } else {
+      ASSERT_EQ(code, absl::StatusCode::kDataLoss) << "byte " << i << ": " << r.status();
+    }
+  }
+  for (size_t n = 0; n < wire->size(); ++n) {
+    auto r = ImportSessionWire(std::string_view(*wire).substr(0, n), *model_, kFingerprint, "x");
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << "truncated to " << n;
+  }
+  EXPECT_EQ(store.num_sessions(), 1u);
+}
+
+}  // namespace
+}  // namespace cortiq::session
