@@ -49,6 +49,7 @@ commands:
                                save a session in the wire format (FILE `-`: stdout)
   import FILE                  install a session from FILE (`-`: stdin), print its id
   migrate ID --to HOST:PORT [--peer-token T] [--f16]
+  drain [--grace SECONDS]     drain the server: move its sessions to its peers, then it exits
                                move a session to another server
 
 session flags:
@@ -547,6 +548,16 @@ absl::StatusOr<v1::MigrateSessionRequest> ParseMigrateArgs(const std::vector<std
   }
   if (r.peer().empty()) return absl::InvalidArgumentError("migrate needs --to HOST:PORT");
   r.set_session_id(positional[0]);
+  return r;
+}
+
+absl::StatusOr<v1::DrainRequest> ParseDrainArgs(const std::vector<std::string>& args) {
+  v1::DrainRequest r;
+  FlagTable t;
+  t.values["--grace"] = FloatInto([&r](float f) { r.set_grace_seconds(f); });
+  std::vector<std::string> positional;
+  CORTIQ_RETURN_IF_ERROR(ScanArgs("drain", args, t, &positional));
+  if (!positional.empty()) return absl::InvalidArgumentError("drain takes no arguments");
   return r;
 }
 

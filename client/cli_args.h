@@ -82,6 +82,9 @@ absl::StatusOr<ExportArgs> ParseExportArgs(const std::vector<std::string>& args)
 // `import FILE` (`-` = stdin): the file name.
 absl::StatusOr<std::string> ParseImportArgs(const std::vector<std::string>& args);
 
+// `drain [--grace SECONDS]`.
+absl::StatusOr<cortiq::v1::DrainRequest> ParseDrainArgs(const std::vector<std::string>& args);
+
 // `migrate ID --to HOST:PORT [--peer-token T] [--f16]`.
 absl::StatusOr<cortiq::v1::MigrateSessionRequest> ParseMigrateArgs(
     const std::vector<std::string>& args);

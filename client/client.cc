@@ -250,6 +250,12 @@ absl::StatusOr<v1::ModelInfo> Client::GetModelInfo(const v1::GetModelInfoRequest
       [&](grpc::ClientContext* c, v1::ModelInfo* r) { return stub_->GetModelInfo(c, request, r); });
 }
 
+absl::StatusOr<v1::DrainResponse> Client::Drain(const v1::DrainRequest& request) const {
+  return Unary<v1::DrainResponse>([&](grpc::ClientContext* c, v1::DrainResponse* r) {
+    return stub_->Drain(c, request, r);
+  });
+}
+
 absl::StatusOr<v1::MigrateSessionResponse> Client::MigrateSession(
     const v1::MigrateSessionRequest& request) const {
   return Unary<v1::MigrateSessionResponse>(

@@ -128,6 +128,7 @@ class Client {
   absl::StatusOr<cortiq::v1::ImportSessionResponse> ImportSession(std::istream& in) const;
   absl::StatusOr<cortiq::v1::MigrateSessionResponse> MigrateSession(
       const cortiq::v1::MigrateSessionRequest& request) const;
+  absl::StatusOr<cortiq::v1::DrainResponse> Drain(const cortiq::v1::DrainRequest& request) const;
 
   // grpc.health.v1.Health/Check for `service` ("" = the server as a whole).
   // A server without the health service answers UNIMPLEMENTED.

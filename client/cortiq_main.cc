@@ -321,6 +321,26 @@ int RunImport(const CommandLine& cl) {
   return kExitOk;
 }
 
+// Prints one line per session and exits 1 when any could not be moved.
+int RunDrain(const CommandLine& cl) {
+  absl::StatusOr<v1::DrainRequest> request = ParseDrainArgs(cl.args);
+  if (!request.ok()) return UsageError(request.status());
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(cl.client);
+  if (!client.ok()) return RuntimeError(client.status());
+  absl::StatusOr<v1::DrainResponse> response = (*client)->Drain(*request);
+  if (!response.ok()) return RuntimeError(response.status());
+  for (const auto& s : response->sessions()) {
+    if (s.migrated()) {
+      std::cout << "migrated " << s.session_id() << " to " << s.peer() << " as "
+                << s.peer_session_id() << "\n";
+    } else {
+      std::cout << "FAILED   " << s.session_id() << ": " << s.error() << "\n";
+    }
+  }
+  std::cout << response->migrated() << " migrated, " << response->failed() << " failed\n";
+  return response->failed() == 0 ? kExitOk : 1;
+}
+
 int RunMigrate(const CommandLine& cl) {
   absl::StatusOr<v1::MigrateSessionRequest> request = ParseMigrateArgs(cl.args);
   if (!request.ok()) return UsageError(request.status());
@@ -356,6 +376,7 @@ int Main(int argc, char** argv) {
   if (c == "export") return RunExport(*cl);
   if (c == "import") return RunImport(*cl);
   if (c == "migrate") return RunMigrate(*cl);
+  if (c == "drain") return RunDrain(*cl);
   return UsageError(absl::InvalidArgumentError(absl::StrCat("unknown command \"", c, "\"")));
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/util/strings.h"
 
 #ifndef CORTIQ_DEFAULT_MODEL_DIR
@@ -105,6 +106,9 @@ std::string ServerUsage() {
   --prefill-chunk N       prompt tokens per prefill call (default 256)
   --queue-capacity N      tokens buffered per stream before its job pauses (default 64)
   --grace SECONDS         on SIGTERM/SIGINT, streams get this long to finish (default 10)
+  --peers H:P[,H:P...]    peers a drain migrates kept sessions to (or env CORTIQ_PEERS)
+  --peer-dns NAME:PORT    peers from DNS: every address NAME resolves to (a headless Service)
+  --peer-token T          bearer token for the peers (default: --auth-token)
   --auth-token T          require "authorization: Bearer T" (or --auth-token-file F,
                           or env CORTIQ_AUTH_TOKEN)
   --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key
@@ -207,6 +211,20 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       {"prefill-chunk", count(&c.prefill_chunk)},
       {"queue-capacity", count(&c.queue_capacity)},
       {"grace", seconds(&c.grace)},
+      {"peers", [&c](std::string_view f, std::string_view v) -> absl::Status {
+         c.peers.clear();
+         for (absl::string_view p : absl::StrSplit(util::Sv(v), ',', absl::SkipEmpty())) {
+           if (p.find(':') == absl::string_view::npos) return FlagError(f, v, "HOST:PORT[,HOST:PORT...]");
+           c.peers.emplace_back(p);
+         }
+         return absl::OkStatus();
+       }},
+      {"peer-dns", [&c](std::string_view f, std::string_view v) -> absl::Status {
+         if (v.find(':') == std::string_view::npos) return FlagError(f, v, "NAME:PORT");
+         c.peer_dns = std::string(v);
+         return absl::OkStatus();
+       }},
+      {"peer-token", str(&c.peer_token)},
       {"auth-token", str(&c.auth_token)},
       {"auth-token-file", str(&token_file)},
       {"tls-cert", str(&c.tls_cert)},
@@ -250,6 +268,12 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   if (c.auth_token.empty()) {
     if (const char* env = std::getenv("CORTIQ_AUTH_TOKEN"); env != nullptr) c.auth_token = env;
   }
+  if (c.peers.empty()) {
+    if (const char* env = std::getenv("CORTIQ_PEERS"); env != nullptr) {
+      for (absl::string_view p : absl::StrSplit(env, ',', absl::SkipEmpty())) c.peers.emplace_back(p);
+    }
+  }
+  if (c.peer_token.empty()) c.peer_token = c.auth_token;
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
   }

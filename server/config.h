@@ -40,6 +40,9 @@ struct ServerConfig {
   size_t prefill_chunk = 256;
   size_t queue_capacity = 64;
   std::chrono::milliseconds grace{10'000};    // shutdown: streams get this long to finish
+  std::vector<std::string> peers;             // --peers H:P,H:P or CORTIQ_PEERS: drain targets
+  std::string peer_dns;                       // --peer-dns NAME:PORT (every A record is a peer)
+  std::string peer_token;                     // --peer-token (default: the auth token)
   std::string auth_token;                     // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
   std::string tls_cert, tls_key;              // PEM files; both or neither
   std::string log_level = "info";             // trace | debug | info | warn | error | off

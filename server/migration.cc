@@ -20,6 +20,7 @@
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
 #include "server/call_util.h"
+#include "server/migration.h"
 
 namespace cortiq::server {
 
@@ -210,14 +211,16 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::WireChunk> {
 };
 
 // The client side of a migration: the peer's versions, then its ImportSession.
-absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx,
-                                                     const v1::MigrateSessionRequest& req,
+absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const std::string& peer,
+                                                     const std::string& peer_token, bool f16,
                                                      session::SessionStore::Lease& lease,
                                                      uint32_t* version, size_t* wire_bytes) {
-  auto channel = grpc::CreateChannel(req.peer(), grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(peer, grpc::InsecureChannelCredentials(), args);
   auto stub = v1::Inference::NewStub(channel);
   auto with_token = [&](grpc::ClientContext& c, int seconds) {
-    if (!req.peer_token().empty()) c.AddMetadata("authorization", "Bearer " + req.peer_token());
+    if (!peer_token.empty()) c.AddMetadata("authorization", "Bearer " + peer_token);
     c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
   };
   v1::ModelInfo info;
@@ -226,7 +229,7 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx,
     with_token(c, 10);
     grpc::Status st = stub->GetModelInfo(&c, {}, &info);
     if (!st.ok()) {
-      return absl::UnavailableError(absl::StrCat("peer ", req.peer(), ": GetModelInfo: ",
+      return absl::UnavailableError(absl::StrCat("peer ", peer, ": GetModelInfo: ",
                                                  st.error_message(), " (",
                                                  util::Sv(GrpcCodeName(st.error_code())), ")"));
     }
@@ -235,7 +238,7 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx,
   CORTIQ_ASSIGN_OR_RETURN(*version, session::NegotiateWireVersion(versions));
   session::SessionWireOptions o;
   o.version = *version;
-  o.f16 = req.dtype() == v1::WIRE_DTYPE_F16;
+  o.f16 = f16;
   absl::StatusOr<std::string> wire = session::ExportSessionWire(*lease, ctx.wire_fingerprint, o);
   if (!wire.ok()) return wire.status();
   *wire_bytes = wire->size();
@@ -256,7 +259,7 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx,
                                           st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
                                       ? absl::StatusCode::kUnavailable
                                       : static_cast<absl::StatusCode>(st.error_code());
-    return absl::Status(code, absl::StrCat("peer ", req.peer(), " refused the import: ",
+    return absl::Status(code, absl::StrCat("peer ", peer, " refused the import: ",
                                            util::Sv(GrpcCodeName(st.error_code())), ": ",
                                            st.error_message()));
   }
@@ -264,6 +267,35 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx,
 }
 
 }  // namespace
+
+absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string& session_id,
+                                          const std::string& peer, const std::string& peer_token,
+                                          bool f16) {
+  absl::StatusOr<MigrateOutcome> result;
+  {
+    absl::StatusOr<session::SessionStore::Lease> lease = ctx.store->Acquire(session_id);
+    if (!lease.ok()) {
+      result = lease.status();
+    } else {
+      MigrateOutcome out;
+      absl::StatusOr<v1::ImportSessionResponse> sent =
+          SendToPeer(ctx, peer, peer_token, f16, *lease, &out.version, &out.wire_bytes);
+      if (sent.ok()) {
+        // The peer holds a complete copy: only now does the source let go.
+        lease->ReleaseOnReturn(session::ReleaseReason::kMigrated);
+        out.peer_session_id = sent->session().session_id();
+        result = out;
+      } else {
+        result = sent.status();
+      }
+    }  // the lease returns here: released (migrated) or intact
+  }
+  if (ctx.metrics) {
+    ctx.metrics->CountMigration(MigrationDirection::kOut,
+                                result.ok() ? MigrationResult::kOk : MigrationResult::kFailed);
+  }
+  return result;
+}
 
 grpc::ServerWriteReactor<v1::WireChunk>* InferenceService::ExportSession(
     grpc::CallbackServerContext* context, const v1::ExportSessionRequest* request) {
@@ -295,35 +327,66 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
   ctx_->migrations_in_flight.fetch_add(1);
   ServiceContext* ctx = ctx_;
   std::thread([ctx, reactor, request, response, log] {
-    absl::Status result;
-    {
-      absl::StatusOr<session::SessionStore::Lease> lease = ctx->store->Acquire(request->session_id());
-      if (!lease.ok()) {
-        result = lease.status();
-      } else {
-        uint32_t version = 0;
-        size_t bytes = 0;
-        absl::StatusOr<v1::ImportSessionResponse> peer = SendToPeer(*ctx, *request, *lease, &version, &bytes);
-        if (peer.ok()) {
-          // The peer holds a complete copy: only now does the source let go.
-          lease->ReleaseOnReturn(session::ReleaseReason::kMigrated);
-          response->set_peer_session_id(peer->session().session_id());
-          response->set_wire_bytes(bytes);
-          response->set_version(version);
-        } else {
-          result = peer.status();
-        }
-      }  // the lease returns here: released (migrated) or intact
+    absl::StatusOr<MigrateOutcome> out =
+        MigrateOut(*ctx, request->session_id(), request->peer(), request->peer_token(),
+                   request->dtype() == v1::WIRE_DTYPE_F16);
+    if (out.ok()) {
+      response->set_peer_session_id(out->peer_session_id);
+      response->set_wire_bytes(out->wire_bytes);
+      response->set_version(out->version);
     }
-    if (ctx->metrics) {
-      ctx->metrics->CountMigration(MigrationDirection::kOut,
-                                   result.ok() ? MigrationResult::kOk : MigrationResult::kFailed);
-    }
-    const grpc::Status gs = ToGrpcStatus(result);
+    const grpc::Status gs = ToGrpcStatus(out.status());
     log->Done(gs.error_code(), gs.error_message(),
               absl::StrCat("session=", request->session_id(), " peer=", request->peer()));
     reactor->Finish(gs);
     ctx->migrations_in_flight.fetch_sub(1);
+  }).detach();
+  return reactor;
+}
+
+}  // namespace cortiq::server
+
+namespace cortiq::server {
+
+grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* context,
+                                                  const v1::DrainRequest* request,
+                                                  v1::DrainResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto log = std::make_shared<CallLog>(ctx_, "Drain");
+  absl::Status st = CheckAuth(*ctx_, context);
+  if (st.ok() && request->has_grace_seconds() &&
+      !(request->grace_seconds() >= 0 && request->grace_seconds() <= 3600)) {
+    st = absl::InvalidArgumentError(absl::StrCat("grace_seconds: ", request->grace_seconds(),
+                                                 " is outside [0, 3600]"));
+  }
+  if (st.ok() && !ctx_->drain) st = absl::UnimplementedError("Drain: not available in this process");
+  if (!st.ok()) {
+    const grpc::Status gs = ToGrpcStatus(st);
+    log->Done(gs.error_code(), gs.error_message());
+    reactor->Finish(gs);
+    return reactor;
+  }
+  ctx_->migrations_in_flight.fetch_add(1);
+  ServiceContext* ctx = ctx_;
+  std::optional<double> grace;
+  if (request->has_grace_seconds()) grace = request->grace_seconds();
+  std::thread([ctx, reactor, response, log, grace] {
+    const DrainReport report = ctx->drain(grace);
+    for (const DrainReport::Entry& e : report.sessions) {
+      v1::DrainedSession* d = response->add_sessions();
+      d->set_session_id(e.session_id);
+      d->set_migrated(e.migrated);
+      d->set_peer(e.peer);
+      d->set_peer_session_id(e.peer_session_id);
+      d->set_error(e.error);
+    }
+    response->set_migrated(static_cast<uint32_t>(report.migrated));
+    response->set_failed(static_cast<uint32_t>(report.failed));
+    log->Done(grpc::StatusCode::OK, "",
+              absl::StrCat("migrated=", report.migrated, " failed=", report.failed));
+    reactor->Finish(grpc::Status::OK);
+    ctx->migrations_in_flight.fetch_sub(1);
+    if (ctx->after_drain) ctx->after_drain();
   }).detach();
   return reactor;
 }

@@ -1,5 +1,10 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +18,7 @@
 #include "grpcpp/server_builder.h"
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
+#include "server/migration.h"
 #include "core/util/strings.h"
 #include "spdlog/spdlog.h"
 
@@ -89,6 +95,11 @@ absl::Status Server::Init() {
   ctx_->fingerprint = absl::StrFormat("%016x", ctx_->wire_fingerprint);
   CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session,
                           DefaultSessionConfig(c, *model_, c.model_dir));
+  ctx_->drain = [this](std::optional<double> grace_s) {
+    const auto grace = grace_s ? std::chrono::milliseconds(static_cast<int64_t>(*grace_s * 1000))
+                               : config_.grace;
+    return Drain(grace);
+  };
   service_ = std::make_unique<InferenceService>(ctx_.get());
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -134,6 +145,100 @@ void Server::ReaperLoop() {
   }
 }
 
+void Server::Quiesce(std::chrono::milliseconds grace) {
+  auto* health = grpc_server_->GetHealthCheckService();
+  health->SetServingStatus(false);
+  health->SetServingStatus(kServiceName, false);
+  ctx_->draining.store(true);
+  // Streams in flight get the grace period to finish ...
+  const auto until = session::Clock::now() + grace;
+  auto busy = [&] {
+    return ctx_->streams_in_flight.load() > 0 || engine_->active_jobs() > 0 ||
+           engine_->queued_jobs() > 0;
+  };
+  while (session::Clock::now() < until && busy()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // ... then the rest are cancelled (their streams end with finish reason
+  // cancelled) and the engine lets go of their sessions.
+  store_->CancelAll();
+  const auto hard = session::Clock::now() + std::chrono::seconds(5);
+  while (session::Clock::now() < hard && (engine_->active_jobs() > 0 || engine_->queued_jobs() > 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::vector<std::string> Server::ResolvePeers() const {
+  std::vector<std::string> peers = config_.peers;
+  if (!config_.peer_dns.empty()) {
+    const size_t colon = config_.peer_dns.rfind(':');
+    const std::string host = config_.peer_dns.substr(0, colon);
+    const std::string port = config_.peer_dns.substr(colon + 1);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) == 0) {
+      for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+        char ip[INET6_ADDRSTRLEN] = {0};
+        const void* addr = a->ai_family == AF_INET
+                               ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+        if (inet_ntop(a->ai_family, addr, ip, sizeof(ip)) == nullptr) continue;
+        std::string p = a->ai_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port)
+                                                 : absl::StrCat(ip, ":", port);
+        if (std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
+      }
+      freeaddrinfo(res);
+    } else {
+      spdlog::warn("drain: --peer-dns {}: no addresses", config_.peer_dns);
+    }
+  }
+  return peers;
+}
+
+DrainReport Server::Drain(std::chrono::milliseconds grace) {
+  std::lock_guard lock(drain_mu_);
+  if (drain_report_) return *drain_report_;
+  spdlog::info("drain: NOT_SERVING; streams in flight get {} ms", grace.count());
+  Quiesce(grace);
+  const std::vector<std::string> peers = ResolvePeers();
+  DrainReport report;
+  size_t next = 0;
+  for (const session::SessionSnapshot& snap : store_->List()) {
+    DrainReport::Entry e;
+    e.session_id = snap.id;
+    if (peers.empty()) e.error = "no peer configured (--peers, CORTIQ_PEERS or --peer-dns)";
+    // Spread the sessions over the peers; a peer that fails is skipped for
+    // this session (the next one is tried).
+    for (size_t t = 0; t < peers.size() && !e.migrated; ++t) {
+      const std::string& peer = peers[(next + t) % peers.size()];
+      absl::StatusOr<MigrateOutcome> out =
+          MigrateOut(*ctx_, snap.id, peer, config_.peer_token, /*f16=*/false);
+      if (out.ok()) {
+        e.migrated = true;
+        e.peer = peer;
+        e.peer_session_id = out->peer_session_id;
+        e.error.clear();
+        next = (next + t + 1) % peers.size();
+      } else {
+        e.error = absl::StrCat(e.error.empty() ? "" : e.error + "; ", peer, ": ", out.status().ToString());
+      }
+    }
+    if (e.migrated) {
+      ++report.migrated;
+      spdlog::info("drain: session {} migrated to {} as {}", e.session_id, e.peer, e.peer_session_id);
+    } else {
+      ++report.failed;
+      spdlog::error("drain: session {} NOT migrated: {}", e.session_id, e.error);
+    }
+    report.sessions.push_back(std::move(e));
+  }
+  spdlog::info("drain: {} session(s) migrated, {} failed", report.migrated, report.failed);
+  drain_report_ = report;
+  return report;
+}
+
 void Server::Shutdown(std::chrono::milliseconds grace) {
   {
     std::unique_lock lock(mu_);
@@ -146,20 +251,7 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
   if (grpc_server_) {
-    auto* health = grpc_server_->GetHealthCheckService();
-    health->SetServingStatus(false);
-    health->SetServingStatus(kServiceName, false);
-    ctx_->draining.store(true);
-    // Streams in flight get the grace period to finish ...
-    const auto until = session::Clock::now() + grace;
-    while (session::Clock::now() < until &&
-           (ctx_->streams_in_flight.load() > 0 || engine_->active_jobs() > 0 ||
-            engine_->queued_jobs() > 0)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    // ... then the rest are cancelled (their streams end with finish reason
-    // cancelled) and the server stops.
-    store_->CancelAll();
+    Quiesce(grace);
     while (ctx_->migrations_in_flight.load() > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }

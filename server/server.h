@@ -18,7 +18,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/model/transformer.h"
@@ -42,8 +44,17 @@ class Server {
   int port() const { return port_; }
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
 
-  // Drains and stops (see the banner). Idempotent; returns once stopped.
+  // Drains (see the banner) and moves every session left to a peer
+  // (--peers, CORTIQ_PEERS, --peer-dns), trying the next peer when one
+  // fails. Idempotent: a second call returns the first report. The server
+  // keeps running (NOT_SERVING) until Shutdown.
+  DrainReport Drain(std::chrono::milliseconds grace);
+  // Drains new work and stops (see the banner). Idempotent; returns once stopped.
   void Shutdown(std::chrono::milliseconds grace);
+  // The peers a drain would use now (static list + DNS).
+  std::vector<std::string> ResolvePeers() const;
+  // Called after a Drain RPC answered (cortiq-server stops the process).
+  void SetAfterDrain(std::function<void()> fn) { ctx_->after_drain = std::move(fn); }
   // Blocks until Shutdown has completed.
   void Wait();
 
@@ -57,6 +68,9 @@ class Server {
   explicit Server(const ServerConfig& config) : config_(config) {}
   absl::Status Init();
   void ReaperLoop();
+  // Stops new work, lets streams run up to `grace`, cancels the rest and
+  // waits for the engine to let go of every session.
+  void Quiesce(std::chrono::milliseconds grace);
 
   ServerConfig config_;
   std::unique_ptr<util::ThreadPool> pool_;
@@ -75,6 +89,8 @@ class Server {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool stopped_ = false;
+  std::mutex drain_mu_;
+  std::optional<DrainReport> drain_report_;
   std::thread reaper_;
 };
 

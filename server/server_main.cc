@@ -2,6 +2,8 @@
 // Prometheus metrics. Flags: cortiq-server --help (server/config.h).
 // SIGTERM / SIGINT drain the server (see Server::Shutdown) and exit 0.
 #include <signal.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);  // a Drain RPC has finished: stop
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto server = cortiq::server::Server::Start(*config);
@@ -48,9 +51,20 @@ int main(int argc, char** argv) {
               (*server)->metrics_port());
   std::fflush(stdout);
 
+  (*server)->SetAfterDrain([] { kill(getpid(), SIGUSR1); });
+
   int sig = 0;
   sigwait(&signals, &sig);
-  spdlog::info("signal {}: draining (grace {} ms)", sig, config->grace.count());
-  (*server)->Shutdown(config->grace);
+  spdlog::info("{}: draining (grace {} ms)", sig == SIGUSR1 ? "drain request" : strsignal(sig),
+               config->grace.count());
+  // Drain: stop new work, let streams finish, move every kept session to a
+  // peer; then stop. The exit status says whether every session moved.
+  const cortiq::server::DrainReport report = (*server)->Drain(config->grace);
+  (*server)->Shutdown(std::chrono::milliseconds(0));
+  if (report.failed > 0) {
+    spdlog::error("{} session(s) could not be migrated (see above); exiting with status 3",
+                  report.failed);
+    return 3;
+  }
   return 0;
 }

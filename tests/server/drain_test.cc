@@ -1,0 +1,131 @@
+// Drain by migration on loopback: node A holds five kept sessions of
+// different modes, A drains (the Drain RPC, as `cortiq drain` sends it), and
+// all five continue on B token-identically; health goes NOT_SERVING and new
+// work is refused with UNAVAILABLE; without a peer every session is reported.
+#include "cortiq/v1/inference.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "tests/common/model_test_util.h"
+
+namespace cortiq::server {
+namespace {
+
+using std::chrono::milliseconds;
+namespace v1 = ::cortiq::v1;
+
+struct Node {
+  std::unique_ptr<Server> server;
+  std::unique_ptr<v1::Inference::Stub> stub;
+  std::string addr;
+};
+
+Node StartNode(std::vector<std::string> peers) {
+  ServerConfig c;
+  c.model_dir = testing::TempModel("tiny");
+  c.listen = "127.0.0.1:0";
+  c.metrics_listen = "off";
+  c.threads = 1;
+  c.grace = milliseconds(2000);
+  c.peers = std::move(peers);
+  auto s = Server::Start(c);
+  EXPECT_TRUE(s.ok()) << s.status();
+  Node n;
+  n.server = *std::move(s);
+  n.addr = "127.0.0.1:" + std::to_string(n.server->port());
+  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
+  return n;
+}
+
+struct Out {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::string session;
+};
+
+Out Turn(Node& n, const std::string& session, const std::string& prompt, int mode) {
+  v1::GenerateRequest r;
+  r.set_prompt(prompt);
+  r.set_max_tokens(8);
+  r.set_ignore_eos(true);
+  r.set_keep_session(true);
+  r.set_session_id(session);
+  r.mutable_sampling()->set_temperature(mode == 4 ? 0.8f : 0.0f);
+  if (session.empty()) {
+    r.mutable_sampling()->set_seed(99);
+    auto* c = r.mutable_session_config();
+    if (mode == 1) c->set_kv_dtype(v1::KV_DTYPE_INT8);
+    if (mode == 2) {
+      c->set_attention(v1::ATTENTION_MODE_O1);
+      c->mutable_o1()->set_m(8);
+      c->mutable_o1()->set_window(16);
+    }
+    if (mode == 3) {
+      c->set_attention(v1::ATTENTION_MODE_QSA);
+      c->mutable_qsa()->set_ratio(16);
+      c->mutable_qsa()->set_budget(4);
+    }
+  }
+  grpc::ClientContext ctx;
+  Out o;
+  auto reader = n.stub->Generate(&ctx, r);
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    if (m.has_token()) o.ids.push_back(m.token().token_id());
+    if (m.has_summary()) o.session = m.summary().session_id();
+  }
+  o.status = reader->Finish();
+  return o;
+}
+
+TEST(DrainTest, FiveKeptSessionsOfEveryModeContinueOnThePeerTokenIdentically) {
+  Node b = StartNode({});
+  Node a = StartNode({"127.0.0.1:1", b.addr});  // a dead peer first: drain moves on
+  const std::string opening = std::string(100, 'x') + " Call me Ishmael.";
+  std::vector<std::string> on_a, refs;
+  for (int mode = 0; mode < 5; ++mode) {
+    Out x = Turn(a, "", opening, mode), y = Turn(b, "", opening, mode);
+    ASSERT_TRUE(x.status.ok() && y.status.ok()) << x.status.error_message();
+    ASSERT_EQ(x.ids, y.ids) << "mode " << mode;
+    on_a.push_back(x.session);
+    refs.push_back(y.session);
+  }
+  grpc::ClientContext ctx;
+  v1::DrainRequest req;
+  req.set_grace_seconds(1);
+  v1::DrainResponse resp;
+  grpc::Status st = a.stub->Drain(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.migrated(), 5u);
+  EXPECT_EQ(resp.failed(), 0u);
+  EXPECT_EQ(a.server->store().num_sessions(), 0u);
+  // A refuses new work now.
+  Out refused = Turn(a, "", "hello", 0);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  for (const auto& s : resp.sessions()) {
+    ASSERT_TRUE(s.migrated()) << s.error();
+    EXPECT_EQ(s.peer(), b.addr);
+    const size_t mode = std::find(on_a.begin(), on_a.end(), s.session_id()) - on_a.begin();
+    ASSERT_LT(mode, 5u);
+    Out moved = Turn(b, s.peer_session_id(), " Some years ago", int(mode));
+    Out ref = Turn(b, refs[mode], " Some years ago", int(mode));
+    ASSERT_TRUE(moved.status.ok()) << moved.status.error_message();
+    EXPECT_EQ(moved.ids, ref.ids) << "mode " << mode;
+  }
+}
+
+TEST(DrainTest, WithoutAPeerEverySessionIsReportedWithItsReason) {
+  Node a = StartNode({});
+  Out x = Turn(a, "", "alone", 0);
+  ASSERT_TRUE(x.status.ok());
+  const DrainReport r = a.server->Drain(milliseconds(0));
+  EXPECT_EQ(r.migrated, 0u);
+  ASSERT_EQ(r.failed, 1u);
+  EXPECT_EQ(r.sessions[0].session_id, x.session);
+  EXPECT_NE(r.sessions[0].error.find("no peer"), std::string::npos);
+  // The session stays (nothing is lost by a failed drain).
+  EXPECT_TRUE(a.server->store().Get(x.session).has_value());
+}
+
+}  // namespace
+}  // namespace cortiq::server
