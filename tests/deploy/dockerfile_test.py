@@ -149,17 +149,19 @@ def path_variants(path):
     return seen
 
 
-def dpkg_package(path):
-    for p in path_variants(path):
-        r = subprocess.run(["dpkg", "-S", p], capture_output=True, text=True)
-        if r.returncode != 0:
+def dpkg_owners(paths):
+    """{path: package} for every path (or a usr-merge / symlink variant of it)
+    dpkg knows; one `dpkg -S` call for all of them."""
+    variants = {p: path_variants(p) for p in paths}
+    query = sorted({v for vs in variants.values() for v in vs})
+    r = subprocess.run(["dpkg", "-S"] + query, capture_output=True, text=True)
+    owner = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("diversion by") or ": " not in line:
             continue
-        for line in r.stdout.splitlines():
-            if line.startswith("diversion by"):
-                continue
-            owners = line.rsplit(": ", 1)[0]
-            return sorted({o.strip().split(":")[0] for o in owners.split(",")})[0]
-    return None
+        owners, path = line.rsplit(": ", 1)
+        owner[path.strip()] = sorted({o.strip().split(":")[0] for o in owners.split(",")})[0]
+    return {p: next((owner[v] for v in vs if v in owner), None) for p, vs in variants.items()}
 
 
 # --- main -------------------------------------------------------------------
@@ -217,8 +219,9 @@ def main():
     for b in a.binaries:
         check(os.access(b, os.X_OK), f"binary {b}")
         libs += [p for p in ldd_paths(b) if p not in libs]
+    owners = dpkg_owners(libs)
     for lib in libs:
-        pkg = dpkg_package(lib)
+        pkg = owners[lib]
         if pkg is None:
             check(False, f"dpkg -S {lib}: no package owns it")
         else:
