@@ -2,7 +2,13 @@
 // 0) and the generated gRPC stub. Every RPC, every error code of the
 // service, cancellation, the gauges returning to baseline, and concurrent
 // streams equal to the same requests alone.
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <future>
 #include <thread>
 
@@ -508,6 +514,36 @@ TEST_F(E2eTest, BearerTokenIsRequiredOnEveryRpc) {
     ctx.AddMetadata("authorization", "Bearer s3cret");
     EXPECT_TRUE(Generate(Greedy("x", 1), &ctx).status.ok());
   }
+}
+
+TEST_F(E2eTest, ServesTlsWithTheGivenCertificate) {
+  // A self-signed certificate for 127.0.0.1 / localhost, made here.
+  const std::string dir = ::testing::TempDir() + "/cortiq_tls_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " + dir + "/key.pem -out " + dir +
+      "/cert.pem >/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "openssl could not make a certificate";
+  ServerConfig c;
+  c.tls_cert = dir + "/cert.pem";
+  c.tls_key = dir + "/key.pem";
+  StartServer(c);
+  std::ifstream f(dir + "/cert.pem");
+  std::stringstream pem;
+  pem << f.rdbuf();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = pem.str();
+  auto secure = v1::Inference::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server_->port()), grpc::SslCredentials(ssl)));
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  grpc::Status st = secure->GetModelInfo(&ctx, {}, &info);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  // A plaintext client cannot talk to it.
+  grpc::ClientContext plain_ctx;
+  plain_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  EXPECT_FALSE(stub_->GetModelInfo(&plain_ctx, {}, &info).ok());
 }
 
 TEST_F(E2eTest, DrainingRefusesNewWorkWithUnavailable) {
