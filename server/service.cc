@@ -287,8 +287,45 @@ absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& 
   return c;
 }
 
+namespace {
+
+// Sizes of the active mode steer allocations (the QSA launch scratch is
+// budget × 4 bytes; the O(1) state holds m, w and sink rows): none may exceed
+// the context this server runs, so a request cannot make it allocate more
+// than a context's worth.
+absl::Status CheckModeSizes(const session::SessionConfig& c, size_t context) {
+  auto over = [&](std::string_view field, size_t v) {
+    return absl::InvalidArgumentError(absl::StrCat("session_config.", util::Sv(field), ": ", v,
+                                                   " is above the context of ", context));
+  };
+  if (c.attention == session::AttentionMode::kO1) {
+    if (c.o1.m > context) return over("o1.m", c.o1.m);
+    if (c.o1.w > context) return over("o1.window", c.o1.w);
+    if (c.o1.sink > context) return over("o1.sink", c.o1.sink);
+  }
+  if (c.attention == session::AttentionMode::kQsa) {
+    if (c.qsa.ratio > context) return over("qsa.ratio", c.qsa.ratio);
+    if (c.qsa.budget > context) return over("qsa.budget", c.qsa.budget);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<session::SessionConfig> ResolveSessionConfigUnchecked(
+    const v1::SessionConfig& request, const ServiceContext& ctx);
+
+}  // namespace
+
 absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionConfig& request,
                                                             const ServiceContext& ctx) {
+  CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig c, ResolveSessionConfigUnchecked(request, ctx));
+  CORTIQ_RETURN_IF_ERROR(CheckModeSizes(c, ctx.engine->max_context()));
+  return c;
+}
+
+namespace {
+
+absl::StatusOr<session::SessionConfig> ResolveSessionConfigUnchecked(
+    const v1::SessionConfig& request, const ServiceContext& ctx) {
   session::SessionConfig c = ctx.default_session;
   const size_t layers = static_cast<size_t>(ctx.model->config().num_hidden_layers);
   switch (request.kv_dtype()) {
@@ -360,6 +397,8 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionCon
           " (ATTENTION_MODE_EXACT = 1 | ATTENTION_MODE_O1 = 2 | ATTENTION_MODE_QSA = 3)"));
   }
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // Handlers

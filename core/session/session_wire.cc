@@ -129,8 +129,8 @@ absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model:
   const uint64_t context = static_cast<uint64_t>(m.max_position_embeddings);
   auto beyond_context = [&](std::string_view field, uint64_t v) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "session wire: ", util::Sv(field), " is ", v, " in the stream, beyond this server's ",
-        "model context of ", context, " positions"));
+        "session wire: ", util::Sv(field), " is ", v,
+        " in the stream, beyond this server's model context of ", context, " positions"));
   };
   if (attention == 1) {
     if (o1m > context) return beyond_context("o1.m", o1m);

@@ -98,8 +98,8 @@ class Generator {
   void WriteSession(const std::string& name, const std::string& id, uint32_t version, bool f16) {
     auto lease = store_.Acquire(id);
     if (!lease.ok()) Die("Acquire", lease.status());
-    auto wire = session::ExportSessionWire(**lease, kWireFuzzFingerprint,
-                                           {.version = version, .f16 = f16});
+    auto wire =
+        session::ExportSessionWire(**lease, kWireFuzzFingerprint, {.version = version, .f16 = f16});
     if (!wire.ok()) Die(name, wire.status());
     Write(name, *wire);
   }

@@ -57,9 +57,9 @@ struct Globals {
 Globals& G() {
   static Globals* g = [] {
     setenv("CORTIQ_THREADS", "1", /*overwrite=*/0);
-    const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("cortiq_wire_fuzz_" + std::to_string(getpid())))
-                                .string();
+    const std::string dir =
+        (std::filesystem::temp_directory_path() / ("cortiq_wire_fuzz_" + std::to_string(getpid())))
+            .string();
     auto config = model::NamedShape(kWireFuzzShape);
     if (!config.ok()) Finding("NamedShape", config.status());
     if (absl::Status s = model::WriteRandomCheckpoint(*config, dir, {}); !s.ok()) {

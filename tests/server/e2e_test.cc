@@ -260,6 +260,10 @@ TEST_F(E2eTest, BadInputGetsInvalidArgumentNamingTheFieldAndChangesNothing) {
          r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_O1);
          r.mutable_session_config()->mutable_o1()->set_m(2);
        }, "session_config.o1.m"},
+      {"qsa budget beyond the context", [](auto& r) {
+         r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_QSA);
+         r.mutable_session_config()->mutable_qsa()->set_budget(1u << 30);
+       }, "session_config.qsa.budget"},
       {"token id >= vocab", [](auto& r) {
          r.clear_prompt();
          r.add_prompt_tokens(3);

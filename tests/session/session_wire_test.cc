@@ -4,11 +4,14 @@
 // installs nothing.
 #include "core/session/session_wire.h"
 
+#include <cstring>
+
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/common/model_test_util.h"
+#include "tests/fuzz/wire_fuzz_util.h"
 
 namespace cortiq::session {
 namespace {
@@ -196,6 +199,62 @@ TEST_F(SessionWireTest, EveryFlippedByteAndEveryTruncationIsRefused) {
     ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << "truncated to " << n;
   }
   EXPECT_EQ(store.num_sessions(), 1u);
+}
+
+// Fuzzing regression (tests/fuzz): a session nothing ran in travels too.
+// Its empty token list once reached memcpy(nullptr, ..., 0) in ByteReader.
+TEST_F(SessionWireTest, FreshSessionRoundTrips) {
+  SessionStore store({});
+  for (int mode = 0; mode < 4; ++mode) {
+    SCOPED_TRACE(::testing::Message() << "mode " << mode);
+    auto lease = store.Create(*model_, Mode(mode), 0);
+    ASSERT_TRUE(lease.ok());
+    const std::string id = (*lease)->id();
+    lease->Return();
+    auto wire = Export(store, id);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    auto imported = ImportSessionWire(*wire, *model_, kFingerprint, "x");
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    EXPECT_TRUE((*imported)->tokens().empty());
+    EXPECT_EQ((*imported)->kv().position(), 0u);
+  }
+}
+
+// Fuzzing regression (tests/fuzz): O(1) and QSA sizes steer allocations on
+// the first step after an import (the QSA scratch is budget × 4 bytes), so a
+// stream naming one beyond the model's context is refused, even with every
+// checksum right.
+TEST_F(SessionWireTest, SizesBeyondTheContextAreRefused) {
+  // Offsets in the stream: header section payload at 24 + 16; in it, the
+  // geometry (20 bytes), kv_mode, attention, then o1 m, w, sink (u32), rect,
+  // the O(1) layer list (u32 n + n u32), qsa ratio, budget.
+  constexpr size_t kPayload = 40;
+  SessionStore store({});
+  struct Case {
+    int mode;
+    size_t offset;  // of the u32 to overwrite
+    const char* field;
+  };
+  const Case cases[] = {{2, kPayload + 22, "o1.m"},
+                        {2, kPayload + 26, "o1.w"},
+                        {2, kPayload + 30, "o1.sink"},
+                        {3, kPayload + 39, "qsa.ratio"},
+                        {3, kPayload + 43, "qsa.budget"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    const std::string id = MakeSession(store, c.mode, false);
+    auto wire = Export(store, id);
+    ASSERT_TRUE(wire.ok());
+    ASSERT_TRUE(ImportSessionWire(*wire, *model_, kFingerprint, "x").ok());
+    for (uint32_t v : {uint32_t(model_->config().max_position_embeddings + 1), 0x7fffffffu}) {
+      std::string bad = *wire;
+      std::memcpy(bad.data() + c.offset, &v, 4);
+      bad = fuzz::FixWireChecksums(bad);
+      auto r = ImportSessionWire(bad, *model_, kFingerprint, "x");
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+      EXPECT_NE(r.status().message().find(c.field), std::string::npos) << r.status();
+    }
+  }
 }
 
 }  // namespace
