@@ -13,6 +13,7 @@
 // "migrated") only after the peer answered OK; on any failure the lease is
 // returned and the session stays as it was.
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/session/session_wire.h"
@@ -157,13 +158,16 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::WireChunk> {
       return;
     }
     const size_t limit = ctx_->config->max_import_bytes;
-    if (buffer_.size() + chunk_.data().size() > limit) {
+    if (received_ + chunk_.data().size() > limit) {
       Done(ToGrpcStatus(absl::ResourceExhaustedError(
           absl::StrCat("import: the stream exceeds --max-import-bytes ", limit,
                        " (refused before buffering more)"))));
       return;
     }
-    buffer_.append(chunk_.data());
+    // Chunks are kept as they come (no reallocation of a growing buffer);
+    // they are joined once, into a buffer of the exact size, at the end.
+    received_ += chunk_.data().size();
+    chunks_.push_back(std::move(*chunk_.mutable_data()));
     StartRead(&chunk_);
   }
   void OnCancel() override { Done(grpc::Status::CANCELLED); }
@@ -173,16 +177,23 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::WireChunk> {
                                     status_.ok() ? MigrationResult::kOk : MigrationResult::kFailed);
     }
     log_.Done(status_.error_code(), status_.error_message(),
-              absl::StrCat("bytes=", buffer_.size(), " session=", id_.empty() ? "-" : id_));
+              absl::StrCat("bytes=", received_, " session=", id_.empty() ? "-" : id_));
     delete this;
   }
 
  private:
   absl::Status Install() {
-    if (buffer_.empty()) return absl::DataLossError("import: empty stream");
+    if (received_ == 0) return absl::DataLossError("import: empty stream");
+    std::string buffer;
+    buffer.reserve(received_);
+    for (std::string& c : chunks_) {
+      buffer.append(c);
+      std::string().swap(c);  // free each chunk once copied
+    }
+    chunks_.clear();
     CORTIQ_ASSIGN_OR_RETURN(
         std::unique_ptr<session::Session> s,
-        session::ImportSessionWire(buffer_, *ctx_->model, ctx_->wire_fingerprint,
+        session::ImportSessionWire(buffer, *ctx_->model, ctx_->wire_fingerprint,
                                    session::SessionStore::RandomId()));
     CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx_->store->Install(std::move(s)));
     id_ = lease->id();
@@ -205,7 +216,8 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::WireChunk> {
   std::mutex mu_;
   bool finished_ = false;
   grpc::Status status_;
-  std::string buffer_;
+  std::vector<std::string> chunks_;
+  size_t received_ = 0;
   std::string id_;
   v1::WireChunk chunk_;
 };

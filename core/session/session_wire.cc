@@ -194,6 +194,9 @@ absl::StatusOr<std::string> ExportSessionWire(const Session& session, uint64_t f
   const model::SequenceKv& kv = session.kv();
   const auto& layers = kv.layers();
   ByteWriter w;
+  // One allocation for the whole stream: the layers' bytes bound their blobs.
+  w.Reserve(kv.MemoryBytes() + session.tokens().size() * sizeof(int32_t) + 4096 +
+            layers.size() * 128);
   w.Raw(kMagic, 4);
   w.U32(options.version);
   w.U32(options.f16 ? kFlagF16 : 0);

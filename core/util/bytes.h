@@ -29,6 +29,7 @@ class ByteWriter {
   // Overwrites 4 bytes at `offset` (a length or checksum written afterwards).
   void PatchU32(size_t offset, uint32_t v) { std::memcpy(out_.data() + offset, &v, 4); }
   void PatchU64(size_t offset, uint64_t v) { std::memcpy(out_.data() + offset, &v, 8); }
+  void Reserve(size_t n) { out_.reserve(n); }
   size_t size() const { return out_.size(); }
   const std::string& str() const { return out_; }
   std::string Take() { return std::move(out_); }
