@@ -505,10 +505,8 @@ TEST(FromGrpcStatusTest, SameCodeAndMessage) {
     EXPECT_EQ(s.code(), absl_code) << static_cast<int>(grpc_code);
     EXPECT_EQ(s.message(), "max_tokens: 0 < 1");
   }
-  // Out of range (never sent by a real server): UNKNOWN, message kept.
-  absl::Status odd = FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(42), "odd"));
-  EXPECT_EQ(odd.code(), absl::StatusCode::kUnknown);
-  EXPECT_EQ(odd.message(), "odd");
+  // (A code outside 0..16 cannot be built as a grpc::StatusCode without
+  // undefined behaviour, so the out-of-range branch is not exercised here.)
 }
 
 TEST(HealthWireTest, RequestEncoding) {
