@@ -18,8 +18,7 @@
 namespace cortiq::server {
 
 using session::Clock;
-
-inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+using session::Seconds;
 
 // UNAUTHENTICATED unless the call carries "authorization: Bearer <token>"
 // (constant-time comparison) when the server has a token.

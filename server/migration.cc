@@ -319,6 +319,39 @@ grpc::ServerReadReactor<v1::WireChunk>* InferenceService::ImportSession(
   return new ImportReactor(ctx_, context, response);
 }
 
+namespace {
+
+// Finishes a unary call refused before any work (logged and counted).
+grpc::ServerUnaryReactor* FinishRefused(grpc::ServerUnaryReactor* reactor, CallLog& log,
+                                        const absl::Status& st) {
+  const grpc::Status gs = ToGrpcStatus(st);
+  log.Done(gs.error_code(), gs.error_message());
+  reactor->Finish(gs);
+  return reactor;
+}
+
+// Runs a blocking unary call (a client of a peer) on a thread of its own, so
+// it never holds a gRPC callback thread; Server::Shutdown waits for it
+// (migrations_in_flight). `body` returns the call's status and a log detail;
+// `then` runs after the reply is sent.
+template <typename Body>
+grpc::ServerUnaryReactor* RunDetached(ServiceContext* ctx, grpc::ServerUnaryReactor* reactor,
+                                      std::shared_ptr<CallLog> log, Body body,
+                                      std::function<void()> then = nullptr) {
+  ctx->migrations_in_flight.fetch_add(1);
+  std::thread([ctx, reactor, log, body = std::move(body), then = std::move(then)]() mutable {
+    const auto [status, detail] = body();
+    const grpc::Status gs = ToGrpcStatus(status);
+    log->Done(gs.error_code(), gs.error_message(), detail);
+    reactor->Finish(gs);
+    ctx->migrations_in_flight.fetch_sub(1);
+    if (then) then();
+  }).detach();
+  return reactor;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerContext* context,
                                                            const v1::MigrateSessionRequest* request,
                                                            v1::MigrateSessionResponse* response) {
@@ -328,17 +361,8 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
   if (st.ok()) st = CheckSessionId(request->session_id());
   if (st.ok() && request->peer().empty()) st = absl::InvalidArgumentError("peer: empty (HOST:PORT)");
   if (st.ok()) st = CheckWireRequest(0, request->dtype());
-  if (!st.ok()) {
-    const grpc::Status gs = ToGrpcStatus(st);
-    log->Done(gs.error_code(), gs.error_message());
-    reactor->Finish(gs);
-    return reactor;
-  }
-  // The migration is a client call to the peer: it runs on its own thread,
-  // never blocking a gRPC callback thread. Server::Shutdown waits for it.
-  ctx_->migrations_in_flight.fetch_add(1);
-  ServiceContext* ctx = ctx_;
-  std::thread([ctx, reactor, request, response, log] {
+  if (!st.ok()) return FinishRefused(reactor, *log, st);
+  return RunDetached(ctx_, reactor, log, [ctx = ctx_, request, response] {
     absl::StatusOr<MigrateOutcome> out =
         MigrateOut(*ctx, request->session_id(), request->peer(), request->peer_token(),
                    request->dtype() == v1::WIRE_DTYPE_F16);
@@ -347,18 +371,10 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
       response->set_wire_bytes(out->wire_bytes);
       response->set_version(out->version);
     }
-    const grpc::Status gs = ToGrpcStatus(out.status());
-    log->Done(gs.error_code(), gs.error_message(),
-              absl::StrCat("session=", request->session_id(), " peer=", request->peer()));
-    reactor->Finish(gs);
-    ctx->migrations_in_flight.fetch_sub(1);
-  }).detach();
-  return reactor;
+    return std::make_pair(out.status(), absl::StrCat("session=", request->session_id(),
+                                                     " peer=", request->peer()));
+  });
 }
-
-}  // namespace cortiq::server
-
-namespace cortiq::server {
 
 grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* context,
                                                   const v1::DrainRequest* request,
@@ -372,35 +388,27 @@ grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* c
                                                  " is outside [0, 3600]"));
   }
   if (st.ok() && !ctx_->drain) st = absl::UnimplementedError("Drain: not available in this process");
-  if (!st.ok()) {
-    const grpc::Status gs = ToGrpcStatus(st);
-    log->Done(gs.error_code(), gs.error_message());
-    reactor->Finish(gs);
-    return reactor;
-  }
-  ctx_->migrations_in_flight.fetch_add(1);
-  ServiceContext* ctx = ctx_;
+  if (!st.ok()) return FinishRefused(reactor, *log, st);
   std::optional<double> grace;
   if (request->has_grace_seconds()) grace = request->grace_seconds();
-  std::thread([ctx, reactor, response, log, grace] {
-    const DrainReport report = ctx->drain(grace);
-    for (const DrainReport::Entry& e : report.sessions) {
-      v1::DrainedSession* d = response->add_sessions();
-      d->set_session_id(e.session_id);
-      d->set_migrated(e.migrated);
-      d->set_peer(e.peer);
-      d->set_peer_session_id(e.peer_session_id);
-      d->set_error(e.error);
-    }
-    response->set_migrated(static_cast<uint32_t>(report.migrated));
-    response->set_failed(static_cast<uint32_t>(report.failed));
-    log->Done(grpc::StatusCode::OK, "",
-              absl::StrCat("migrated=", report.migrated, " failed=", report.failed));
-    reactor->Finish(grpc::Status::OK);
-    ctx->migrations_in_flight.fetch_sub(1);
-    if (ctx->after_drain) ctx->after_drain();
-  }).detach();
-  return reactor;
+  return RunDetached(
+      ctx_, reactor, log,
+      [ctx = ctx_, response, grace] {
+        const DrainReport report = ctx->drain(grace);
+        for (const DrainReport::Entry& e : report.sessions) {
+          v1::DrainedSession* d = response->add_sessions();
+          d->set_session_id(e.session_id);
+          d->set_migrated(e.migrated);
+          d->set_peer(e.peer);
+          d->set_peer_session_id(e.peer_session_id);
+          d->set_error(e.error);
+        }
+        response->set_migrated(static_cast<uint32_t>(report.migrated));
+        response->set_failed(static_cast<uint32_t>(report.failed));
+        return std::make_pair(absl::OkStatus(), absl::StrCat("migrated=", report.migrated,
+                                                             " failed=", report.failed));
+      },
+      ctx_->after_drain);
 }
 
 }  // namespace cortiq::server

@@ -23,7 +23,6 @@ std::string_view FinishReasonName(FinishReason reason) {
 
 namespace {
 
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Length of the longest suffix of `text` that is a proper prefix of one of
 // the stop strings: that much text must be held back, it may still become a

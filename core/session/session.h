@@ -63,6 +63,7 @@ struct MemoryByKind {
 MemoryByKind MemoryOf(const model::SequenceKv& kv);
 
 using Clock = std::chrono::steady_clock;
+inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 class Session {
  public:

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/util/status_macros.h"
+#include "core/util/strings.h"
 #include "spdlog/spdlog.h"
 
 namespace cortiq::session {
@@ -20,10 +22,6 @@ std::string_view ReleaseReasonName(ReleaseReason reason) {
   }
   return "unknown";
 }
-
-namespace {
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-}  // namespace
 
 SessionStore::SessionStore(StoreOptions options) : options_(options) {}
 
@@ -53,19 +51,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Sessio
   session->PublishMemory();
   const size_t bytes = session->Memory().total();
   std::unique_lock lock(mu_);
-  if (sessions_.size() >= options_.max_sessions) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "session cap reached: ", sessions_.size(), " live sessions, --max-sessions ",
-        options_.max_sessions));
-  }
-  if (options_.memory_budget_bytes > 0) {
-    const size_t committed = CommittedLocked();
-    if (committed + bytes > options_.memory_budget_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "memory budget: the imported session holds ", bytes, " bytes, ", committed, " of the ",
-          options_.memory_budget_bytes, " byte budget are committed"));
-    }
-  }
+  CORTIQ_RETURN_IF_ERROR(AdmitLocked(bytes, "the imported session holds"));
   if (sessions_.contains(session->id())) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: '", session->id(), "' exists"));
   }
@@ -84,25 +70,29 @@ size_t SessionStore::CommittedLocked() const {
   return total;
 }
 
-absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transformer& model,
-                                                         const SessionConfig& config,
-                                                         size_t projected_bytes) {
-  std::unique_lock lock(mu_);
+absl::Status SessionStore::AdmitLocked(size_t bytes, std::string_view what) const {
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "session cap reached: ", sessions_.size(), " live sessions, --max-sessions ",
         options_.max_sessions, "; release sessions or retry later"));
   }
-  if (options_.memory_budget_bytes > 0) {
+  const size_t budget = options_.memory_budget_bytes;
+  if (budget > 0) {
     const size_t committed = CommittedLocked();
-    if (committed + projected_bytes > options_.memory_budget_bytes) {
+    if (committed + bytes > budget) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "memory budget: this request projects ", projected_bytes, " bytes, ", committed,
-          " of the ", options_.memory_budget_bytes, " byte budget are committed (",
-          options_.memory_budget_bytes - std::min(committed, options_.memory_budget_bytes),
-          " free)"));
+          "memory budget: ", util::Sv(what), " ", bytes, " bytes, ", committed, " of the ", budget,
+          " byte budget are committed (", budget - std::min(committed, budget), " free)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transformer& model,
+                                                         const SessionConfig& config,
+                                                         size_t projected_bytes) {
+  std::unique_lock lock(mu_);
+  CORTIQ_RETURN_IF_ERROR(AdmitLocked(projected_bytes, "this request projects"));
   std::string id = NewId();
   absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(id, model, config);
   if (!s.ok()) return s.status();

@@ -170,6 +170,9 @@ class SessionStore {
 
   std::string NewId();  // 32 hex digits from a CSPRNG-seeded 128-bit draw; mu_ held
   size_t CommittedLocked() const;
+  // RESOURCE_EXHAUSTED (with the numbers) unless one more session holding
+  // `bytes` fits the cap and the budget; `what` names the bytes in the message.
+  absl::Status AdmitLocked(size_t bytes, std::string_view what) const;
   SessionSnapshot SnapshotLocked(const Entry& e, Clock::time_point now) const;
   // Erases the entry and returns the session to free outside the lock.
   std::unique_ptr<Session> EraseLocked(std::map<std::string, Entry>::iterator it,

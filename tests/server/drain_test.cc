@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/common/model_test_util.h"
+#include "tests/common/server_test_util.h"
 
 namespace cortiq::server {
 namespace {
@@ -14,36 +15,18 @@ namespace {
 using std::chrono::milliseconds;
 namespace v1 = ::cortiq::v1;
 
-struct Node {
-  std::unique_ptr<Server> server;
-  std::unique_ptr<v1::Inference::Stub> stub;
-  std::string addr;
-};
+using testing::StreamOut;
+using testing::TestNode;
 
-Node StartNode(std::vector<std::string> peers) {
+TestNode StartNode(std::vector<std::string> peers) {
   ServerConfig c;
   c.model_dir = testing::TempModel("tiny");
-  c.listen = "127.0.0.1:0";
-  c.metrics_listen = "off";
-  c.threads = 1;
   c.grace = milliseconds(2000);
   c.peers = std::move(peers);
-  auto s = Server::Start(c);
-  EXPECT_TRUE(s.ok()) << s.status();
-  Node n;
-  n.server = *std::move(s);
-  n.addr = "127.0.0.1:" + std::to_string(n.server->port());
-  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
-  return n;
+  return testing::StartTestNode(c);
 }
 
-struct Out {
-  grpc::Status status;
-  std::vector<int32_t> ids;
-  std::string session;
-};
-
-Out Turn(Node& n, const std::string& session, const std::string& prompt, int mode) {
+StreamOut Turn(TestNode& n, const std::string& session, const std::string& prompt, int mode) {
   v1::GenerateRequest r;
   r.set_prompt(prompt);
   r.set_max_tokens(8);
@@ -66,25 +49,16 @@ Out Turn(Node& n, const std::string& session, const std::string& prompt, int mod
       c->mutable_qsa()->set_budget(4);
     }
   }
-  grpc::ClientContext ctx;
-  Out o;
-  auto reader = n.stub->Generate(&ctx, r);
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    if (m.has_token()) o.ids.push_back(m.token().token_id());
-    if (m.has_summary()) o.session = m.summary().session_id();
-  }
-  o.status = reader->Finish();
-  return o;
+  return testing::RunGenerate(*n.stub, r);
 }
 
 TEST(DrainTest, FiveKeptSessionsOfEveryModeContinueOnThePeerTokenIdentically) {
-  Node b = StartNode({});
-  Node a = StartNode({"127.0.0.1:1", b.addr});  // a dead peer first: drain moves on
+  TestNode b = StartNode({});
+  TestNode a = StartNode({"127.0.0.1:1", b.addr});  // a dead peer first: drain moves on
   const std::string opening = std::string(100, 'x') + " Call me Ishmael.";
   std::vector<std::string> on_a, refs;
   for (int mode = 0; mode < 5; ++mode) {
-    Out x = Turn(a, "", opening, mode), y = Turn(b, "", opening, mode);
+    StreamOut x = Turn(a, "", opening, mode), y = Turn(b, "", opening, mode);
     ASSERT_TRUE(x.status.ok() && y.status.ok()) << x.status.error_message();
     ASSERT_EQ(x.ids, y.ids) << "mode " << mode;
     on_a.push_back(x.session);
@@ -100,23 +74,23 @@ TEST(DrainTest, FiveKeptSessionsOfEveryModeContinueOnThePeerTokenIdentically) {
   EXPECT_EQ(resp.failed(), 0u);
   EXPECT_EQ(a.server->store().num_sessions(), 0u);
   // A refuses new work now.
-  Out refused = Turn(a, "", "hello", 0);
+  StreamOut refused = Turn(a, "", "hello", 0);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   for (const auto& s : resp.sessions()) {
     ASSERT_TRUE(s.migrated()) << s.error();
     EXPECT_EQ(s.peer(), b.addr);
     const size_t mode = std::find(on_a.begin(), on_a.end(), s.session_id()) - on_a.begin();
     ASSERT_LT(mode, 5u);
-    Out moved = Turn(b, s.peer_session_id(), " Some years ago", int(mode));
-    Out ref = Turn(b, refs[mode], " Some years ago", int(mode));
+    StreamOut moved = Turn(b, s.peer_session_id(), " Some years ago", int(mode));
+    StreamOut ref = Turn(b, refs[mode], " Some years ago", int(mode));
     ASSERT_TRUE(moved.status.ok()) << moved.status.error_message();
     EXPECT_EQ(moved.ids, ref.ids) << "mode " << mode;
   }
 }
 
 TEST(DrainTest, WithoutAPeerEverySessionIsReportedWithItsReason) {
-  Node a = StartNode({});
-  Out x = Turn(a, "", "alone", 0);
+  TestNode a = StartNode({});
+  StreamOut x = Turn(a, "", "alone", 0);
   ASSERT_TRUE(x.status.ok());
   const DrainReport r = a.server->Drain(milliseconds(0));
   EXPECT_EQ(r.migrated, 0u);

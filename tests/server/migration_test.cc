@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/common/model_test_util.h"
+#include "tests/common/server_test_util.h"
 
 namespace cortiq::server {
 namespace {
@@ -18,27 +19,15 @@ namespace {
 using std::chrono::milliseconds;
 namespace v1 = ::cortiq::v1;
 
-struct Node {
-  std::unique_ptr<Server> server;
-  std::unique_ptr<v1::Inference::Stub> stub;
-  std::string addr;
-};
+using Node = testing::TestNode;
+using Out = testing::StreamOut;
 
 Node StartNode(const std::string& model_dir, size_t max_import_bytes = size_t{1} << 30) {
   ServerConfig c;
   c.model_dir = model_dir;
-  c.listen = "127.0.0.1:0";
-  c.metrics_listen = "off";
-  c.threads = 1;
   c.grace = milliseconds(0);
   c.max_import_bytes = max_import_bytes;
-  auto s = Server::Start(c);
-  EXPECT_TRUE(s.ok()) << s.status();
-  Node n;
-  n.server = *std::move(s);
-  n.addr = "127.0.0.1:" + std::to_string(n.server->port());
-  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
-  return n;
+  return testing::StartTestNode(c);
 }
 
 v1::GenerateRequest Turn(const std::string& session, std::string prompt, bool sampled) {
@@ -52,24 +41,7 @@ v1::GenerateRequest Turn(const std::string& session, std::string prompt, bool sa
   return r;
 }
 
-struct Out {
-  grpc::Status status;
-  std::vector<int32_t> ids;
-  std::string session;
-};
-
-Out Generate(Node& n, const v1::GenerateRequest& r) {
-  grpc::ClientContext ctx;
-  Out o;
-  auto reader = n.stub->Generate(&ctx, r);
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    if (m.has_token()) o.ids.push_back(m.token().token_id());
-    if (m.has_summary()) o.session = m.summary().session_id();
-  }
-  o.status = reader->Finish();
-  return o;
-}
+Out Generate(Node& n, const v1::GenerateRequest& r) { return testing::RunGenerate(*n.stub, r); }
 
 // A new kept session of `mode` on `n` after a first turn; returns its id.
 std::string Open(Node& n, int mode, bool sampled) {

@@ -1,0 +1,58 @@
+// Helpers for tests that run real cortiq servers in process on 127.0.0.1:
+// a node (server + stub + address) and a Generate call collected whole.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cortiq/v1/inference.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+
+namespace cortiq::testing {
+
+struct TestNode {
+  std::unique_ptr<server::Server> server;
+  std::unique_ptr<v1::Inference::Stub> stub;
+  std::string addr;  // "127.0.0.1:PORT"
+};
+
+// Starts a server with `c` on 127.0.0.1 port 0, metrics off, one math thread
+// (the model, grace and the rest come from `c`).
+inline TestNode StartTestNode(server::ServerConfig c) {
+  c.listen = "127.0.0.1:0";
+  c.metrics_listen = "off";
+  c.threads = 1;
+  auto s = server::Server::Start(c);
+  EXPECT_TRUE(s.ok()) << s.status();
+  TestNode n;
+  if (!s.ok()) return n;
+  n.server = *std::move(s);
+  n.addr = "127.0.0.1:" + std::to_string(n.server->port());
+  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
+  return n;
+}
+
+struct StreamOut {
+  grpc::Status status;
+  std::vector<int32_t> ids;  // streamed token ids
+  std::string session;       // the summary's session id
+};
+
+// One Generate call, read to the end.
+inline StreamOut RunGenerate(v1::Inference::Stub& stub, const v1::GenerateRequest& r) {
+  grpc::ClientContext ctx;
+  StreamOut o;
+  auto reader = stub.Generate(&ctx, r);
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    if (m.has_token()) o.ids.push_back(m.token().token_id());
+    if (m.has_summary()) o.session = m.summary().session_id();
+  }
+  o.status = reader->Finish();
+  return o;
+}
+
+}  // namespace cortiq::testing
