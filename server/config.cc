@@ -88,6 +88,8 @@ std::string ServerUsage() {
   --listen HOST:PORT      gRPC address (default 127.0.0.1:50051; port 0 = any free port)
   --metrics-listen H:P    Prometheus /metrics address (default 127.0.0.1:9464; "off" disables)
   --threads N             math threads (default: every core)
+  --activations bf16|f32  with bf16 weights, round projection inputs to bf16 (exact products,
+                          f32 sums; AMX / AVX512_BF16 decode) or keep them f32 (default bf16)
   --max-sessions N        live session cap (default 256)
   --memory-budget BYTES   cap on projected session bytes, e.g. 8G (default 0 = unlimited)
   --session-ttl SECONDS   idle sessions are released after this long (default 600)
@@ -182,6 +184,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       {"memory-budget", bytes(&c.memory_budget_bytes)},
       {"session-ttl", seconds(&c.session_ttl)},
       {"kv-dtype", choice(&c.kv_dtype, {"f32", "int8"})},
+      {"activations", choice(&c.activations, {"bf16", "f32"})},
       {"attention", choice(&c.attention, {"exact", "o1", "qsa"})},
       {"o1-layers", [&c](std::string_view, std::string_view v) {
          c.o1.layers = std::string(v);

@@ -22,6 +22,7 @@ struct ServerConfig {
   std::string listen = "127.0.0.1:50051";     // gRPC; port 0 = any free port
   std::string metrics_listen = "127.0.0.1:9464";  // "" or "off" disables /metrics
   size_t threads = 0;                         // math threads; 0 = every core
+  std::string activations = "bf16";           // bf16 weights: bf16 | f32 activations
   size_t max_sessions = 256;
   size_t memory_budget_bytes = 0;             // 0 = unlimited
   std::chrono::milliseconds session_ttl{600'000};

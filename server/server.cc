@@ -52,7 +52,10 @@ absl::Status Server::Init() {
         "' (give --model DIR with config.json, model.safetensors and tokenizer.json)"));
   }
   pool_ = std::make_unique<util::ThreadPool>(c.threads);
-  CORTIQ_ASSIGN_OR_RETURN(model_, model::Transformer::Load(c.model_dir, pool_.get()));
+  model::LoadOptions load;
+  load.pool = pool_.get();
+  load.bf16_activations = c.activations == "bf16";
+  CORTIQ_ASSIGN_OR_RETURN(model_, model::Transformer::Load(c.model_dir, load));
   CORTIQ_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok,
                           tokenizer::Tokenizer::FromFile(c.model_dir + "/tokenizer.json"));
   tokenizer_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok));

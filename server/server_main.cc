@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/math/kernels.h"
 #include "server/config.h"
 #include "server/server.h"
 #include "spdlog/spdlog.h"
@@ -43,9 +44,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string host = config->listen.substr(0, config->listen.rfind(':'));
-  spdlog::info("serving {} on {}:{} (metrics: {})", config->model_dir, host, (*server)->port(),
-               (*server)->metrics_port() ? host + ":" + std::to_string((*server)->metrics_port()) + "/metrics"
-                                         : std::string("off"));
+  spdlog::info("serving {} on {}:{} (metrics: {}; kernels {}, activations {})", config->model_dir,
+               host, (*server)->port(),
+               (*server)->metrics_port()
+                   ? host + ":" + std::to_string((*server)->metrics_port()) + "/metrics"
+                   : std::string("off"),
+               cortiq::math::IsaName(cortiq::math::ActiveIsa()),
+               (*server)->model().bf16_activations() ? "bf16" : "f32");
   // A machine-readable line for scripts and tests.
   std::printf("listening on %s:%d metrics %d\n", host.c_str(), (*server)->port(),
               (*server)->metrics_port());

@@ -412,14 +412,15 @@ void LayerKvCache::Attend(std::span<const float> q, size_t kv_head, std::span<fl
   const float* sk = k_scale_.data() + ScaleBase(kv_head);
   const float* sv = v_scale_.data() + ScaleBase(kv_head);
 
-  for (size_t t = first; t < n; ++t) {
-    probs[t] = Logit(sk[t] * math::DotI8(q.data(), k + t * D, D), scale, options.softcap);
+  if (first < n) {
+    // Bit-for-bit the per-row DotI8 loop, one dispatch for the pass.
+    math::DotRowsI8(q.data(), 1, 0, k + first * D, n - first, D, D, probs.data() + first, n);
+    for (size_t t = first; t < n; ++t) probs[t] = Logit(sk[t] * probs[t], scale, options.softcap);
   }
   std::fill(out.begin(), out.end(), 0.0f);
   if (!NormaliseVisible(probs.data(), first, n)) return;
-  for (size_t t = first; t < n; ++t) {
-    math::AxpyI8(probs[t] * sv[t], v + t * D, out.data(), D);
-  }
+  math::AxpyRowsI8(probs.data() + first, 1, 0, sv + first, v + first * D, n - first, D, D,
+                   out.data(), D);
 }
 
 void LayerKvCache::AttendGroup(std::span<const float> q_group, size_t kv_head, size_t n_q_heads,
@@ -451,10 +452,13 @@ void LayerKvCache::AttendGroup(std::span<const float> q_group, size_t kv_head, s
   } else {
     const int8_t* k = k_i8_.data() + RowBase(kv_head);
     const float* sk = k_scale_.data() + ScaleBase(kv_head);
-    for (size_t t = first; t < n; ++t) {
-      const int8_t* kt = k + t * D;
+    if (first < n) {
+      // Bit-for-bit the (row, head) DotI8 loop, each row widened once.
+      math::DotRowsI8(q, G, D, k + first * D, n - first, D, D, p + first, n);
       for (size_t j = 0; j < G; ++j) {
-        p[j * n + t] = Logit(sk[t] * math::DotI8(q + j * D, kt, D), scale, softcap);
+        for (size_t t = first; t < n; ++t) {
+          p[j * n + t] = Logit(sk[t] * p[j * n + t], scale, softcap);
+        }
       }
     }
   }
@@ -472,12 +476,7 @@ void LayerKvCache::AttendGroup(std::span<const float> q_group, size_t kv_head, s
     } else {
       const int8_t* v = v_i8_.data() + RowBase(kv_head);
       const float* sv = v_scale_.data() + ScaleBase(kv_head);
-      for (size_t t = first; t < n; ++t) {
-        const int8_t* vt = v + t * D;
-        for (size_t j = 0; j < G; ++j) {
-          math::AxpyI8(p[j * n + t] * sv[t], vt, o + j * D, D);
-        }
-      }
+      math::AxpyRowsI8(p + first, G, n, sv + first, v + first * D, n - first, D, D, o, D);
     }
   }
 

@@ -246,6 +246,8 @@ const internal::KernelTable kScalar = {
     .scale = ScalarScale,
     .dot_i8 = ScalarDotI8,
     .axpy_i8 = ScalarAxpyI8,
+    .dot_rows_i8 = internal::DotRowsI8T<ScalarDotI8>,
+    .axpy_rows_i8 = internal::AxpyRowsI8T<ScalarAxpyI8>,
     .quantize_row_i8 = ScalarQuantizeRowI8,
     .rms_norm = ScalarRmsNorm,
     .softmax = ScalarSoftmax,
@@ -257,6 +259,10 @@ const internal::KernelTable kScalar = {
     .gemv_bf16_even_odd = false,
     .gemv_pack_x = nullptr,
     .gemv = ScalarGemv,
+    .gemv_bf16_pack_size = nullptr,
+    .gemv_bf16_pack_x = nullptr,
+    .gemv_bf16_row_block = 0,
+    .gemv_bf16 = nullptr,
     .gemm_mr = 0,
     .gemm_nr = 0,
     .gemm_kc = 0,
@@ -271,6 +277,20 @@ const internal::KernelTable kScalar = {
 Isa Detect() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (internal::AmxTable() != nullptr && avx512 && __builtin_cpu_supports("avx512bf16") &&
+      __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+      internal::EnableAmxForProcess()) {
+    return Isa::kAmx;
+  }
+  if (internal::Avx512Bf16Table() != nullptr && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16") &&
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return Isa::kAvx512Bf16;
+  }
   if (internal::Avx512Table() != nullptr && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx2") &&
@@ -294,6 +314,8 @@ Isa CapFromEnv(Isa detected) {
   if (std::strcmp(env, "scalar") == 0) want = Isa::kScalar;
   if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
   if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
+  if (std::strcmp(env, "avx512bf16") == 0) want = Isa::kAvx512Bf16;
+  if (std::strcmp(env, "amx") == 0) want = Isa::kAmx;
   return static_cast<int>(want) < static_cast<int>(detected) ? want : detected;
 }
 
@@ -312,7 +334,11 @@ namespace internal {
 const KernelTable& ScalarTable() { return kScalar; }
 
 const KernelTable& TableFor(Isa isa) {
-  if (isa == Isa::kAvx512 && Avx512Table() != nullptr) return *Avx512Table();
+  if (isa == Isa::kAmx && AmxTable() != nullptr) return *AmxTable();
+  if ((isa == Isa::kAvx512Bf16 || isa == Isa::kAmx) && Avx512Bf16Table() != nullptr) {
+    return *Avx512Bf16Table();
+  }
+  if (isa != Isa::kScalar && isa != Isa::kAvx2 && Avx512Table() != nullptr) return *Avx512Table();
   if (isa != Isa::kScalar && Avx2Table() != nullptr) return *Avx2Table();
   return kScalar;
 }
@@ -348,6 +374,10 @@ const char* IsaName(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Bf16:
+      return "avx512bf16";
+    case Isa::kAmx:
+      return "amx";
   }
   return "unknown";
 }
@@ -385,6 +415,16 @@ float DotI8(const float* a, const int8_t* b, size_t n) {
 void AxpyI8(float alpha, const int8_t* x, float* y, size_t n) {
   internal::Active().axpy_i8(alpha, x, y, n);
 }
+void DotRowsI8(const float* q, size_t nq, size_t q_stride, const int8_t* rows, size_t n,
+               size_t row_stride, size_t d, float* out, size_t out_stride) {
+  internal::Active().dot_rows_i8(q, nq, q_stride, rows, n, row_stride, d, out, out_stride);
+}
+void AxpyRowsI8(const float* p, size_t nq, size_t p_stride, const float* row_scale,
+                const int8_t* rows, size_t n, size_t row_stride, size_t d, float* out,
+                size_t out_stride) {
+  internal::Active().axpy_rows_i8(p, nq, p_stride, row_scale, rows, n, row_stride, d, out,
+                                  out_stride);
+}
 float QuantizeRowI8(const float* x, int8_t* q, size_t n) {
   return internal::Active().quantize_row_i8(x, q, n);
 }
@@ -415,6 +455,8 @@ uint16_t F32ToBf16(float f) {
   b += 0x7FFFu + ((b >> 16) & 1u);
   return static_cast<uint16_t>(b >> 16);
 }
+
+float RoundToBf16(float x) { return Bf16ToF32(F32ToBf16(x)); }
 
 float F16ToF32(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

@@ -1,9 +1,10 @@
 // core/math: the numeric kernels every layer of the engine uses.
 //
 // Each function dispatches at run time (first call reads CPUID) to the best
-// implementation this CPU supports: AVX-512, AVX2+FMA, or portable scalar.
-// CORTIQ_ISA=scalar|avx2|avx512 in the environment caps the choice (tests use
-// it to check every path against the float64 reference).
+// implementation this CPU supports: AVX-512 with AMX tiles, AVX-512 with BF16
+// dot products, AVX-512, AVX2+FMA, or portable scalar.
+// CORTIQ_ISA=scalar|avx2|avx512|avx512bf16|amx in the environment caps the
+// choice (tests use it to check every path against the float64 reference).
 //
 // All functions are thread-compatible: they touch only their arguments.
 // Pointers need no particular alignment. Lengths are element counts.
@@ -24,7 +25,10 @@ class ThreadPool;
 
 namespace cortiq::math {
 
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAvx512Bf16 is kAvx512 plus AVX512_BF16 (VDPBF16PS), kAmx that plus AMX-BF16
+// (TDPBF16PS tiles, granted by the OS): every kernel is the AVX-512 one except
+// decode MatMul with bf16 activations on bf16 weights (WeightView).
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
 // The ISA the dispatcher selected for this process.
 Isa ActiveIsa();
 // The best ISA this CPU supports (ignores CORTIQ_ISA).
@@ -60,6 +64,15 @@ void AxpyRows(const float* p, size_t nq, size_t p_stride, const float* rows, siz
 float DotI8(const float* a, const int8_t* b, size_t n);
 // y[i] += alpha * float(x[i])
 void AxpyI8(float alpha, const int8_t* x, float* y, size_t n);
+// Row-batched forms, one dispatch for a whole pass (bit-for-bit the loops):
+// out[j·out_stride + t] = DotI8(q + j·q_stride, rows + t·row_stride, d).
+void DotRowsI8(const float* q, size_t nq, size_t q_stride, const int8_t* rows, size_t n,
+               size_t row_stride, size_t d, float* out, size_t out_stride);
+// For t = 0 .. n-1 (in order), for j < nq: AxpyI8(p[j·p_stride + t] ·
+// row_scale[t], rows + t·row_stride, out + j·out_stride, d).
+void AxpyRowsI8(const float* p, size_t nq, size_t p_stride, const float* row_scale,
+                const int8_t* rows, size_t n, size_t row_stride, size_t d, float* out,
+                size_t out_stride);
 // Symmetric per-row quantisation: scale = max|x| / 127, q[i] = round(x[i] / scale)
 // (round half to even, so q is in [-127, 127]). Returns the scale (0 for an
 // all-zero row, with q all zero).
@@ -87,11 +100,21 @@ const char* DTypeName(DType t);
 // A weight matrix in the nn.Linear layout: [rows = out_features][cols =
 // in_features], row-major, dense (row stride == cols). Not owned (typically a
 // view into a memory-mapped checkpoint).
+//
+// bf16_activations (meaningful for kBF16 weights only; ignored otherwise):
+// MatMul first rounds x to bf16 (round to nearest even) and then computes the
+// exact products with f32 accumulation, as bf16 inference does elsewhere
+// (PyTorch autocast, llama.cpp). With AMX the decode path then runs on
+// TDPBF16PS tiles at ~6x a core's FMA rate, with AVX512_BF16 on VDPBF16PS (no
+// widening of W): that is what makes batched decode weight-bandwidth-bound
+// instead of compute-bound. Every ISA computes on the same rounded inputs
+// (sums may differ in order; the bf16 instructions read subnormals as zero).
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   size_t rows = 0;
   size_t cols = 0;
+  bool bf16_activations = false;
 };
 
 // y[b][r] = sum_c x[b][c] * W[r][c] for b < batch: x is [batch][W.cols], y is
@@ -117,6 +140,8 @@ inline constexpr size_t kMatMulGemmMinBatch = 64;
 
 // Conversions.
 float Bf16ToF32(uint16_t h);
+// x rounded to the nearest bf16 value (even on ties; NaN stays NaN), as f32.
+float RoundToBf16(float x);
 uint16_t F32ToBf16(float f);  // round to nearest even
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);  // round to nearest even

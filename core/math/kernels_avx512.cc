@@ -4,40 +4,11 @@
 //
 // Tails are done with masked loads/stores, so every element sees the same
 // operations whatever n is; the order of a reduction depends only on n.
-// GCC 12's AVX-512 headers build some results from a self-initialised
-// "undefined" register, which trips -Wuninitialized once inlined (GCC bug
-// 105593, fixed in GCC 13): silence it for the header only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
+#include "core/math/kernels_avx512_inl.h"
 #include "core/math/kernels_internal.h"
-
-// Small helpers must inline: an out-of-line call with vector arguments makes
-// the caller spill every live register (GCC otherwise declined for Exp and
-// the transposes).
-#define CORTIQ_INLINE inline __attribute__((always_inline))
 
 namespace cortiq::math::internal {
 namespace {
-
-constexpr size_t kV = 16;  // floats per register
-
-CORTIQ_INLINE size_t MinSz(size_t a, size_t b) { return a < b ? a : b; }
-CORTIQ_INLINE size_t ElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
-CORTIQ_INLINE __mmask16 Mask16(size_t n) {
-  return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
-}
-CORTIQ_INLINE __mmask32 Mask32(size_t n) {
-  return static_cast<__mmask32>(n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u);
-}
-
-// Fixed-order reduction: ((a0 + a1) + (a2 + a3)), then the lane tree.
-CORTIQ_INLINE float Sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
 
 // ---- Level 1 ----
 float Dot(const float* a, const float* b, size_t n) {
@@ -91,6 +62,24 @@ CORTIQ_INLINE __m512 LoadI8Masked(const int8_t* p, __mmask16 m) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
 }
 
+// Runs block.template operator()<NJ>(j) over the query heads [j, j + NJ)
+// of nq: blocks of four, then one of the remaining 1-3.
+template <typename Block>
+CORTIQ_INLINE void HeadBlocks(size_t nq, Block&& block) {
+  size_t j = 0;
+  for (; j + 4 <= nq; j += 4) block.template operator()<4>(j);
+  switch (nq - j) {
+    case 3:
+      return block.template operator()<3>(j);
+    case 2:
+      return block.template operator()<2>(j);
+    case 1:
+      return block.template operator()<1>(j);
+    default:
+      return;
+  }
+}
+
 // ---- Attention rows (kernels.h DotRows / AxpyRows) ----
 // Register-blocked forms of the per-row loops: a cached row is loaded once for
 // up to four query heads. Every (head, row) value goes through exactly the
@@ -139,26 +128,10 @@ void DotRowsBlock(const float* q, size_t q_stride, const float* rows, size_t n, 
 
 void DotRows(const float* q, size_t nq, size_t q_stride, const float* rows, size_t n,
              size_t row_stride, size_t d, float* out, size_t out_stride) {
-  size_t j = 0;
-  for (; j + 4 <= nq; j += 4) {
-    DotRowsBlock<4>(q + j * q_stride, q_stride, rows, n, row_stride, d, out + j * out_stride,
-                    out_stride);
-  }
-  const float* qj = q + j * q_stride;
-  float* oj = out + j * out_stride;
-  switch (nq - j) {
-    case 3:
-      DotRowsBlock<3>(qj, q_stride, rows, n, row_stride, d, oj, out_stride);
-      break;
-    case 2:
-      DotRowsBlock<2>(qj, q_stride, rows, n, row_stride, d, oj, out_stride);
-      break;
-    case 1:
-      DotRowsBlock<1>(qj, q_stride, rows, n, row_stride, d, oj, out_stride);
-      break;
-    default:
-      break;
-  }
+  HeadBlocks(nq, [&]<int NJ>(size_t j) {
+    DotRowsBlock<NJ>(q + j * q_stride, q_stride, rows, n, row_stride, d, out + j * out_stride,
+                     out_stride);
+  });
 }
 
 // Columns [c, c + 64) of NJ heads' outputs stay in registers across all rows:
@@ -207,26 +180,10 @@ void AxpyRowsBlock(const float* p, size_t p_stride, const float* rows, size_t n,
 void AxpyRows(const float* p, size_t nq, size_t p_stride, const float* rows, size_t n,
               size_t row_stride, size_t d, float* out, size_t out_stride) {
   if (n == 0) return;
-  size_t j = 0;
-  for (; j + 4 <= nq; j += 4) {
-    AxpyRowsBlock<4>(p + j * p_stride, p_stride, rows, n, row_stride, d, out + j * out_stride,
-                     out_stride);
-  }
-  const float* pj = p + j * p_stride;
-  float* oj = out + j * out_stride;
-  switch (nq - j) {
-    case 3:
-      AxpyRowsBlock<3>(pj, p_stride, rows, n, row_stride, d, oj, out_stride);
-      break;
-    case 2:
-      AxpyRowsBlock<2>(pj, p_stride, rows, n, row_stride, d, oj, out_stride);
-      break;
-    case 1:
-      AxpyRowsBlock<1>(pj, p_stride, rows, n, row_stride, d, oj, out_stride);
-      break;
-    default:
-      break;
-  }
+  HeadBlocks(nq, [&]<int NJ>(size_t j) {
+    AxpyRowsBlock<NJ>(p + j * p_stride, p_stride, rows, n, row_stride, d, out + j * out_stride,
+                      out_stride);
+  });
 }
 
 float DotI8(const float* a, const int8_t* b, size_t n) {
@@ -257,6 +214,133 @@ void AxpyI8(float alpha, const int8_t* x, float* y, size_t n) {
     __m512 r = _mm512_fmadd_ps(va, LoadI8Masked(x + i, m), _mm512_maskz_loadu_ps(m, y + i));
     _mm512_mask_storeu_ps(y + i, m, r);
   }
+}
+
+// ---- int8 attention rows (kernels.h DotRowsI8 / AxpyRowsI8) ----
+// Each cached row is widened to f32 once for up to four query heads (the
+// widening, not the FMAs, is the dearest part of an int8 row). Every (head,
+// row) value goes through exactly the operations DotI8 / AxpyI8 apply to it.
+// DotRowsI8 also defers the horizontal sums: ReduceMany folds 16 rows' sums
+// at once with the tree _mm512_reduce_add_ps (Sum4) uses, one sum at a time.
+template <int NJ>
+void DotRowsI8Block(const float* q, size_t q_stride, const int8_t* rows, size_t n,
+                    size_t row_stride, size_t d, float* out, size_t out_stride) {
+  constexpr size_t kGroup = 16;
+  alignas(64) __m512 part[NJ][kGroup];
+  for (size_t t0 = 0; t0 < n; t0 += kGroup) {
+    const size_t nt = MinSz(kGroup, n - t0);
+    for (size_t tt = 0; tt < nt; ++tt) {
+      const int8_t* r = rows + (t0 + tt) * row_stride;
+      __m512 s[NJ][4];
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm512_setzero_ps();
+      size_t i = 0;
+      for (; i + 4 * kV <= d; i += 4 * kV) {
+        const __m512 x0 = LoadI8(r + i), x1 = LoadI8(r + i + 16), x2 = LoadI8(r + i + 32),
+                     x3 = LoadI8(r + i + 48);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          const float* qj = q + j * q_stride + i;
+          s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(qj), x0, s[j][0]);
+          s[j][1] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16), x1, s[j][1]);
+          s[j][2] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 32), x2, s[j][2]);
+          s[j][3] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 48), x3, s[j][3]);
+        }
+      }
+      for (; i + kV <= d; i += kV) {
+        const __m512 x = LoadI8(r + i);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * q_stride + i), x, s[j][0]);
+        }
+      }
+      if (i < d) {
+        const __mmask16 m = Mask16(d - i);
+        const __m512 x = LoadI8Masked(r + i, m);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          s[j][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j * q_stride + i), x, s[j][1]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+        part[j][tt] =
+            _mm512_add_ps(_mm512_add_ps(s[j][0], s[j][1]), _mm512_add_ps(s[j][2], s[j][3]));
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NJ; ++j) {
+      float* o = out + j * out_stride + t0;
+      if (nt == kGroup) {
+        ReduceMany<16>(part[j], o);
+      } else {
+        for (size_t tt = 0; tt < nt; ++tt) o[tt] = _mm512_reduce_add_ps(part[j][tt]);
+      }
+    }
+  }
+}
+
+void DotRowsI8(const float* q, size_t nq, size_t q_stride, const int8_t* rows, size_t n,
+               size_t row_stride, size_t d, float* out, size_t out_stride) {
+  HeadBlocks(nq, [&]<int NJ>(size_t j) {
+    DotRowsI8Block<NJ>(q + j * q_stride, q_stride, rows, n, row_stride, d, out + j * out_stride,
+                       out_stride);
+  });
+}
+
+// Columns [c, c + KV·16) of NJ heads' outputs stay in registers across all
+// rows: acc = fma(p[t]·scale[t], row[t], acc), t ascending, as AxpyI8 does.
+template <int NJ, int KV>
+void AxpyRowsI8Block(const float* p, size_t p_stride, const float* row_scale, const int8_t* rows,
+                     size_t n, size_t row_stride, size_t d, float* out, size_t out_stride) {
+  for (size_t c = 0; c < d; c += KV * kV) {
+    __mmask16 m[KV];
+#pragma GCC unroll 8
+    for (int k = 0; k < KV; ++k) {
+      const size_t lo = c + size_t(k) * kV;
+      m[k] = lo >= d ? __mmask16(0) : (d - lo >= kV ? __mmask16(0xFFFF) : Mask16(d - lo));
+    }
+    __m512 acc[NJ][KV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NJ; ++j) {
+#pragma GCC unroll 8
+      for (int k = 0; k < KV; ++k) {
+        acc[j][k] = _mm512_maskz_loadu_ps(m[k], out + j * out_stride + c + size_t(k) * kV);
+      }
+    }
+    for (size_t t = 0; t < n; ++t) {
+      const int8_t* r = rows + t * row_stride + c;
+      __m512 x[KV];
+#pragma GCC unroll 8
+      for (int k = 0; k < KV; ++k) x[k] = LoadI8Masked(r + size_t(k) * kV, m[k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+        const __m512 va = _mm512_set1_ps(p[j * p_stride + t] * row_scale[t]);
+#pragma GCC unroll 8
+        for (int k = 0; k < KV; ++k) acc[j][k] = _mm512_fmadd_ps(va, x[k], acc[j][k]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NJ; ++j) {
+#pragma GCC unroll 8
+      for (int k = 0; k < KV; ++k) {
+        _mm512_mask_storeu_ps(out + j * out_stride + c + size_t(k) * kV, m[k], acc[j][k]);
+      }
+    }
+  }
+}
+
+void AxpyRowsI8(const float* p, size_t nq, size_t p_stride, const float* row_scale,
+                const int8_t* rows, size_t n, size_t row_stride, size_t d, float* out,
+                size_t out_stride) {
+  if (n == 0) return;
+  HeadBlocks(nq, [&]<int NJ>(size_t j) {
+    // One or two heads (the common GQA group): 8 accumulators per head span
+    // a 128-wide head in one pass over the rows.
+    constexpr int kKv = NJ <= 2 ? 8 : 4;
+    AxpyRowsI8Block<NJ, kKv>(p + j * p_stride, p_stride, row_scale, rows, n, row_stride, d,
+                             out + j * out_stride, out_stride);
+  });
 }
 
 float QuantizeRowI8(const float* x, int8_t* q, size_t n) {
@@ -555,45 +639,6 @@ struct F32Loader {
     *hi = _mm512_maskz_loadu_ps(Mask16(rem > 16 ? rem - 16 : 0), p + 16);
   }
 };
-
-// Horizontal sums of up to 16 accumulators at once. Each sum uses the same
-// tree as _mm512_reduce_add_ps (i + i+8, then i + i+4, i + i+2, i + i+1), so a
-// result does not depend on how many accumulators were reduced together:
-// that keeps decode batch-invariant. Costs ~45 shuffles/adds for 16 vectors
-// instead of ~8 dependent steps per vector.
-template <int N>
-CORTIQ_INLINE void ReduceMany(const __m512* v, float* out) {
-  static_assert(N >= 1 && N <= 16);
-  __m512 s[8], t[4], u[2];
-  const __m512 zero = _mm512_setzero_ps();
-  auto at = [&](int i) { return i < N ? v[i] : zero; };
-#pragma GCC unroll 8
-  for (int k = 0; k < 8; ++k) {  // lanes 0-1: v[2k] folded to 8, lanes 2-3: v[2k+1]
-    if (2 * k >= N) {
-      s[k] = zero;
-      continue;
-    }
-    const __m512 a = at(2 * k), b = at(2 * k + 1);
-    s[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  }
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {  // lane q: v[4k + q] folded to 4
-    t[k] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * k], s[2 * k + 1], 0x88),
-                         _mm512_shuffle_f32x4(s[2 * k], s[2 * k + 1], 0xDD));
-  }
-#pragma GCC unroll 2
-  for (int k = 0; k < 2; ++k) {  // lane q: [v[8k+q] x2, v[8k+4+q] x2]
-    u[k] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * k], t[2 * k + 1], 0x44),
-                         _mm512_shuffle_ps(t[2 * k], t[2 * k + 1], 0xEE));
-  }
-  // Element 4q + e: the sum of v[4e + q].
-  const __m512 w =
-      _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xDD));
-  alignas(64) float tmp[16];
-  _mm512_store_ps(tmp, w);
-#pragma GCC unroll 16
-  for (int i = 0; i < N; ++i) out[i] = tmp[(i % 4) * 4 + i / 4];
-}
 
 // Accumulates columns [c0, c1) of R rows of W (from r0) times B rows of x
 // (from b0). The R x B accumulators start at zero (first) or from `spill`,
@@ -1009,8 +1054,17 @@ double FmaLoop(uint64_t iters) {
   return 2.0 * kAcc * kV * static_cast<double>(iters);
 }
 
-const KernelTable kTable = {
-    .isa = Isa::kAvx512,
+// One table for kAvx512 and, with the bf16-activation decode of
+// kernels_avx512bf16.cc (VDPBF16PS) or kernels_amx.cc (TDPBF16PS), one for
+// kAvx512Bf16 and one for kAmx. constexpr: both are constant
+// data (no code runs to build them, so nothing executes AVX-512 instructions
+// before CPUID has been read).
+constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t),
+                                void (*bf16_pack)(const float*, size_t, size_t, uint16_t*),
+                                size_t bf16_row_block,
+                                void (*bf16_gemv)(const GemvArgs&, size_t, size_t)) {
+  return {
+    .isa = isa,
     .dot = Dot,
     .axpy = Axpy,
     .dot_rows = DotRows,
@@ -1018,6 +1072,8 @@ const KernelTable kTable = {
     .scale = Scale,
     .dot_i8 = DotI8,
     .axpy_i8 = AxpyI8,
+    .dot_rows_i8 = DotRowsI8,
+    .axpy_rows_i8 = AxpyRowsI8,
     .quantize_row_i8 = QuantizeRowI8,
     .rms_norm = RmsNorm,
     .softmax = Softmax,
@@ -1029,6 +1085,10 @@ const KernelTable kTable = {
     .gemv_bf16_even_odd = true,
     .gemv_pack_x = GemvPackX,
     .gemv = Gemv,
+    .gemv_bf16_pack_size = bf16_pack_size,
+    .gemv_bf16_pack_x = bf16_pack,
+    .gemv_bf16_row_block = bf16_row_block,
+    .gemv_bf16 = bf16_gemv,
     .gemm_mr = kMr,
     .gemm_nr = kNr,
     .gemm_kc = kKc,
@@ -1037,10 +1097,20 @@ const KernelTable kTable = {
     .gemm = Gemm,
     .read_stream = ReadStream,
     .fma_loop = FmaLoop,
-};
+  };
+}
+
+constexpr KernelTable kTable = MakeTable(Isa::kAvx512, nullptr, nullptr, 0, nullptr);
+constexpr KernelTable kTableBf16 =
+    MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX, 8, GemvBf16);
+// AMX: rows in whole 16-row tiles per thread.
+constexpr KernelTable kTableAmx =
+    MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16, GemvAmx);
 
 }  // namespace
 
 const KernelTable* Avx512Table() { return &kTable; }
+const KernelTable* Avx512Bf16Table() { return &kTableBf16; }
+const KernelTable* AmxTable() { return &kTableAmx; }
 
 }  // namespace cortiq::math::internal

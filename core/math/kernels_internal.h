@@ -24,8 +24,9 @@ namespace cortiq::math::internal {
 // Decode-path matrix product over a range of W rows. x has been packed by the
 // table's gemv_pack_x (zero-padded to x_stride, possibly permuted: see there).
 struct GemvArgs {
-  const float* x;   // [batch][x_stride], packed
-  size_t x_stride;  // floats between batch rows of x (a multiple of gemv_col_block)
+  const float* x;      // [batch][x_stride], packed (gemv)
+  const uint16_t* xb;  // [batch][x_stride] bf16, packed by gemv_bf16_pack_x (gemv_bf16)
+  size_t x_stride;     // elements between batch rows of x (a multiple of gemv_col_block)
   size_t batch;
   const void* w;  // [rows][cols] of dtype, row-major, unaligned
   DType dtype;
@@ -59,6 +60,12 @@ struct KernelTable {
   void (*scale)(float* x, float alpha, size_t n);
   float (*dot_i8)(const float* a, const int8_t* b, size_t n);
   void (*axpy_i8)(float alpha, const int8_t* x, float* y, size_t n);
+  // DotRowsI8 / AxpyRowsI8 of kernels.h.
+  void (*dot_rows_i8)(const float* q, size_t nq, size_t q_stride, const int8_t* rows, size_t n,
+                      size_t row_stride, size_t d, float* out, size_t out_stride);
+  void (*axpy_rows_i8)(const float* p, size_t nq, size_t p_stride, const float* row_scale,
+                       const int8_t* rows, size_t n, size_t row_stride, size_t d, float* out,
+                       size_t out_stride);
   float (*quantize_row_i8)(const float* x, int8_t* q, size_t n);
   void (*rms_norm)(const float* x, const float* weight, float eps, size_t n, float* out);
   void (*softmax)(float* x, size_t n);
@@ -80,6 +87,17 @@ struct KernelTable {
   void (*gemv_pack_x)(const float* x, size_t batch, size_t cols, bool even_odd, size_t stride,
                       float* out);
   void (*gemv)(const GemvArgs& a, size_t row_begin, size_t row_end);
+  // bf16 activations on bf16 weights (WeightView::bf16_activations): the
+  // AVX512_BF16 and AMX tables only; nullptr elsewhere, where MatMul rounds x
+  // to bf16 values and runs gemv / gemm on them. gemv_bf16_pack_x rounds x
+  // [batch][cols] to bf16 into the kernel's own layout (gemv_bf16_pack_size
+  // elements); gemv_bf16 reads it as GemvArgs::xb (x_stride: cols rounded
+  // up to gemv_col_block). Row ranges handed to gemv_bf16 start on multiples
+  // of gemv_bf16_row_block.
+  size_t (*gemv_bf16_pack_size)(size_t batch, size_t cols);
+  void (*gemv_bf16_pack_x)(const float* x, size_t batch, size_t cols, uint16_t* out);
+  size_t gemv_bf16_row_block;
+  void (*gemv_bf16)(const GemvArgs& a, size_t row_begin, size_t row_end);
 
   // ---- Prefill (packed GEMM); gemm == nullptr: use gemv for every batch ----
   size_t gemm_mr;  // x rows per micro-tile (broadcast operand)
@@ -102,10 +120,22 @@ struct KernelTable {
 };
 
 const KernelTable& ScalarTable();
-// Defined in kernels_avx2.cc / kernels_avx512.cc (always built on x86-64);
-// the dispatcher treats nullptr as "not available".
+// Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc
+// (always built on x86-64); the dispatcher treats nullptr as "not available".
 const KernelTable* Avx2Table();
 const KernelTable* Avx512Table();
+const KernelTable* Avx512Bf16Table();
+const KernelTable* AmxTable();
+// The kAvx512Bf16 table's decode kernels (kernels_avx512bf16.cc).
+size_t GemvBf16PackedSize(size_t batch, size_t cols);
+void GemvBf16PackX(const float* x, size_t batch, size_t cols, uint16_t* out);
+void GemvBf16(const GemvArgs& a, size_t row_begin, size_t row_end);
+// The kAmx table's (kernels_amx.cc). EnableAmxForProcess asks the OS for the
+// tile state (Linux arch_prctl); false: AMX is unusable in this process.
+bool EnableAmxForProcess();
+size_t GemvAmxPackedSize(size_t batch, size_t cols);
+void GemvAmxPackX(const float* x, size_t batch, size_t cols, uint16_t* out);
+void GemvAmx(const GemvArgs& a, size_t row_begin, size_t row_end);
 
 // The table for an ISA (falls back to the next lower compiled one).
 const KernelTable& TableFor(Isa isa);

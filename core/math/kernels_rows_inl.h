@@ -35,4 +35,28 @@ static void AxpyRowsT(const float* p, size_t nq, size_t p_stride, const float* r
   }
 }
 
+// The int8 forms: out[j·out_stride + t] = DotI8Fn(q_j, row_t, d).
+template <float (*DotI8Fn)(const float*, const int8_t*, size_t)>
+static void DotRowsI8T(const float* q, size_t nq, size_t q_stride, const int8_t* rows, size_t n,
+                       size_t row_stride, size_t d, float* out, size_t out_stride) {
+  for (size_t t = 0; t < n; ++t) {
+    const int8_t* r = rows + t * row_stride;
+    for (size_t j = 0; j < nq; ++j) out[j * out_stride + t] = DotI8Fn(q + j * q_stride, r, d);
+  }
+}
+
+// out + j·out_stride += (p[j·p_stride + t] · row_scale[t]) · rows[t], t
+// ascending (outer), j inner.
+template <void (*AxpyI8Fn)(float, const int8_t*, float*, size_t)>
+static void AxpyRowsI8T(const float* p, size_t nq, size_t p_stride, const float* row_scale,
+                        const int8_t* rows, size_t n, size_t row_stride, size_t d, float* out,
+                        size_t out_stride) {
+  for (size_t t = 0; t < n; ++t) {
+    const int8_t* r = rows + t * row_stride;
+    for (size_t j = 0; j < nq; ++j) {
+      AxpyI8Fn(p[j * p_stride + t] * row_scale[t], r, out + j * out_stride, d);
+    }
+  }
+}
+
 }  // namespace cortiq::math::internal

@@ -21,16 +21,26 @@ float* Reserve(util::AlignedBuffer<float>& buf, size_t n) {
   return buf.data();
 }
 
+// bf16: x rounded to bf16 and packed for t.gemv_bf16 (AVX512_BF16 tables).
 void Gemv(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w,
-          float* y, util::ThreadPool* pool) {
+          float* y, util::ThreadPool* pool, bool bf16) {
   internal::GemvArgs args;
+  args.x = nullptr;
+  args.xb = nullptr;
   args.batch = batch;
   args.w = w.data;
   args.dtype = w.dtype;
   args.rows = w.rows;
   args.cols = w.cols;
   args.y = y;
-  if (t.gemv_pack_x == nullptr) {
+  if (bf16) {
+    thread_local util::AlignedBuffer<uint16_t> xbuf;
+    const size_t n = t.gemv_bf16_pack_size(batch, w.cols);
+    if (xbuf.size() < n) xbuf.Resize(n);
+    t.gemv_bf16_pack_x(x, batch, w.cols, xbuf.data());
+    args.xb = xbuf.data();
+    args.x_stride = (w.cols + t.gemv_col_block - 1) / t.gemv_col_block * t.gemv_col_block;
+  } else if (t.gemv_pack_x == nullptr) {
     args.x = x;
     args.x_stride = w.cols;
   } else {
@@ -42,13 +52,16 @@ void Gemv(const internal::KernelTable& t, const float* x, size_t batch, const We
     args.x = xp;
     args.x_stride = stride;
   }
+  const auto kernel = bf16 ? t.gemv_bf16 : t.gemv;
   if (pool == nullptr || w.rows * w.cols * DTypeSize(w.dtype) < kMinParallelWeightBytes) {
-    t.gemv(args, 0, w.rows);
+    kernel(args, 0, w.rows);
     return;
   }
-  // Chunk edges on multiples of 8 rows keep every thread on whole row tiles.
+  // Chunk edges on whole row tiles (the same rows go through the same tiles
+  // whatever the thread count).
   pool->ParallelFor(
-      w.rows, [&](size_t begin, size_t end) { t.gemv(args, begin, end); }, 8);
+      w.rows, [&](size_t begin, size_t end) { kernel(args, begin, end); },
+      bf16 ? t.gemv_bf16_row_block : 8);
 }
 
 void Gemm(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w,
@@ -90,10 +103,22 @@ void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::T
     return;
   }
   const internal::KernelTable& t = internal::Active();
-  if (t.gemm != nullptr && batch >= kMatMulGemmMinBatch) {
+  const bool gemm = t.gemm != nullptr && batch >= kMatMulGemmMinBatch;
+  if (w.bf16_activations && w.dtype == DType::kBF16) {
+    if (!gemm && t.gemv_bf16 != nullptr) return Gemv(t, x, batch, w, y, pool, /*bf16=*/true);
+    // Every other path computes on the same rounded inputs in f32.
+    thread_local util::AlignedBuffer<uint16_t> bits;
+    thread_local util::AlignedBuffer<float> rounded;
+    const size_t n = batch * w.cols;
+    if (bits.size() < n) bits.Resize(n);
+    ConvertFromF32(x, DType::kBF16, n, bits.data());
+    ConvertToF32(bits.data(), DType::kBF16, n, Reserve(rounded, n));
+    x = rounded.data();
+  }
+  if (gemm) {
     Gemm(t, x, batch, w, y, pool);
   } else {
-    Gemv(t, x, batch, w, y, pool);
+    Gemv(t, x, batch, w, y, pool, /*bf16=*/false);
   }
 }
 

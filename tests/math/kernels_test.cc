@@ -429,12 +429,14 @@ TEST_P(KernelsTest, VectorConversionsMatchScalar) {
 TEST(DispatchTest, NamesAndCaps) {
   EXPECT_STREQ(IsaName(Isa::kScalar), "scalar");
   EXPECT_STREQ(IsaName(Isa::kAvx512), "avx512");
+  EXPECT_STREQ(IsaName(Isa::kAvx512Bf16), "avx512bf16");
+  EXPECT_STREQ(IsaName(Isa::kAmx), "amx");
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kF32), 4u);
   EXPECT_STREQ(DTypeName(DType::kF16), "f16");
   EXPECT_EQ(SetIsaForTesting(Isa::kScalar), Isa::kScalar);
   EXPECT_EQ(ActiveIsa(), Isa::kScalar);
-  EXPECT_EQ(SetIsaForTesting(Isa::kAvx512), DetectedIsa());
+  EXPECT_EQ(SetIsaForTesting(Isa::kAmx), DetectedIsa());
   EXPECT_EQ(ActiveIsa(), DetectedIsa());
 }
 
@@ -457,7 +459,7 @@ TEST(DispatchTest, EnvironmentCapsIsa) {
   };
   for (Isa isa : testing::SupportedIsas()) run(IsaName(isa), isa);
   // Asking for more than the CPU has gives what it has.
-  run("avx512", DetectedIsa());
+  run("amx", DetectedIsa());
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, KernelsTest, ::testing::ValuesIn(testing::SupportedIsas()),

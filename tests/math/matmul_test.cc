@@ -28,7 +28,8 @@ struct TestWeights {
   WeightView view;
 };
 
-TestWeights MakeWeights(size_t rows, size_t cols, DType dtype, uint32_t seed, size_t misalign) {
+TestWeights MakeWeights(size_t rows, size_t cols, DType dtype, uint32_t seed, size_t misalign,
+                        bool bf16_activations = false) {
   TestWeights t;
   auto f = RandomFloats(rows * cols, seed);
   const size_t es = DTypeSize(dtype);
@@ -37,7 +38,7 @@ TestWeights MakeWeights(size_t rows, size_t cols, DType dtype, uint32_t seed, si
   ConvertFromF32(f.data(), dtype, rows * cols, base);
   t.values.resize(rows * cols);
   ConvertToF32(base, dtype, rows * cols, t.values.data());
-  t.view = WeightView{base, dtype, rows, cols};
+  t.view = WeightView{base, dtype, rows, cols, bf16_activations};
   return t;
 }
 
@@ -54,9 +55,12 @@ void ExpectMatMulClose(const std::vector<float>& x, size_t batch, const TestWeig
       double ref = 0, mag = 0;
       const float* xr = x.data() + b * cols;
       const float* wr = w.values.data() + r * cols;
+      // bf16 activations: the reference is the product of the rounded x.
+      const bool round = w.view.bf16_activations && w.view.dtype == DType::kBF16;
       for (size_t c = 0; c < cols; ++c) {
-        ref += static_cast<double>(xr[c]) * wr[c];
-        mag += std::fabs(static_cast<double>(xr[c]) * wr[c]);
+        const double xc = round ? RoundToBf16(xr[c]) : xr[c];
+        ref += xc * wr[c];
+        mag += std::fabs(xc * wr[c]);
       }
       ASSERT_LE(std::fabs(y[b * rows + r] - ref), factor * mag)
           << what << " b=" << b << " r=" << r << " got=" << y[b * rows + r] << " ref=" << ref;
@@ -69,10 +73,15 @@ std::string Describe(Isa isa, DType dt, size_t batch, size_t rows, size_t cols) 
          " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
 }
 
-class MatMulTest : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
+// (ISA, weight dtype, bf16 activations)
+class MatMulTest : public ::testing::TestWithParam<std::tuple<Isa, DType, bool>> {
  protected:
   Isa isa() const { return std::get<0>(GetParam()); }
   DType dtype() const { return std::get<1>(GetParam()); }
+  bool bf16_act() const { return std::get<2>(GetParam()); }
+  TestWeights MakeW(size_t rows, size_t cols, uint32_t seed, size_t misalign) const {
+    return MakeWeights(rows, cols, dtype(), seed, misalign, bf16_act());
+  }
   testing::ScopedIsa scoped_{std::get<0>(GetParam())};
   util::ThreadPool pool_{3};
 };
@@ -87,7 +96,7 @@ TEST_P(MatMulTest, SmallShapesMatchFloat64) {
   for (size_t batch : batches) {
     for (auto& s : shapes) {
       const size_t rows = s[0], cols = s[1];
-      TestWeights w = MakeWeights(rows, cols, dtype(), ++seed, 2);
+      TestWeights w = MakeW(rows, cols, ++seed, 2);
       auto x = RandomFloats(batch * cols, ++seed);
       std::vector<float> y(batch * rows + 1, 42.0f);
       MatMul(x.data(), batch, w.view, y.data(), (seed % 2) ? &pool_ : nullptr);
@@ -108,7 +117,7 @@ TEST_P(MatMulTest, LargeShapesMatchFloat64) {
   uint32_t seed = 500;
   for (auto& s : shapes) {
     const size_t batch = s[0], rows = s[1], cols = s[2];
-    TestWeights w = MakeWeights(rows, cols, dtype(), ++seed, 6);
+    TestWeights w = MakeW(rows, cols, ++seed, 6);
     auto x = RandomFloats(batch * cols, ++seed);
     std::vector<float> y(batch * rows);
     MatMul(x.data(), batch, w.view, y.data(), s[3] ? &pool_ : nullptr);
@@ -119,7 +128,7 @@ TEST_P(MatMulTest, LargeShapesMatchFloat64) {
 // Decode is batch-invariant: row b of a batched call equals a batch-1 call.
 TEST_P(MatMulTest, DecodeIsBatchInvariant) {
   const size_t rows = 77, cols = 300;
-  TestWeights w = MakeWeights(rows, cols, dtype(), 7, 0);
+  TestWeights w = MakeW(rows, cols, 7, 0);
   for (size_t batch = 2; batch < kMatMulGemmMinBatch; ++batch) {
     auto x = RandomFloats(batch * cols, 8 + batch);
     std::vector<float> y(batch * rows), y1(rows);
@@ -137,7 +146,7 @@ TEST_P(MatMulTest, DecodeIsBatchInvariant) {
 // The thread count never changes a result, on either path.
 TEST_P(MatMulTest, ThreadCountDoesNotChangeResults) {
   const size_t rows = 700, cols = 300;
-  TestWeights w = MakeWeights(rows, cols, dtype(), 9, 0);
+  TestWeights w = MakeW(rows, cols, 9, 0);
   util::ThreadPool two(2);
   for (size_t batch : {size_t{1}, size_t{5}, size_t{16}, kMatMulGemmMinBatch + 31}) {
     auto x = RandomFloats(batch * cols, 10 + batch);
@@ -151,20 +160,20 @@ TEST_P(MatMulTest, ThreadCountDoesNotChangeResults) {
 }
 
 TEST_P(MatMulTest, DegenerateShapes) {
-  TestWeights w = MakeWeights(5, 0, dtype(), 11, 0);
+  TestWeights w = MakeW(5, 0, 11, 0);
   std::vector<float> y(3 * 5, 42.0f);
   MatMul(nullptr, 3, w.view, y.data(), &pool_);  // cols == 0: y = 0
   for (float v : y) EXPECT_EQ(v, 0.0f);
-  TestWeights w2 = MakeWeights(0, 8, dtype(), 12, 0);
+  TestWeights w2 = MakeW(0, 8, 12, 0);
   MatMul(nullptr, 3, w2.view, nullptr, &pool_);  // rows == 0: nothing
-  TestWeights w3 = MakeWeights(4, 8, dtype(), 13, 0);
+  TestWeights w3 = MakeW(4, 8, 13, 0);
   MatMul(nullptr, 0, w3.view, nullptr, &pool_);  // batch == 0: nothing
 }
 
 // Values far from 1 (large K, mixed magnitudes) keep the relative bound.
 TEST_P(MatMulTest, WideDynamicRange) {
   const size_t rows = 40, cols = 2000;
-  TestWeights w = MakeWeights(rows, cols, dtype(), 14, 0);
+  TestWeights w = MakeW(rows, cols, 14, 0);
   for (size_t batch : {size_t{20}, kMatMulGemmMinBatch + 2}) {
     auto x = RandomFloats(batch * cols, 15);
     for (size_t i = 0; i < x.size(); ++i) x[i] *= (i % 7 == 0) ? 1000.0f : 0.001f;
@@ -174,10 +183,11 @@ TEST_P(MatMulTest, WideDynamicRange) {
   }
 }
 
-std::vector<std::tuple<Isa, DType>> Params() {
-  std::vector<std::tuple<Isa, DType>> out;
+std::vector<std::tuple<Isa, DType, bool>> Params() {
+  std::vector<std::tuple<Isa, DType, bool>> out;
   for (Isa isa : testing::SupportedIsas()) {
-    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) out.emplace_back(isa, dt);
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) out.emplace_back(isa, dt, false);
+    out.emplace_back(isa, DType::kBF16, true);
   }
   return out;
 }
@@ -185,7 +195,8 @@ std::vector<std::tuple<Isa, DType>> Params() {
 INSTANTIATE_TEST_SUITE_P(IsasAndDtypes, MatMulTest, ::testing::ValuesIn(Params()),
                          [](const auto& info) {
                            return std::string(IsaName(std::get<0>(info.param))) + "_" +
-                                  DTypeName(std::get<1>(info.param));
+                                  DTypeName(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_bf16act" : "");
                          });
 
 }  // namespace

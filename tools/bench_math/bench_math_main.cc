@@ -68,11 +68,12 @@ std::vector<float> RandomX(size_t n) {
   return x;
 }
 
-// args: rows, cols, batch, dtype, cold
+// args: rows, cols, batch, dtype, cold, bf16 activations
 void BM_Gemv(benchmark::State& state) {
   const size_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
   const DType dtype = static_cast<DType>(state.range(3));
   const bool cold = state.range(4) != 0;
+  const bool act = state.range(5) != 0;
   const size_t wbytes = rows * cols * DTypeSize(dtype);
   if (wbytes > kArenaBytes) {
     state.SkipWithError("weights larger than the arena");
@@ -87,7 +88,7 @@ void BM_Gemv(benchmark::State& state) {
   size_t slice = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    WeightView w{base + slice * stride, dtype, rows, cols};
+    WeightView w{base + slice * stride, dtype, rows, cols, act};
     MatMul(x.data(), batch, w, y.data(), g_pool);
     benchmark::DoNotOptimize(y.data());
     if (++slice == slices) slice = 0;
@@ -96,7 +97,8 @@ void BM_Gemv(benchmark::State& state) {
   state.counters["GBps"] = static_cast<double>(wbytes) / secs / 1e9;
   state.counters["pct_bw"] = 100.0 * state.counters["GBps"] / g_bandwidth_gbs;
   state.counters["GFLOPS"] = 2.0 * rows * cols * batch / secs / 1e9;
-  state.SetLabel(std::string(DTypeName(dtype)) + (cold ? " cold" : " hot"));
+  state.SetLabel(std::string(DTypeName(dtype)) + (cold ? " cold" : " hot") +
+                (act ? " bf16-act" : ""));
 }
 
 // args: M (batch), N (rows of W), K (cols), dtype
@@ -176,24 +178,31 @@ void RegisterAll() {
       if (dt == f32 && shape.first == 151936) continue;  // 622 MB: still fits, but slow to sweep
       for (int64_t batch : {1, 8}) {
         if (dt != bf16 && batch != 1) continue;
-        benchmark::RegisterBenchmark("Gemv", BM_Gemv)
-            ->Args({shape.first, shape.second, batch, dt, 1})
-            ->ArgNames({"rows", "cols", "batch", "dtype", "cold"})
-            ->UseRealTime();
+        for (int64_t act : {0, 1}) {
+          if (act && dt != bf16) continue;
+          benchmark::RegisterBenchmark("Gemv", BM_Gemv)
+              ->Args({shape.first, shape.second, batch, dt, 1, act})
+              ->ArgNames({"rows", "cols", "batch", "dtype", "cold", "act"})
+              ->UseRealTime();
+        }
       }
     }
   }
   for (int64_t batch : {1, 4, 8, 12, 15}) {
-    benchmark::RegisterBenchmark("Gemv", BM_Gemv)
-        ->Args({3072, 1024, batch, bf16, 1})
-        ->ArgNames({"rows", "cols", "batch", "dtype", "cold"})
-        ->UseRealTime();
+    for (int64_t act : {0, 1}) {
+      benchmark::RegisterBenchmark("Gemv", BM_Gemv)
+          ->Args({3072, 1024, batch, bf16, 1, act})
+          ->ArgNames({"rows", "cols", "batch", "dtype", "cold", "act"})
+          ->UseRealTime();
+    }
   }
   for (int64_t batch : {1, 8}) {
-    benchmark::RegisterBenchmark("Gemv", BM_Gemv)
-        ->Args({1024, 1024, batch, bf16, 0})
-        ->ArgNames({"rows", "cols", "batch", "dtype", "cold"})
-        ->UseRealTime();
+    for (int64_t act : {0, 1}) {
+      benchmark::RegisterBenchmark("Gemv", BM_Gemv)
+          ->Args({1024, 1024, batch, bf16, 0, act})
+          ->ArgNames({"rows", "cols", "batch", "dtype", "cold", "act"})
+          ->UseRealTime();
+    }
   }
   // Prefill: M = 512 tokens.
   for (int64_t dt : {f32, bf16, f16}) {

@@ -64,14 +64,18 @@ int RunBench(const BenchOptions& o) {
       if (!s.ok()) return Fail(s);
     }
   }
-  auto loaded = model::Transformer::Load(dir, &pool);
+  model::LoadOptions lo;
+  lo.pool = &pool;
+  lo.bf16_activations = o.bf16_activations;
+  auto loaded = model::Transformer::Load(dir, lo);
   if (!loaded.ok()) return Fail(loaded.status());
   const model::Transformer& tf = **loaded;
   const model::ModelConfig& c = tf.config();
   const kv::KvMode kv_mode = o.kv == "int8" ? kv::KvMode::kInt8 : kv::KvMode::kF32;
 
-  std::printf("cortiq-tool bench: model %s, isa %s, threads %zu, kv %s\n", dir.c_str(),
-              math::IsaName(math::ActiveIsa()), pool.num_threads(), o.kv.c_str());
+  std::printf("cortiq-tool bench: model %s, isa %s, threads %zu, kv %s, activations %s\n",
+              dir.c_str(), math::IsaName(math::ActiveIsa()), pool.num_threads(), o.kv.c_str(),
+              tf.bf16_activations() ? "bf16" : "f32");
   std::printf(
       "shape: hidden %lld, layers %lld, heads %lld/%lld, head_dim %lld, inter %lld, vocab %lld\n",
       (long long)c.hidden_size, (long long)c.num_hidden_layers, (long long)c.num_attention_heads,

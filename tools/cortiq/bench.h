@@ -20,6 +20,7 @@ struct BenchOptions {
   size_t decode_steps = 32;
   size_t bandwidth_bytes = size_t(2) << 30;
   size_t threads = 0;  // 0 = hardware
+  bool bf16_activations = true;  // model::LoadOptions
 };
 
 int RunBench(const BenchOptions& options);

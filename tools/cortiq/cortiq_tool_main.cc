@@ -55,10 +55,14 @@ constexpr const char* kUsage = R"(usage:
                        [--seed 0] [--kv f32|int8]
   cortiq-tool bench [--model DIR | --shape qwen3-0.6b] [--dtype bf16] [--context 512]
                     [--batches 1,8] [--steps 32] [--bandwidth-gb 2] [--threads 0]
+                    [--kv f32|int8]
   cortiq-tool bench-context [--shape qwen3-0.6b] [--contexts 1024,4096,16384,65536]
                     [--modes exact,int8,o1,qsa] [--steps 8] [--max-state-gb 8] [--o1 all --o1-m 32 ...]
                     [--qsa all --qsa-ratio 64 --qsa-budget 16]
 shapes: tiny, tiny-gqa, tiny-qwen2, tiny-llama, qwen3-0.6b
+logits, ppl, generate and bench take --activations bf16|f32 (default bf16): with bf16
+weights, projections round their inputs to bf16 (exact products, f32 sums); f32 keeps
+them in f32. No effect on f32 or f16 weights.
 )";
 
 struct UsageError {
@@ -125,6 +129,21 @@ kv::KvMode ParseKv(const Args& a) {
   if (kv == "f32") return kv::KvMode::kF32;
   if (kv == "int8") return kv::KvMode::kInt8;
   throw UsageError{"--kv must be f32 or int8"};
+}
+
+// --activations bf16|f32 (default bf16): model::LoadOptions::bf16_activations.
+bool ParseBf16Activations(const Args& a) {
+  std::string act = a.Str("activations", "bf16");
+  if (act == "bf16") return true;
+  if (act == "f32") return false;
+  throw UsageError{"--activations must be bf16 or f32"};
+}
+
+absl::StatusOr<std::unique_ptr<model::Transformer>> LoadModel(const Args& a,
+                                                              const std::string& dir) {
+  model::LoadOptions lo;
+  lo.bf16_activations = ParseBf16Activations(a);
+  return model::Transformer::Load(dir, lo);
 }
 
 std::vector<int32_t> ParseIds(std::string_view text) {
@@ -195,12 +214,12 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const Args& a, const std::string&
 }
 
 int Logits(const Args& a) {
-  a.AllowOnly({"model", "ids", "prompt", "out", "kv"});
+  a.AllowOnly({"model", "ids", "prompt", "out", "kv", "activations"});
   const std::string dir = a.Required("model");
   const std::string out_path = a.Required("out");
   auto ids = PromptIds(a, dir);
   if (!ids.ok()) return Fail(ids.status());
-  auto tf = model::Transformer::Load(dir);
+  auto tf = LoadModel(a, dir);
   if (!tf.ok()) return Fail(tf.status());
   model::SequenceKv kv((*tf)->config(), ParseKv(a));
   model::ForwardScratch scratch;
@@ -216,8 +235,9 @@ int Logits(const Args& a) {
 
 int Ppl(const Args& a) {
   a.AllowOnly({"model", "file", "window", "prefill", "kv", "max-windows", "baseline", "o1", "o1-m",
-               "o1-w", "o1-sink", "o1-rect", "qsa", "qsa-ratio", "qsa-budget"});
+               "o1-w", "o1-sink", "o1-rect", "qsa", "qsa-ratio", "qsa-budget", "activations"});
   PplOptions o;
+  o.bf16_activations = ParseBf16Activations(a);
   o.model_dir = a.Required("model");
   o.text_file = a.Required("file");
   o.window = static_cast<size_t>(a.Int("window", 512));
@@ -251,13 +271,13 @@ int Ppl(const Args& a) {
 
 int Generate(const Args& a) {
   a.AllowOnly({"model", "prompt", "ids", "max-tokens", "temperature", "top-k", "top-p", "min-p",
-               "repetition-penalty", "seed", "kv"});
+               "repetition-penalty", "seed", "kv", "activations"});
   const std::string dir = a.Required("model");
   auto tok = ModelTokenizer(dir);
   if (!tok.ok()) return Fail(tok.status());
   auto ids = PromptIds(a, dir);
   if (!ids.ok()) return Fail(ids.status());
-  auto tf = model::Transformer::Load(dir);
+  auto tf = LoadModel(a, dir);
   if (!tf.ok()) return Fail(tf.status());
   model::SamplingParams sp;
   sp.temperature = static_cast<float>(a.Float("temperature", 1.0));
@@ -335,8 +355,10 @@ int BenchContext(const Args& a) {
 
 int Bench(const Args& a) {
   a.AllowOnly(
-      {"model", "shape", "dtype", "context", "batches", "steps", "bandwidth-gb", "threads", "kv"});
+      {"model", "shape", "dtype", "context", "batches", "steps", "bandwidth-gb", "threads", "kv",
+       "activations"});
   BenchOptions o;
+  o.bf16_activations = ParseBf16Activations(a);
   o.model_dir = a.Str("model");
   o.shape = a.Str("shape", o.shape);
   o.dtype = a.Str("dtype", o.dtype);

@@ -99,7 +99,9 @@ int RunPpl(const PplOptions& o) {
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto tok = tokenizer::Tokenizer::FromFile(o.model_dir + "/tokenizer.json");
   if (!tok.ok()) return Fail(tok.status());
-  auto tf = model::Transformer::Load(o.model_dir);
+  model::LoadOptions lo;
+  lo.bf16_activations = o.bf16_activations;
+  auto tf = model::Transformer::Load(o.model_dir, lo);
   if (!tf.ok()) return Fail(tf.status());
   const std::vector<int32_t> ids = tok->Encode(text, /*parse_special=*/false);
 

@@ -26,6 +26,7 @@ struct PplOptions {
   size_t prefill = 256;
   long max_windows = -1;  // -1: every full or partial window
   kv::KvMode kv_mode = kv::KvMode::kF32;
+  bool bf16_activations = true;  // model::LoadOptions (bf16 weights only)
   // Set: run the O(1) mode with these request-level overrides (the rest
   // resolves through env > config.json hint > defaults, as in the server).
   std::optional<kv::O1Overrides> o1;
