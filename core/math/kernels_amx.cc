@@ -32,7 +32,7 @@ namespace {
 constexpr size_t kTileRows = 16;  // W rows per A / C tile
 constexpr size_t kTileCols = 32;  // W columns (bf16) per A tile = 64 bytes
 constexpr size_t kTileBatch = 16;  // batch rows per B / C tile
-constexpr size_t kPrefetchBlocks = 8;  // software prefetch distance, in column blocks
+constexpr size_t kPrefetchBlocks = 4;  // software prefetch distance, in column blocks
 
 // The 64-byte tile configuration (palette 1).
 struct alignas(64) TileConfig {

@@ -315,13 +315,32 @@ bool SequenceKv::O1Collecting() const {
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& model_dir,
                                                                util::ThreadPool* pool) {
+  LoadOptions options;
+  options.pool = pool;
+  return Load(model_dir, options);
+}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& model_dir,
+                                                               const LoadOptions& options) {
   std::unique_ptr<Transformer> t(new Transformer());
   CORTIQ_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
   t->checkpoint_.emplace(std::move(ckpt));
   t->config_ = t->checkpoint_->config();
-  t->pool_ = pool != nullptr ? pool : &util::ThreadPool::Default();
+  t->pool_ = options.pool != nullptr ? options.pool : &util::ThreadPool::Default();
   t->qsa_ = std::make_shared<QsaRuntime>(t->pool_);
   CORTIQ_RETURN_IF_ERROR(t->Bind());
+  // The flag means something for bf16 weights only; elsewhere it stays off so
+  // bf16_activations() reports what the products do.
+  auto mark = [&](WeightView& w) {
+    w.bf16_activations = options.bf16_activations && w.dtype == math::DType::kBF16;
+  };
+  mark(t->lm_head_);
+  for (LayerWeights& w : t->layers_) {
+    for (WeightView* v :
+         {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+      mark(*v);
+    }
+  }
   return t;
 }
 

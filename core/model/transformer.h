@@ -238,12 +238,27 @@ struct ForwardScratch {
   std::vector<qsa::QsaSelection> qsa_sel;  // [rows] decode selections, reused
 };
 
+struct LoadOptions {
+  util::ThreadPool* pool = nullptr;  // runs the math; nullptr = the default pool
+  // bf16 weights: round activations to bf16 at every projection's input and
+  // compute exact products with f32 accumulation (math::WeightView::
+  // bf16_activations), as bf16 inference does elsewhere; with AVX512_BF16 this
+  // is what keeps batched decode bound by the weight stream. false: f32
+  // activations (W widened to f32). No effect on f32 / f16 weights.
+  bool bf16_activations = true;
+};
+
 class Transformer {
  public:
   // Opens the checkpoint in `model_dir` and binds every tensor; errors name
   // the file and tensor. `pool` runs the math (nullptr = the default pool).
   static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& model_dir,
                                                            util::ThreadPool* pool = nullptr);
+  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& model_dir,
+                                                           const LoadOptions& options);
+  // Whether the projections round activations to bf16 (bf16 weights and
+  // LoadOptions::bf16_activations).
+  bool bf16_activations() const { return lm_head_.bf16_activations; }
 
   const ModelConfig& config() const { return config_; }
   const Checkpoint& checkpoint() const { return *checkpoint_; }
