@@ -165,28 +165,23 @@ size_t GemvAmxPackedSize(size_t batch, size_t cols) {
 // bf16 (nearest even); zeros past the batch and past the columns.
 void GemvAmxPackX(const float* x, size_t batch, size_t cols, uint16_t* out) {
   const size_t kblocks = KBlocks(cols);
-  const size_t groups = (batch + kTileBatch - 1) / kTileBatch;
-  for (size_t g = 0; g < groups; ++g) {
+  // Missing batch rows and columns are zero; then each real row's pairs are
+  // scattered into their column (a decode batch is usually far below 16).
+  std::memset(out, 0, GemvAmxPackedSize(batch, cols) * sizeof(uint16_t));
+  for (size_t row = 0; row < batch; ++row) {
+    const size_t g = row / kTileBatch, b = row % kTileBatch;
     for (size_t kb = 0; kb < kblocks; ++kb) {
-      uint16_t* tile = out + (g * kblocks + kb) * kTileCols * kTileBatch;
+      uint32_t* tile = reinterpret_cast<uint32_t*>(out + (g * kblocks + kb) * kTileCols * kTileBatch);
       const size_t c0 = kb * kTileCols;
       const size_t n = cols - c0 < kTileCols ? cols - c0 : kTileCols;
-      for (size_t b = 0; b < kTileBatch; ++b) {
-        const size_t row = g * kTileBatch + b;
-        __m512 lo = _mm512_setzero_ps(), hi = lo;
-        if (row < batch) {
-          const float* src = x + row * cols + c0;
-          lo = _mm512_maskz_loadu_ps(Mask16(n), src);
-          hi = _mm512_maskz_loadu_ps(Mask16(n > 16 ? n - 16 : 0), src + 16);
-        }
-        // 32 bf16 of this batch row: columns 0..31, natural order.
-        alignas(64) uint16_t v[kTileCols];
-        const __m512bh packed = _mm512_cvtne2ps_pbh(hi, lo);
-        _mm512_store_si512(v, reinterpret_cast<const __m512i&>(packed));
-        const uint32_t* pairs = reinterpret_cast<const uint32_t*>(v);
-        uint32_t* t32 = reinterpret_cast<uint32_t*>(tile);
-        for (size_t p = 0; p < kTileCols / 2; ++p) t32[p * kTileBatch + b] = pairs[p];
-      }
+      const float* src = x + row * cols + c0;
+      const __m512 lo = _mm512_maskz_loadu_ps(Mask16(n), src);
+      const __m512 hi = _mm512_maskz_loadu_ps(Mask16(n > 16 ? n - 16 : 0), src + 16);
+      // 32 bf16 of this batch row, natural order: pair p = columns 2p, 2p + 1.
+      alignas(64) uint32_t pairs[kTileCols / 2];
+      const __m512bh packed = _mm512_cvtne2ps_pbh(hi, lo);
+      _mm512_store_si512(pairs, reinterpret_cast<const __m512i&>(packed));
+      for (size_t p = 0; p < kTileCols / 2; ++p) tile[p * kTileBatch + b] = pairs[p];
     }
   }
 }
