@@ -109,11 +109,15 @@ void Block(const GemvArgs& a, size_t r0, size_t b0, const uint16_t* xb, size_t k
     // Each row's lines kPrefetchBlocks column blocks ahead. Without this a
     // core waits on every tile load's 16 misses, and two cores together get
     // no more than one (measured: 12 GB/s for 1 or 2 threads; with it, 19).
-    // Past the row's end it fetches the next row's start: harmless.
+    // Near the end of the rows, the next 16-row block's first lines (past
+    // the end of W a prefetch is a harmless no-op).
+    const size_t kpf = kb + kPrefetchBlocks;
+    const char* ahead = kpf < whole ? w + kpf * kTileCols * sizeof(uint16_t)
+                                    : w + kTileRows * row_bytes +
+                                          (kpf - whole) * kTileCols * sizeof(uint16_t);
     for (size_t r = 0; r < kTileRows; ++r) {
-      const char* ahead = p + kPrefetchBlocks * kTileCols * sizeof(uint16_t) + r * row_bytes;
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      _mm_prefetch(ahead + r * row_bytes, _MM_HINT_T0);
+      _mm_prefetch(ahead + r * row_bytes + 64, _MM_HINT_T0);
     }
     _tile_loadd(2, xb + kb * kX, 64);
     _tile_loadd(4, p, row_bytes);
