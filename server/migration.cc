@@ -2,26 +2,37 @@
 // nodes in the session wire format (core/session/session_wire.h,
 // docs/WIRE_FORMAT.md).
 //
-// Export leases the session (ABORTED while it generates), serialises it,
-// returns the lease, then streams chunks of at most kChunkBytes with one
-// write in flight. Import buffers chunks up to --max-import-bytes (refused
-// with RESOURCE_EXHAUSTED before a chunk beyond it is kept), validates the
-// whole stream into a new session, then installs it under the cap and the
-// budget. Migrate runs on its own thread (it is a client of the peer): lease,
-// learn the peer's versions (GetModelInfo), export at the highest common
-// version, stream to the peer's ImportSession, and release locally (reason
-// "migrated") only after the peer answered OK; on any failure the lease is
-// returned and the session stays as it was.
+// Both directions use the raw (byte) API for the chunks, so the bytes are
+// copied once on each side besides the kernel's: Export leases the session
+// (ABORTED while it generates), reads its stream from the caches into chunk
+// buffers of at most kChunkBytes, returns the lease, then sends the buffers
+// as they are, one write in flight. Import feeds each chunk, straight from
+// the received slices, to a SessionWireSink, which validates it and writes
+// the layers into a new session's caches (no buffer of the whole stream); a
+// chunk that would pass --max-import-bytes is refused with
+// RESOURCE_EXHAUSTED before it is used (the rest of a stream already known
+// to be corrupt is only counted); at the end the new session is installed
+// under the cap and the budget. Migrate runs on its own thread (it is a
+// client of the peer): lease, learn the peer's versions (GetModelInfo),
+// stream at the highest common version, reading each chunk from the caches
+// while the previous one is sent, to the peer's ImportSession, and release
+// locally (reason "migrated") only after the peer answered OK; on any
+// failure the lease is returned and the session stays as it was.
+#include "server/migration.h"
+
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/session/session_wire.h"
-#include "grpcpp/grpcpp.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
-#include "server/migration.h"
 
 namespace cortiq::server {
 
@@ -52,37 +63,80 @@ absl::Status CheckWireRequest(uint32_t version, v1::WireDtype dtype) {
   return absl::OkStatus();
 }
 
-// Exports a session under its lease; counts a refusal by reason.
-absl::StatusOr<std::string> ExportLeased(ServiceContext& ctx, const std::string& id,
-                                         const session::SessionWireOptions& options) {
-  CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx.store->Acquire(id));
-  absl::StatusOr<std::string> wire = session::ExportSessionWire(*lease, ctx.wire_fingerprint, options);
-  if (!wire.ok() && wire.status().code() == absl::StatusCode::kFailedPrecondition && ctx.metrics) {
-    const std::string msg(wire.status().message());
+// The session's stream under its lease (the caller holds it while reading);
+// counts a refusal by reason.
+absl::StatusOr<session::SessionWireSource> ExportSource(
+    ServiceContext& ctx, const session::Session& s, const session::SessionWireOptions& options) {
+  absl::StatusOr<session::SessionWireSource> src =
+      session::SessionWireSource::Make(s, ctx.wire_fingerprint, options);
+  if (!src.ok() && src.status().code() == absl::StatusCode::kFailedPrecondition && ctx.metrics) {
+    const std::string msg(src.status().message());
     ExportRefusal reason = msg.find("importance") != std::string::npos ? ExportRefusal::kImportance
                            : msg.find("O(1)") != std::string::npos   ? ExportRefusal::kO1Overlay
                            : msg.find("int8") != std::string::npos   ? ExportRefusal::kInt8Rows
                                                                      : ExportRefusal::kOther;
     ctx.metrics->CountExportRefused(reason);
   }
-  return wire;
+  return src;
 }
 
-class ExportReactor final : public grpc::ServerWriteReactor<v1::WireChunk> {
+// A serialised WireChunk {bytes data = 1} around `data` without copying it:
+// the field's tag and length in a slice of their own, then the data slice.
+grpc::ByteBuffer ChunkMessage(grpc::Slice data) {
+  char head[1 + 10];
+  size_t h = 0;
+  head[h++] = 0x0A;  // field 1, length-delimited
+  for (uint64_t v = data.size();; v >>= 7) {
+    head[h++] = static_cast<char>((v & 0x7F) | (v >= 0x80 ? 0x80 : 0));
+    if (v < 0x80) break;
+  }
+  grpc::Slice slices[2] = {grpc::Slice(head, h), std::move(data)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+// A snapshot of a session's stream as chunk slices, read under its lease
+// (which returns before a byte is sent, so a slow client never holds the
+// session). Each chunk is read from the caches into its own buffer, which
+// gRPC sends as is and frees once sent.
+absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(ServiceContext& ctx, const std::string& id,
+                                                      const session::SessionWireOptions& options) {
+  CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx.store->Acquire(id));
+  CORTIQ_ASSIGN_OR_RETURN(session::SessionWireSource src, ExportSource(ctx, *lease, options));
+  std::vector<grpc::Slice> chunks;
+  chunks.reserve((src.size() + kChunkBytes - 1) / kChunkBytes);
+  while (src.left() > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, src.left()));
+    std::unique_ptr<char[]> data = std::make_unique_for_overwrite<char[]>(n);
+    src.Read(data.get(), n);
+    chunks.emplace_back(data.release(), n, [](void* p) { delete[] static_cast<char*>(p); });
+  }
+  return chunks;
+}
+
+// ExportSession on the raw (byte) API, so that each chunk goes out from the
+// buffer it was read into.
+class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ExportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call,
-                const v1::ExportSessionRequest& req)
+                const grpc::ByteBuffer& request)
       : log_(ctx, "ExportSession") {
+    v1::ExportSessionRequest req;
     absl::Status st = CheckAuth(*ctx, call);
+    if (st.ok()) {
+      grpc::ByteBuffer copy(request);  // Deserialize consumes its input
+      if (!grpc::SerializationTraits<v1::ExportSessionRequest>::Deserialize(&copy, &req).ok()) {
+        st = absl::InvalidArgumentError("ExportSession: the request does not parse");
+      }
+    }
     if (st.ok()) st = CheckSessionId(req.session_id());
     if (st.ok()) st = CheckWireRequest(req.version(), req.dtype());
     if (st.ok()) {
-      absl::StatusOr<std::string> wire =
-          ExportLeased(*ctx, req.session_id(), WireOptionsFrom(req.version(), req.dtype()));
-      if (wire.ok()) {
-        wire_ = *std::move(wire);
+      absl::StatusOr<std::vector<grpc::Slice>> chunks =
+          ExportChunks(*ctx, req.session_id(), WireOptionsFrom(req.version(), req.dtype()));
+      if (chunks.ok()) {
+        chunks_ = *std::move(chunks);
       } else {
-        st = wire.status();
+        st = chunks.status();
       }
     }
     if (!st.ok()) {
@@ -101,25 +155,25 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::WireChunk> {
   }
   void OnCancel() override { Done(grpc::Status::CANCELLED); }
   void OnDone() override {
-    log_.Done(status_.error_code(), status_.error_message(), absl::StrCat("bytes=", wire_.size()));
+    log_.Done(status_.error_code(), status_.error_message(), absl::StrCat("bytes=", bytes_));
     delete this;
   }
 
  private:
   // One write in flight: called from the constructor and OnWriteDone only.
+  // Each chunk's slice moves into the message; gRPC frees it once sent.
   void NextWrite() {
     std::lock_guard lock(mu_);
     if (finished_) return;
-    if (offset_ >= wire_.size() && offset_ > 0) {
+    if (next_ == chunks_.size()) {
       finished_ = true;
       status_ = grpc::Status::OK;
       Finish(status_);
       return;
     }
-    const size_t n = std::min(kChunkBytes, wire_.size() - offset_);
-    chunk_.set_data(wire_.data() + offset_, n);
-    offset_ += n;
-    StartWrite(&chunk_);
+    bytes_ += chunks_[next_].size();
+    message_ = ChunkMessage(std::move(chunks_[next_++]));
+    StartWrite(&message_);
   }
   void Done(const grpc::Status& s) {
     std::lock_guard lock(mu_);
@@ -131,25 +185,93 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::WireChunk> {
 
   CallLog log_;
   std::mutex mu_;
-  std::string wire_;
-  size_t offset_ = 0;
+  std::vector<grpc::Slice> chunks_;  // the stream, at most kChunkBytes each
+  size_t next_ = 0;                  // the next chunk to send
+  size_t bytes_ = 0;                 // sent so far
   bool finished_ = false;
   grpc::Status status_;
-  v1::WireChunk chunk_;
+  grpc::ByteBuffer message_;  // the chunk being written
 };
 
-class ImportReactor final : public grpc::ServerReadReactor<v1::WireChunk> {
+// One received WireChunk {bytes data = 1}, seen without copying it: views of
+// its data inside the message's slices when the message is what protobuf
+// encoders write for it (the field's tag, its length, its bytes; nothing at
+// all for empty data), else protobuf's parse of it.
+class ChunkView {
  public:
-  ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call,
-                v1::ImportSessionResponse* response)
-      : ctx_(ctx), response_(response), log_(ctx, "ImportSession") {
+  // False: the message is not a WireChunk. Views stay valid until the next Parse.
+  bool Parse(grpc::ByteBuffer& message) {
+    slices_.clear();
+    pieces_.clear();
+    size_ = 0;
+    if (!message.Dump(&slices_).ok()) return false;
+    const size_t total = message.Length();
+    if (total == 0) return true;
+    unsigned char head[11];  // the tag and up to a 10-byte length
+    size_t h = 0;
+    for (const grpc::Slice& sl : slices_) {
+      for (size_t i = 0; i < sl.size() && h < sizeof(head); ++i) head[h++] = sl.begin()[i];
+    }
+    uint64_t len = 0;
+    size_t at = 1;
+    bool plain = head[0] == 0x0A;
+    for (int shift = 0; plain; shift += 7, ++at) {
+      if (at >= h || shift > 63) {
+        plain = false;
+        break;
+      }
+      len |= static_cast<uint64_t>(head[at] & 0x7F) << shift;
+      if ((head[at] & 0x80) == 0) {
+        ++at;
+        break;
+      }
+    }
+    if (plain && len == total - at) {
+      size_ = len;
+      size_t skip = at;
+      for (const grpc::Slice& sl : slices_) {
+        std::string_view v(reinterpret_cast<const char*>(sl.begin()), sl.size());
+        const size_t drop = std::min(skip, v.size());
+        v.remove_prefix(drop);
+        skip -= drop;
+        if (!v.empty()) pieces_.push_back(v);
+      }
+      return true;
+    }
+    if (!grpc::SerializationTraits<v1::WireChunk>::Deserialize(&message, &parsed_).ok()) {
+      return false;
+    }
+    size_ = parsed_.data().size();
+    pieces_.push_back(parsed_.data());
+    return true;
+  }
+  size_t size() const { return size_; }
+  const std::vector<std::string_view>& pieces() const { return pieces_; }
+
+ private:
+  std::vector<grpc::Slice> slices_;  // references, keeping the views valid
+  std::vector<std::string_view> pieces_;
+  v1::WireChunk parsed_;
+  size_t size_ = 0;
+};
+
+// ImportSession on the raw (byte) API, so that each chunk's data goes from
+// the received slices straight into the new session's caches.
+class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
+      : ctx_(ctx),
+        response_(response),
+        log_(ctx, "ImportSession"),
+        sink_(*ctx->model, ctx->wire_fingerprint, session::SessionStore::RandomId(),
+              ctx->config->max_import_bytes) {
     absl::Status st = CheckAuth(*ctx, call);
     if (st.ok()) st = Unavailable(*ctx);
     if (!st.ok()) {
       Done(ToGrpcStatus(st));
       return;
     }
-    StartRead(&chunk_);
+    StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
@@ -157,18 +279,27 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::WireChunk> {
       Done(ToGrpcStatus(Install()));
       return;
     }
+    if (!chunk_.Parse(message_)) {
+      Done(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "import: a message is not a WireChunk"));
+      return;
+    }
     const size_t limit = ctx_->config->max_import_bytes;
-    if (received_ + chunk_.data().size() > limit) {
+    if (received_ + chunk_.size() > limit) {
       Done(ToGrpcStatus(absl::ResourceExhaustedError(
           absl::StrCat("import: the stream exceeds --max-import-bytes ", limit,
                        " (refused before buffering more)"))));
       return;
     }
-    // Chunks are kept as they come (no reallocation of a growing buffer);
-    // they are joined once, into a buffer of the exact size, at the end.
-    received_ += chunk_.data().size();
-    chunks_.push_back(std::move(*chunk_.mutable_data()));
-    StartRead(&chunk_);
+    // Each chunk goes straight into the new session's caches. Once the
+    // stream is known to be refused (corrupt, an unknown version) the rest
+    // is only counted: a stream past the limit is still RESOURCE_EXHAUSTED,
+    // whatever it holds.
+    received_ += chunk_.size();
+    for (std::string_view piece : chunk_.pieces()) {
+      if (refused_.ok()) refused_ = sink_.Write(piece);
+    }
+    StartRead(&message_);
   }
   void OnCancel() override { Done(grpc::Status::CANCELLED); }
   void OnDone() override {
@@ -184,22 +315,18 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::WireChunk> {
  private:
   absl::Status Install() {
     if (received_ == 0) return absl::DataLossError("import: empty stream");
-    std::string buffer;
-    buffer.reserve(received_);
-    for (std::string& c : chunks_) {
-      buffer.append(c);
-      std::string().swap(c);  // free each chunk once copied
-    }
-    chunks_.clear();
-    CORTIQ_ASSIGN_OR_RETURN(
-        std::unique_ptr<session::Session> s,
-        session::ImportSessionWire(buffer, *ctx_->model, ctx_->wire_fingerprint,
-                                   session::SessionStore::RandomId()));
+    if (!refused_.ok()) return refused_;
+    CORTIQ_ASSIGN_OR_RETURN(std::unique_ptr<session::Session> s, sink_.Finish());
     CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx_->store->Install(std::move(s)));
     id_ = lease->id();
     lease.Return();
+    v1::ImportSessionResponse reply;
     auto snap = ctx_->store->Get(id_);
-    if (snap) ToProto(*snap, response_->mutable_session());
+    if (snap) ToProto(*snap, reply.mutable_session());
+    bool own = false;
+    const grpc::Status st =
+        grpc::SerializationTraits<v1::ImportSessionResponse>::Serialize(reply, response_, &own);
+    if (!st.ok()) return absl::InternalError(st.error_message());
     return absl::OkStatus();
   }
   void Done(const grpc::Status& s) {
@@ -211,16 +338,124 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::WireChunk> {
   }
 
   ServiceContext* ctx_;
-  v1::ImportSessionResponse* response_;
+  grpc::ByteBuffer* response_;  // a serialised ImportSessionResponse
   CallLog log_;
   std::mutex mu_;
   bool finished_ = false;
   grpc::Status status_;
-  std::vector<std::string> chunks_;
+  session::SessionWireSink sink_;  // the session being built, invisible until installed
+  absl::Status refused_;           // the sink's verdict once the stream is known to be refused
   size_t received_ = 0;
   std::string id_;
-  v1::WireChunk chunk_;
+  grpc::ByteBuffer message_;
+  ChunkView chunk_;
 };
+
+// Send buffers for StreamToPeer: gRPC holds each one (as a slice) until its
+// bytes are written to the socket, then hands it back here (from any
+// thread), so a migration cycles through a few warm buffers instead of
+// faulting in fresh memory for every chunk. Get never waits for a buffer to
+// come back (nothing may block the thread that polls the call): with one
+// write in flight and one chunk read ahead, two or three buffers are in use.
+// Outstanding buffers keep the pool alive (a cancelled call may release
+// them late).
+class ChunkPool : public std::enable_shared_from_this<ChunkPool> {
+ public:
+  struct Buffer {
+    std::shared_ptr<ChunkPool> pool;  // set while gRPC holds it
+    std::unique_ptr<char[]> data = std::make_unique_for_overwrite<char[]>(kChunkBytes);
+  };
+
+  ~ChunkPool() {
+    for (Buffer* b : free_) delete b;
+  }
+
+  // A returned buffer, or a new one.
+  Buffer* Get() {
+    Buffer* b = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      if (!free_.empty()) {
+        b = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (b == nullptr) b = new Buffer;
+    b->pool = shared_from_this();
+    return b;
+  }
+  // The slice's destroy callback.
+  static void Return(void* p) {
+    auto* b = static_cast<Buffer*>(p);
+    std::shared_ptr<ChunkPool> pool = std::move(b->pool);
+    std::lock_guard lock(pool->mu_);
+    pool->free_.push_back(b);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Buffer*> free_;
+};
+
+// The next chunk of `src` as a WireChunk message, read from the caches
+// straight into a pool buffer that gRPC sends without copying it again.
+grpc::ByteBuffer NextChunkMessage(session::SessionWireSource& src, ChunkPool& pool) {
+  ChunkPool::Buffer* b = pool.Get();
+  const size_t n = src.Read(b->data.get(), kChunkBytes);
+  return ChunkMessage(grpc::Slice(b->data.get(), n, &ChunkPool::Return, b));
+}
+
+// Streams `src` to the peer's ImportSession and returns the call's status
+// (*resp on OK). The generic (byte) API lets each chunk go out from the
+// buffer it was read into, and the next chunk is read from the caches while
+// the previous one is on its way (one write in flight).
+grpc::Status StreamToPeer(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext& c,
+                          session::SessionWireSource& src, v1::ImportSessionResponse* resp) {
+  grpc::CompletionQueue cq;
+  grpc::Status status;
+  {
+    grpc::GenericStub stub(channel);
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+        stub.PrepareCall(&c, "/cortiq.v1.Inference/ImportSession", &cq);
+    auto wait = [&cq] {  // one operation in flight at a time: its outcome
+      void* tag = nullptr;
+      bool ok = false;
+      return cq.Next(&tag, &ok) && ok;
+    };
+    call->StartCall(nullptr);
+    bool ok = wait();
+    auto pool = std::make_shared<ChunkPool>();
+    std::optional<grpc::ByteBuffer> next;
+    if (ok && src.left() > 0) next = NextChunkMessage(src, *pool);
+    while (ok && next) {
+      call->Write(*next, nullptr);
+      next.reset();
+      if (src.left() > 0) next = NextChunkMessage(src, *pool);  // while this one is sent
+      ok = wait();  // false: the peer ended the call, Finish says why
+    }
+    grpc::ByteBuffer reply;
+    if (ok) {
+      call->WritesDone(nullptr);
+      ok = wait();
+    }
+    if (ok) {
+      call->Read(&reply, nullptr);
+      ok = wait();
+    }
+    call->Finish(&status, nullptr);
+    wait();
+    if (status.ok()) {
+      status = ok ? grpc::SerializationTraits<v1::ImportSessionResponse>::Deserialize(&reply, resp)
+                  : grpc::Status(grpc::StatusCode::INTERNAL, "ImportSession: no reply");
+    }
+  }
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
 
 // The client side of a migration: the peer's versions, then its ImportSession.
 absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const std::string& peer,
@@ -251,21 +486,14 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const 
   session::SessionWireOptions o;
   o.version = *version;
   o.f16 = f16;
-  absl::StatusOr<std::string> wire = session::ExportSessionWire(*lease, ctx.wire_fingerprint, o);
-  if (!wire.ok()) return wire.status();
-  *wire_bytes = wire->size();
+  CORTIQ_ASSIGN_OR_RETURN(session::SessionWireSource src,
+                          session::SessionWireSource::Make(*lease, ctx.wire_fingerprint, o));
+  *wire_bytes = src.size();
 
   grpc::ClientContext c;
   with_token(c, 600);
   v1::ImportSessionResponse resp;
-  auto writer = stub->ImportSession(&c, &resp);
-  v1::WireChunk chunk;
-  for (size_t off = 0; off < wire->size(); off += kChunkBytes) {
-    chunk.set_data(wire->data() + off, std::min(kChunkBytes, wire->size() - off));
-    if (!writer->Write(chunk)) break;  // the peer ended the call: Finish says why
-  }
-  writer->WritesDone();
-  grpc::Status st = writer->Finish();
+  const grpc::Status st = StreamToPeer(channel, c, src, &resp);
   if (!st.ok()) {
     const absl::StatusCode code = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
                                           st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
@@ -309,13 +537,13 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
   return result;
 }
 
-grpc::ServerWriteReactor<v1::WireChunk>* InferenceService::ExportSession(
-    grpc::CallbackServerContext* context, const v1::ExportSessionRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::ExportSession(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new ExportReactor(ctx_, context, *request);
 }
 
-grpc::ServerReadReactor<v1::WireChunk>* InferenceService::ImportSession(
-    grpc::CallbackServerContext* context, v1::ImportSessionResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* InferenceService::ImportSession(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new ImportReactor(ctx_, context, response);
 }
 

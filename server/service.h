@@ -76,7 +76,12 @@ absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& 
                                                             const model::Transformer& model,
                                                             const std::string& model_dir);
 
-class InferenceService final : public v1::Inference::CallbackService {
+// ExportSession and ImportSession run on the raw (byte) API: chunks go out
+// from the buffers they were read into, and in from the received slices
+// straight into the new session's caches (server/migration.cc).
+class InferenceService final
+    : public v1::Inference::WithRawCallbackMethod_ExportSession<
+          v1::Inference::WithRawCallbackMethod_ImportSession<v1::Inference::CallbackService>> {
  public:
   explicit InferenceService(ServiceContext* ctx) : ctx_(ctx) {}
 
@@ -100,10 +105,10 @@ class InferenceService final : public v1::Inference::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
-  grpc::ServerWriteReactor<v1::WireChunk>* ExportSession(
-      grpc::CallbackServerContext* context, const v1::ExportSessionRequest* request) override;
-  grpc::ServerReadReactor<v1::WireChunk>* ImportSession(
-      grpc::CallbackServerContext* context, v1::ImportSessionResponse* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportSession(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ImportSession(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* MigrateSession(grpc::CallbackServerContext* context,
                                            const v1::MigrateSessionRequest* request,
                                            v1::MigrateSessionResponse* response) override;

@@ -28,9 +28,10 @@
 //     seq_len() keeps counting (O1Step advances it). Clear / Release drop
 //     the override.
 //   * Wire format (ExportWire / ImportWire, implemented in layer_wire.cc,
-//     layout in docs/WIRE_FORMAT.md): one self-checking blob per layer;
-//     export refuses state the requested version does not describe, import
-//     validates everything before it touches the cache.
+//     layout in docs/WIRE_FORMAT.md; piece by piece: layer_wire.h): one
+//     self-checking blob per layer; export refuses state the requested
+//     version does not describe, import validates everything before it
+//     touches the cache.
 //
 // Ownership: owns all its buffers; move-only, deep copies are explicit (Copy()).
 //
@@ -369,6 +370,11 @@ class LayerKvCache {
   absl::Status ImportWire(std::string_view buf, const WireImportExpect& expect);
 
  private:
+  // The streaming wire format (layer_wire.h) reads and fills the storage.
+  friend class LayerWireSource;
+  friend class LayerWireSink;
+  friend struct WireBodyLayout;
+
   // Reallocates every per-position buffer to new_capacity (>= seq_len_),
   // keeping stored rows. The only place storage is (re)allocated.
   void Reallocate(size_t new_capacity);

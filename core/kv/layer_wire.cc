@@ -55,6 +55,16 @@
 // fresh LayerKvCache and moved into *this only when complete. Past the CRC,
 // an impossible value can only come from a buggy or forged exporter; it is
 // still DataLoss, never a crash.
+//
+// Both directions run piece by piece (layer_wire.h): LayerWireSource reads
+// the header, then each head's rows straight from the cache, then the CRC;
+// LayerWireSink checks the header up to the length when it begins, checks
+// the rest of it (and reserves the rows) at once but reports those errors
+// only after the CRC, as the order above says, and writes each head's rows
+// straight into the new cache. ExportWire / ImportWire run them over one
+// buffer.
+#include "core/kv/layer_wire.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -83,8 +93,8 @@ static_assert(std::endian::native == std::endian::little,
               "the CQKV blob is little-endian and written with memcpy");
 
 constexpr char kMagic[4] = {'C', 'Q', 'K', 'V'};
-constexpr size_t kHeaderBytes = 44;
-constexpr size_t kCrcBytes = 4;
+constexpr size_t kHeaderBytes = kWireHeaderBytes;
+constexpr size_t kCrcBytes = kWireCrcBytes;
 constexpr uint32_t kFlagF16 = 1u << 0;
 constexpr uint32_t kFlagInt8 = 1u << 1;
 constexpr uint32_t kFlagO1 = 1u << 2;
@@ -111,7 +121,8 @@ absl::Status Mismatch(absl::string_view what, uint64_t blob, uint64_t here) {
 bool Mul(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_overflow(a, b, out); }
 
 // Appends fields at the end of a preallocated buffer; with a null buffer it
-// only counts (the first pass sizes the blob so it is allocated once).
+// only counts (the first pass sizes a sealed layer's body so it is allocated
+// once).
 class Writer {
  public:
   explicit Writer(char* out) : out_(out) {}
@@ -126,28 +137,6 @@ class Writer {
     Bytes(&v, sizeof(v));
   }
   void Floats(std::span<const float> v) { Bytes(v.data(), v.size() * sizeof(float)); }
-  // f32 → f16 (round to nearest even). FailedPrecondition, naming `what`,
-  // for a finite value that would become infinity.
-  absl::Status F16s(const float* src, size_t n, absl::string_view what) {
-    if (out_ != nullptr) {
-      for (size_t i = 0; i < n; ++i) {
-        if (std::isfinite(src[i]) && std::fabs(src[i]) >= kF16Overflow) {
-          return Refused(absl::StrFormat(
-              "f16 was asked for, and %s holds %g at element %d, beyond f16's range "
-              "(max 65504); export f32",
-              what, src[i], i));
-        }
-      }
-      uint16_t buf[kF16Chunk];
-      for (size_t i = 0; i < n; i += kF16Chunk) {
-        const size_t len = std::min(kF16Chunk, n - i);
-        math::ConvertFromF32(src + i, math::DType::kF16, len, buf);
-        std::memcpy(out_ + n_ + i * sizeof(uint16_t), buf, len * sizeof(uint16_t));
-      }
-    }
-    n_ += n * sizeof(uint16_t);
-    return absl::OkStatus();
-  }
 
  private:
   char* out_;
@@ -320,10 +309,73 @@ absl::StatusOr<NystromState> ReadGroup(Reader& r, size_t group, size_t q_heads, 
 
 }  // namespace
 
+// The exact body's arrays in wire order (the banner's layout): per head its
+// keys then its values, S rows each (int8: each followed by its scales).
+// `c` holds them: the cache read from (export) or the new one (import).
+// fn(pointer, bytes on the wire, f16) once per array; an f16 array's
+// pointer is to f32 rows, two wire bytes per value.
+struct WireBodyLayout {
+  template <typename Cache, typename Fn>
+  static void ForEach(Cache& c, size_t S, bool f16, Fn fn) {
+    const size_t D = c.head_dim_;
+    for (size_t h = 0; h < c.num_kv_heads_ && S > 0; ++h) {
+      if (c.mode_ == KvMode::kInt8) {
+        fn(c.k_i8_.data() + c.RowBase(h), S * D, false);
+        fn(c.k_scale_.data() + c.ScaleBase(h), S * sizeof(float), false);
+        fn(c.v_i8_.data() + c.RowBase(h), S * D, false);
+        fn(c.v_scale_.data() + c.ScaleBase(h), S * sizeof(float), false);
+      } else {
+        const size_t row = D * (f16 ? sizeof(uint16_t) : sizeof(float));
+        fn(c.k_f32_.data() + c.RowBase(h), S * row, f16);
+        fn(c.v_f32_.data() + c.RowBase(h), S * row, f16);
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------------------
 // Export.
 
-absl::StatusOr<std::string> LayerKvCache::ExportWire(const WireOptions& options) const {
+namespace {
+
+// With f16: the first finite value that would arrive as infinity.
+absl::Status CheckF16Range(const float* src, size_t n, absl::string_view what) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isfinite(src[i]) && std::fabs(src[i]) >= kF16Overflow) {
+      return Refused(
+          absl::StrFormat("f16 was asked for, and %s holds %g at element %d, beyond f16's range "
+                          "(max 65504); export f32",
+                          what, src[i], i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Bytes [offset, offset + n) of f32 rows written as f16 (2 bytes per value),
+// through a small buffer: neither end needs to fall on a value or be aligned.
+void ReadF16(const float* src, uint64_t offset, char* dst, size_t n) {
+  uint16_t buf[kF16Chunk];
+  for (size_t done = 0; done < n;) {
+    const uint64_t at = offset + done, first = at / 2;
+    const size_t count = std::min<uint64_t>(kF16Chunk, (at + (n - done) + 1) / 2 - first);
+    math::ConvertFromF32(src + first, math::DType::kF16, count, buf);
+    const size_t skip = at % 2;
+    const size_t len = std::min(count * sizeof(uint16_t) - skip, n - done);
+    std::memcpy(dst + done, reinterpret_cast<const char*>(buf) + skip, len);
+    done += len;
+  }
+}
+
+}  // namespace
+
+void LayerWireSource::Add(Piece p) {
+  if (p.bytes == 0) return;
+  size_ += p.bytes;
+  pieces_.push_back(p);
+}
+
+absl::StatusOr<LayerWireSource> LayerWireSource::Make(const LayerKvCache& c,
+                                                      const WireOptions& options) {
   const uint32_t version = options.version;
   if (version < kWireVersionMin || version > kWireVersionMax) {
     return absl::InvalidArgumentError(absl::StrCat("ExportWire: version ", version,
@@ -331,94 +383,153 @@ absl::StatusOr<std::string> LayerKvCache::ExportWire(const WireOptions& options)
                                                    kWireVersionMax));
   }
   // State no version describes.
-  if (O1Collecting()) {
+  if (c.O1Collecting()) {
     return Refused(
         "O(1) trace being collected: seal or release first (a query trace is not part of any "
         "wire version)");
   }
-  if (HasImportance()) {
+  if (c.HasImportance()) {
     return Refused(absl::StrCat("the layer holds accumulated importance, which wire version ",
                                 version, " does not describe"));
   }
-  if (HasDeadHeads()) {
+  if (c.HasDeadHeads()) {
     return Refused(
         absl::StrCat("dead heads (frozen columns): a head skipped positions, and wire version ",
                      version, " does not describe the per-position alive log"));
   }
-  const bool int8 = mode_ == KvMode::kInt8;
-  const bool sealed = O1Sealed();
+  const bool int8 = c.mode_ == KvMode::kInt8;
+  const bool sealed = c.O1Sealed();
   if (version == 1 && int8) {
     return Refused("int8 rows (version 1): version 1 carries f32 rows only; export version 2");
   }
   if (version == 1 && sealed) {
     return Refused("O(1) overlay (version 1): version 1 carries exact rows only; export version 2");
   }
-  if (num_kv_heads_ > UINT32_MAX || head_dim_ > UINT32_MAX) {
+  if (c.num_kv_heads_ > UINT32_MAX || c.head_dim_ > UINT32_MAX) {
     return absl::InvalidArgumentError("ExportWire: num_kv_heads or head_dim exceeds u32");
   }
   // f16 applies to f32 rows only: int8 rows and O(1) state travel exact.
   const bool f16 = options.f16 && !int8 && !sealed;
   const uint32_t flags = (f16 ? kFlagF16 : 0) | (int8 ? kFlagInt8 : 0) | (sealed ? kFlagO1 : 0);
+  const size_t H = c.num_kv_heads_, D = c.head_dim_, S = c.seq_len_;
 
-  const size_t H = num_kv_heads_, D = head_dim_, S = seq_len_;
-  auto write_body = [&](Writer& w) -> absl::Status {
-    if (sealed) {
-      w.Put<uint32_t>(static_cast<uint32_t>(o1_->num_heads));
-      for (const NystromState& st : o1_->states) CORTIQ_RETURN_IF_ERROR(WriteGroup(w, st, D));
-      return absl::OkStatus();
-    }
-    for (size_t h = 0; h < H && S > 0; ++h) {
-      if (int8) {
-        w.Bytes(k_i8_.data() + RowBase(h), S * D);
-        w.Bytes(k_scale_.data() + ScaleBase(h), S * sizeof(float));
-        w.Bytes(v_i8_.data() + RowBase(h), S * D);
-        w.Bytes(v_scale_.data() + ScaleBase(h), S * sizeof(float));
-      } else if (f16) {
-        const float* k = k_f32_.data() + RowBase(h);
-        const float* v = v_f32_.data() + RowBase(h);
-        CORTIQ_RETURN_IF_ERROR(w.F16s(k, S * D, absl::StrCat("the keys of KV head ", h)));
-        CORTIQ_RETURN_IF_ERROR(w.F16s(v, S * D, absl::StrCat("the values of KV head ", h)));
-      } else {
-        w.Bytes(k_f32_.data() + RowBase(h), S * D * sizeof(float));
-        w.Bytes(v_f32_.data() + RowBase(h), S * D * sizeof(float));
-      }
-    }
+  // A sealed layer's state is small and scattered over many arrays: it is
+  // serialised here, in two passes (size, then bytes) into one allocation.
+  auto write_o1 = [&](Writer& w) -> absl::Status {
+    w.Put<uint32_t>(static_cast<uint32_t>(c.o1_->num_heads));
+    for (const NystromState& st : c.o1_->states) CORTIQ_RETURN_IF_ERROR(WriteGroup(w, st, D));
     return absl::OkStatus();
   };
+  uint64_t body_bytes = 0;
+  if (sealed) {
+    Writer counter(nullptr);
+    CORTIQ_RETURN_IF_ERROR(write_o1(counter));
+    body_bytes = counter.size();
+  } else if (S > 0) {
+    const size_t row = int8 ? D + sizeof(float) : (f16 ? D * sizeof(uint16_t) : D * sizeof(float));
+    body_bytes = uint64_t{2} * H * S * row;
+    for (size_t h = 0; h < H && f16; ++h) {
+      CORTIQ_RETURN_IF_ERROR(CheckF16Range(c.k_f32_.data() + c.RowBase(h), S * D,
+                                           absl::StrCat("the keys of KV head ", h)));
+      CORTIQ_RETURN_IF_ERROR(CheckF16Range(c.v_f32_.data() + c.RowBase(h), S * D,
+                                           absl::StrCat("the values of KV head ", h)));
+    }
+  }
 
-  Writer counter(nullptr);
-  CORTIQ_RETURN_IF_ERROR(write_body(counter));
-  const uint64_t body_bytes = counter.size();
-
-  std::string out(kHeaderBytes + body_bytes + kCrcBytes, '\0');
-  Writer w(out.data());
+  LayerWireSource src;
+  src.owned_.resize(kHeaderBytes + (sealed ? body_bytes : 0));
+  Writer w(src.owned_.data());
   w.Bytes(kMagic, sizeof(kMagic));
   w.Put<uint32_t>(version);
   w.Put<uint32_t>(flags);
   w.Put<uint32_t>(static_cast<uint32_t>(H));
   w.Put<uint32_t>(static_cast<uint32_t>(D));
   w.Put<uint64_t>(S);
-  w.Put<uint64_t>(capacity_);
+  w.Put<uint64_t>(c.capacity_);
   w.Put<uint64_t>(body_bytes);
-  CORTIQ_RETURN_IF_ERROR(write_body(w));
-  if (w.size() != kHeaderBytes + body_bytes) {
-    return absl::InternalError("ExportWire: the body changed size between passes");
+  if (sealed) {
+    CORTIQ_RETURN_IF_ERROR(write_o1(w));
+    if (w.size() != src.owned_.size()) {
+      return absl::InternalError("ExportWire: the body changed size between passes");
+    }
   }
-  w.Put<uint32_t>(util::Crc32c(out.data(), kHeaderBytes + body_bytes));
+  src.Add({.kind = Kind::kOwned, .bytes = src.owned_.size()});
+  if (!sealed) {
+    WireBodyLayout::ForEach(c, S, f16, [&](const auto* rows, uint64_t bytes, bool halves) {
+      src.Add({.kind = halves ? Kind::kF16 : Kind::kRaw,
+               .bytes = bytes,
+               .src = reinterpret_cast<const char*>(rows)});
+    });
+  }
+  if (src.size_ != kHeaderBytes + body_bytes) {
+    return absl::InternalError("ExportWire: the body disagrees with its length");
+  }
+  src.Add({.kind = Kind::kCrc, .bytes = kCrcBytes});
+  return src;
+}
+
+size_t LayerWireSource::Read(char* dst, size_t n) {
+  size_t done = 0;
+  while (done < n && piece_ < pieces_.size()) {
+    const Piece& p = pieces_[piece_];
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(n - done, p.bytes - in_piece_));
+    char* out = dst + done;
+    switch (p.kind) {
+      case Kind::kOwned:
+        crc_ = util::Crc32cCopy(crc_, out, owned_.data() + p.offset + in_piece_, len);
+        break;
+      case Kind::kRaw:
+        crc_ = util::Crc32cCopy(crc_, out, p.src + in_piece_, len);
+        break;
+      case Kind::kF16:
+        ReadF16(reinterpret_cast<const float*>(p.src), in_piece_, out, len);
+        crc_ = util::Crc32cExtend(crc_, out, len);
+        break;
+      case Kind::kCrc:
+        if (in_piece_ == 0) std::memcpy(crc_le_, &crc_, sizeof(crc_));
+        std::memcpy(out, crc_le_ + in_piece_, len);
+        break;
+    }
+    done += len;
+    pos_ += len;
+    in_piece_ += len;
+    if (in_piece_ == p.bytes) {
+      ++piece_;
+      in_piece_ = 0;
+    }
+  }
+  return done;
+}
+
+absl::StatusOr<std::string> LayerKvCache::ExportWire(const WireOptions& options) const {
+  CORTIQ_ASSIGN_OR_RETURN(LayerWireSource src, LayerWireSource::Make(*this, options));
+  std::string out(src.size(), '\0');
+  src.Read(out.data(), out.size());
   return out;
 }
 
 // ---------------------------------------------------------------------------
 // Import.
 
-absl::Status LayerKvCache::ImportWire(std::string_view buf, const WireImportExpect& expect) {
-  // ---- envelope: magic, version, length, checksum ----
-  if (buf.size() < kHeaderBytes + kCrcBytes) {
-    return Corrupt(absl::StrCat("truncated: ", buf.size(), " bytes, a layer blob has at least ",
+LayerWireSink::LayerWireSink(size_t num_kv_heads, size_t head_dim, KvMode mode)
+    : next_(num_kv_heads, head_dim, mode) {}
+
+absl::StatusOr<LayerWireSink> LayerWireSink::Begin(std::string_view header, uint64_t blob_bytes,
+                                                   size_t num_kv_heads, size_t head_dim,
+                                                   KvMode mode, const WireImportExpect& expect,
+                                                   LayerKvCache* reserved) {
+  // ---- envelope: magic, version, length (the checksum comes last) ----
+  if (blob_bytes < kHeaderBytes + kCrcBytes) {
+    return Corrupt(absl::StrCat("truncated: ", blob_bytes, " bytes, a layer blob has at least ",
                                 kHeaderBytes + kCrcBytes));
   }
-  if (std::memcmp(buf.data(), kMagic, sizeof(kMagic)) != 0) return Corrupt("bad magic (not CQKV)");
-  Reader hdr(buf.substr(sizeof(kMagic), kHeaderBytes - sizeof(kMagic)));
+  if (header.size() != kHeaderBytes) {
+    return absl::InternalError("LayerWireSink::Begin: the header is not 44 bytes");
+  }
+  if (std::memcmp(header.data(), kMagic, sizeof(kMagic)) != 0) {
+    return Corrupt("bad magic (not CQKV)");
+  }
+  Reader hdr(header.substr(sizeof(kMagic)));
   uint32_t version = 0, flags = 0, nkv = 0, hd = 0;
   uint64_t seq_len = 0, capacity = 0, body_bytes = 0;
   CORTIQ_RETURN_IF_ERROR(hdr.Get("version", &version));
@@ -432,59 +543,166 @@ absl::Status LayerKvCache::ImportWire(std::string_view buf, const WireImportExpe
   CORTIQ_RETURN_IF_ERROR(hdr.Get("seq_len", &seq_len));
   CORTIQ_RETURN_IF_ERROR(hdr.Get("capacity", &capacity));
   CORTIQ_RETURN_IF_ERROR(hdr.Get("body_bytes", &body_bytes));
-  const size_t have_body = buf.size() - kHeaderBytes - kCrcBytes;
+  const uint64_t have_body = blob_bytes - kHeaderBytes - kCrcBytes;
   if (body_bytes != have_body) {
     return Corrupt(absl::StrCat("length mismatch: the header says ", body_bytes,
                                 " body bytes, the buffer holds ", have_body,
                                 body_bytes > have_body ? " (truncated)" : ""));
   }
-  uint32_t crc = 0;
-  std::memcpy(&crc, buf.data() + kHeaderBytes + body_bytes, sizeof(crc));
-  const uint32_t want = util::Crc32c(buf.data(), kHeaderBytes + body_bytes);
-  if (crc != want) {
-    return Corrupt(absl::StrFormat("checksum mismatch (stored %08x, computed %08x)", crc, want));
-  }
+  LayerWireSink sink(num_kv_heads, head_dim, mode);
+  sink.crc_ = util::Crc32c(header);
+  sink.left_ = body_bytes + kCrcBytes;
+  sink.seq_len_ = seq_len;
+  sink.q_heads_ = expect.num_q_heads;
 
   // ---- header fields: valid for the version, then against the caller ----
+  // (checked now, reported by Finish after the checksum)
   const uint32_t allowed = version == 1 ? kFlagsV1 : kFlagsV2;
-  if ((flags & ~allowed) != 0) {
-    return Corrupt(absl::StrFormat("flags %#x not defined in version %d", flags, version));
-  }
   const bool f16 = flags & kFlagF16, int8 = flags & kFlagInt8, sealed = flags & kFlagO1;
-  if (f16 && (int8 || sealed)) return Corrupt("the f16 flag with int8 rows or O(1) state");
-  if (int8 && sealed) return Corrupt("int8 rows on a sealed O(1) layer");
-  if (nkv == 0 || hd == 0) return Corrupt("num_kv_heads or head_dim is 0");
-  if (sealed ? capacity != 0 : capacity < seq_len) {
-    return Corrupt(absl::StrCat("capacity ", capacity, " with seq_len ", seq_len,
-                                sealed ? " on a sealed layer" : ""));
-  }
-  const KvMode mode = int8 ? KvMode::kInt8 : KvMode::kF32;
-  if (nkv != num_kv_heads_) return Mismatch("num_kv_heads", nkv, num_kv_heads_);
-  if (hd != head_dim_) return Mismatch("head_dim", hd, head_dim_);
-  if (mode != mode_) {
-    return absl::FailedPreconditionError(absl::StrCat("CQKV geometry mismatch: the blob has ",
-                                                      KvModeName(mode), " KV rows, this layer ",
-                                                      KvModeName(mode_)));
-  }
-  if (seq_len > expect.max_positions) {
-    return absl::FailedPreconditionError(
+  const KvMode blob_mode = int8 ? KvMode::kInt8 : KvMode::kF32;
+  absl::Status& st = sink.deferred_;
+  if ((flags & ~allowed) != 0) {
+    st = Corrupt(absl::StrFormat("flags %#x not defined in version %d", flags, version));
+  } else if (f16 && (int8 || sealed)) {
+    st = Corrupt("the f16 flag with int8 rows or O(1) state");
+  } else if (int8 && sealed) {
+    st = Corrupt("int8 rows on a sealed O(1) layer");
+  } else if (nkv == 0 || hd == 0) {
+    st = Corrupt("num_kv_heads or head_dim is 0");
+  } else if (sealed ? capacity != 0 : capacity < seq_len) {
+    st = Corrupt(absl::StrCat("capacity ", capacity, " with seq_len ", seq_len,
+                              sealed ? " on a sealed layer" : ""));
+  } else if (nkv != num_kv_heads) {
+    st = Mismatch("num_kv_heads", nkv, num_kv_heads);
+  } else if (hd != head_dim) {
+    st = Mismatch("head_dim", hd, head_dim);
+  } else if (blob_mode != mode) {
+    st = absl::FailedPreconditionError(absl::StrCat("CQKV geometry mismatch: the blob has ",
+                                                    KvModeName(blob_mode), " KV rows, this layer ",
+                                                    KvModeName(mode)));
+  } else if (seq_len > expect.max_positions) {
+    st = absl::FailedPreconditionError(
         absl::StrCat("CQKV geometry mismatch: the blob holds seq_len ", seq_len,
                      " positions, this model's max_positions is ", expect.max_positions));
+  } else if (sealed) {
+    sink.sealed_ = true;
+    sink.kept_.reserve(body_bytes);
+    sink.pieces_.push_back({.kind = Kind::kKeep, .bytes = body_bytes});
+  } else {
+    sink.PlanBody(body_bytes, capacity, f16, int8, expect, reserved);
   }
+  if (!st.ok()) sink.pieces_.assign({{.kind = Kind::kSkip, .bytes = body_bytes}});
+  return sink;
+}
 
-  // ---- body, built aside ----
-  const size_t H = num_kv_heads_, D = head_dim_, S = seq_len;
-  Reader r(buf.substr(kHeaderBytes, body_bytes));
-  LayerKvCache next(H, D, mode_);
-  if (sealed) {
+void LayerWireSink::PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, bool int8,
+                             const WireImportExpect& expect, LayerKvCache* reserved) {
+  // The body is exactly H heads of S rows: check the length in full (and
+  // every product for overflow) before reserving anything.
+  LayerKvCache& c = next_;
+  const size_t H = c.num_kv_heads_, D = c.head_dim_, S = seq_len_;
+  const size_t row_bytes = int8 ? D : (f16 ? D * sizeof(uint16_t) : D * sizeof(float));
+  const size_t scale_bytes = int8 ? sizeof(float) : 0;
+  uint64_t per_pos = 2 * (row_bytes + scale_bytes), per_head = 0, want_body = 0;
+  if (!Mul(per_pos, S, &per_head) || !Mul(per_head, H, &want_body) || want_body != body_bytes) {
+    deferred_ = Corrupt(absl::StrCat("body holds ", body_bytes, " bytes; ", H, " heads of ", S,
+                                     " rows need ", per_head, " each"));
+    return;
+  }
+  // The exporter's reservation (same capacity, same MemoryBytes), within
+  // what this model accepts: the caller's, when it is exactly that.
+  const size_t positions = std::min<uint64_t>(capacity, expect.max_positions);
+  if (reserved != nullptr && positions > 0 && reserved->mode_ == c.mode_ &&
+      reserved->num_kv_heads_ == H && reserved->head_dim_ == D && reserved->seq_len_ == 0 &&
+      reserved->capacity_ == positions &&
+      reserved->MemoryBytes() == LayerKvCache::ProjectedBytes(H, D, c.mode_, positions)) {
+    c = std::move(*reserved);
+  } else {
+    c.Reserve(positions);
+  }
+  WireBodyLayout::ForEach(c, S, f16, [&](auto* rows, uint64_t bytes, bool halves) {
+    pieces_.push_back({.kind = halves ? Kind::kF16 : Kind::kRaw,
+                       .bytes = bytes,
+                       .dst = reinterpret_cast<char*>(rows)});
+  });
+}
+
+void LayerWireSink::WriteF16(float* dst, uint64_t offset, std::string_view bytes) {
+  size_t i = 0;
+  if (offset % 2 == 1 && !bytes.empty()) {  // the value the last write split
+    const uint16_t v = static_cast<uint16_t>(half_ | (static_cast<uint8_t>(bytes[0]) << 8));
+    math::ConvertToF32(&v, math::DType::kF16, 1, dst + offset / 2);
+    i = 1;
+    ++offset;
+  }
+  uint16_t chunk[kF16Chunk];
+  while (bytes.size() - i >= sizeof(uint16_t)) {
+    const size_t count = std::min(kF16Chunk, (bytes.size() - i) / sizeof(uint16_t));
+    std::memcpy(chunk, bytes.data() + i, count * sizeof(uint16_t));
+    math::ConvertToF32(chunk, math::DType::kF16, count, dst + offset / 2);
+    i += count * sizeof(uint16_t);
+    offset += count * sizeof(uint16_t);
+  }
+  if (i < bytes.size()) half_ = static_cast<uint8_t>(bytes[i]);  // little-endian: the low byte
+}
+
+void LayerWireSink::Write(std::string_view bytes) {
+  size_t i = 0;
+  while (i < bytes.size() && piece_ < pieces_.size()) {
+    const Piece& p = pieces_[piece_];
+    const size_t len =
+        static_cast<size_t>(std::min<uint64_t>(bytes.size() - i, p.bytes - in_piece_));
+    const std::string_view in = bytes.substr(i, len);
+    switch (p.kind) {
+      case Kind::kRaw:
+        crc_ = util::Crc32cCopy(crc_, p.dst + in_piece_, in.data(), len);
+        break;
+      case Kind::kF16:
+        crc_ = util::Crc32cExtend(crc_, in.data(), len);
+        WriteF16(reinterpret_cast<float*>(p.dst), in_piece_, in);
+        break;
+      case Kind::kKeep:
+        crc_ = util::Crc32cExtend(crc_, in.data(), len);
+        kept_.append(in);
+        break;
+      case Kind::kSkip:
+        crc_ = util::Crc32cExtend(crc_, in.data(), len);
+        break;
+    }
+    i += len;
+    left_ -= len;
+    in_piece_ += len;
+    if (in_piece_ == p.bytes) {
+      ++piece_;
+      in_piece_ = 0;
+    }
+  }
+  for (; i < bytes.size() && crc_got_ < kCrcBytes; ++i, --left_) crc_le_[crc_got_++] = bytes[i];
+}
+
+uint32_t LayerWireSink::stored_crc() const {
+  uint32_t crc = 0;
+  std::memcpy(&crc, crc_le_, sizeof(crc));
+  return crc;
+}
+
+absl::StatusOr<LayerKvCache> LayerWireSink::Finish() {
+  if (left_ != 0) return absl::InternalError("LayerWireSink::Finish before the last byte");
+  if (stored_crc() != crc_) {
+    return Corrupt(
+        absl::StrFormat("checksum mismatch (stored %08x, computed %08x)", stored_crc(), crc_));
+  }
+  if (!deferred_.ok()) return deferred_;
+  LayerKvCache& next = next_;
+  const size_t H = next.num_kv_heads_, D = next.head_dim_, S = seq_len_;
+  if (sealed_) {
+    Reader r(kept_);
     uint32_t q_heads = 0;
     CORTIQ_RETURN_IF_ERROR(r.Get("num_q_heads", &q_heads));
     if (q_heads == 0 || q_heads % H != 0) {
       return Corrupt(absl::StrCat("num_q_heads ", q_heads, " is not a multiple of ", H));
     }
-    if (q_heads != expect.num_q_heads) {
-      return Mismatch("num_q_heads", q_heads, expect.num_q_heads);
-    }
+    if (q_heads != q_heads_) return Mismatch("num_q_heads", q_heads, q_heads_);
     std::vector<NystromState> states;
     states.reserve(H);
     for (size_t g = 0; g < H; ++g) {
@@ -496,57 +714,21 @@ absl::Status LayerKvCache::ImportWire(std::string_view buf, const WireImportExpe
     const absl::Status s = next.O1Install(std::move(states), S);
     if (!s.ok()) return Corrupt(s.message());
   } else {
-    // The body is exactly H heads of S rows: check the length in full (and
-    // every product for overflow) before reserving anything.
-    const size_t row_bytes = int8 ? D : (f16 ? D * sizeof(uint16_t) : D * sizeof(float));
-    const size_t scale_bytes = int8 ? sizeof(float) : 0;
-    uint64_t per_pos = 2 * (row_bytes + scale_bytes), per_head = 0, want_body = 0;
-    if (!Mul(per_pos, S, &per_head) || !Mul(per_head, H, &want_body) || want_body != body_bytes) {
-      return Corrupt(absl::StrCat("body holds ", body_bytes, " bytes; ", H, " heads of ", S,
-                                  " rows need ", per_head, " each"));
-    }
-    // The exporter's reservation (same capacity, same MemoryBytes), within
-    // what this model accepts.
-    next.Reserve(std::min<uint64_t>(capacity, expect.max_positions));
-    for (size_t h = 0; h < H && S > 0; ++h) {
-      auto raw = [&](const char* field, size_t bytes, void* dst) -> absl::Status {
-        absl::StatusOr<const char*> at = r.Span(field, bytes, 1);
-        if (!at.ok()) return at.status();
-        std::memcpy(dst, *at, bytes);
-        return absl::OkStatus();
-      };
-      auto halves = [&](const char* field, float* dst) -> absl::Status {
-        absl::StatusOr<const char*> at = r.Span(field, S * D, sizeof(uint16_t));
-        if (!at.ok()) return at.status();
-        uint16_t chunk[kF16Chunk];
-        for (size_t i = 0; i < S * D; i += kF16Chunk) {
-          const size_t len = std::min(kF16Chunk, S * D - i);
-          std::memcpy(chunk, *at + i * sizeof(uint16_t), len * sizeof(uint16_t));
-          math::ConvertToF32(chunk, math::DType::kF16, len, dst + i);
-        }
-        return absl::OkStatus();
-      };
-      if (int8) {
-        CORTIQ_RETURN_IF_ERROR(raw("k rows", S * D, next.k_i8_.data() + next.RowBase(h)));
-        CORTIQ_RETURN_IF_ERROR(
-            raw("k scales", S * sizeof(float), next.k_scale_.data() + next.ScaleBase(h)));
-        CORTIQ_RETURN_IF_ERROR(raw("v rows", S * D, next.v_i8_.data() + next.RowBase(h)));
-        CORTIQ_RETURN_IF_ERROR(
-            raw("v scales", S * sizeof(float), next.v_scale_.data() + next.ScaleBase(h)));
-      } else if (f16) {
-        CORTIQ_RETURN_IF_ERROR(halves("k rows", next.k_f32_.data() + next.RowBase(h)));
-        CORTIQ_RETURN_IF_ERROR(halves("v rows", next.v_f32_.data() + next.RowBase(h)));
-      } else {
-        CORTIQ_RETURN_IF_ERROR(
-            raw("k rows", S * D * sizeof(float), next.k_f32_.data() + next.RowBase(h)));
-        CORTIQ_RETURN_IF_ERROR(
-            raw("v rows", S * D * sizeof(float), next.v_f32_.data() + next.RowBase(h)));
-      }
-      next.head_len_[h] = S;
-    }
+    for (size_t h = 0; h < H && S > 0; ++h) next.head_len_[h] = S;
     next.seq_len_ = S;
   }
-  *this = std::move(next);
+  return std::move(next_);
+}
+
+absl::Status LayerKvCache::ImportWire(std::string_view buf, const WireImportExpect& expect) {
+  absl::StatusOr<LayerWireSink> sink =
+      LayerWireSink::Begin(buf.substr(0, std::min(buf.size(), kHeaderBytes)), buf.size(),
+                           num_kv_heads_, head_dim_, mode_, expect);
+  if (!sink.ok()) return sink.status();
+  sink->Write(buf.substr(kHeaderBytes));
+  absl::StatusOr<LayerKvCache> next = sink->Finish();
+  if (!next.ok()) return next.status();
+  *this = *std::move(next);
   return absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,8 @@ using util::ByteWriter;
 constexpr char kMagic[4] = {'C', 'Q', 'S', 'W'};
 constexpr uint32_t kFlagF16 = 1u << 0;
 constexpr size_t kHeaderBytes = 24;  // magic, version, flags, reserved, fingerprint
+// Layer blobs from this size up have the next layer's rows reserved ahead.
+constexpr uint64_t kReserveAheadBytes = uint64_t{256} << 10;
 
 enum SectionType : uint32_t {
   kSectionHeader = 1,
@@ -183,8 +186,12 @@ absl::StatusOr<uint32_t> NegotiateWireVersion(const std::vector<uint32_t>& peer_
   return best;
 }
 
-absl::StatusOr<std::string> ExportSessionWire(const Session& session, uint64_t fingerprint,
-                                              const SessionWireOptions& options) {
+// ---------------------------------------------------------------------------
+// Export.
+
+absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session,
+                                                          uint64_t fingerprint,
+                                                          const SessionWireOptions& options) {
   if (options.version < kSessionWireMinVersion || options.version > kSessionWireMaxVersion) {
     return absl::InvalidArgumentError(absl::StrCat("version: ", options.version,
                                                    " is not one this server writes (",
@@ -193,15 +200,14 @@ absl::StatusOr<std::string> ExportSessionWire(const Session& session, uint64_t f
   }
   const model::SequenceKv& kv = session.kv();
   const auto& layers = kv.layers();
-  ByteWriter w;
-  // One allocation for the whole stream: the layers' bytes bound their blobs.
-  w.Reserve(kv.MemoryBytes() + session.tokens().size() * sizeof(int32_t) + 4096 +
-            layers.size() * 128);
+  SessionWireSource src;
+  ByteWriter w;  // the owned bytes of the part being built
   w.Raw(kMagic, 4);
   w.U32(options.version);
   w.U32(options.f16 ? kFlagF16 : 0);
   w.U32(0);
   w.U64(fingerprint);
+  const uint32_t header_crc = util::Crc32c(std::string_view(w.str()).substr(0, kHeaderBytes));
   size_t sections = 0;
 
   // The geometry comes from the caches themselves (the session's model).
@@ -238,15 +244,25 @@ absl::StatusOr<std::string> ExportSessionWire(const Session& session, uint64_t f
   lo.version = options.version;
   lo.f16 = options.f16;
   for (size_t l = 0; l < layers.size(); ++l) {
-    absl::StatusOr<std::string> blob = layers[l].ExportWire(lo);
+    absl::StatusOr<kv::LayerWireSource> blob = kv::LayerWireSource::Make(layers[l], lo);
     if (!blob.ok()) {
       return absl::Status(blob.status().code(),
                           absl::StrCat("layer ", l, ": ", blob.status().message()));
     }
-    ByteWriter p;
-    p.U32(static_cast<uint32_t>(l));
-    p.Bytes(*blob);
-    PutSection(w, kSectionLayer, p.str());
+    // The section's type, length and index; its CRC is joined from theirs
+    // and the blob's own (Crc32cCombine) when Read reaches it.
+    const size_t start = w.size();
+    w.U32(kSectionLayer);
+    w.U32(0);
+    w.U64(sizeof(uint32_t) + blob->size());
+    w.U32(static_cast<uint32_t>(l));
+    Part part;
+    part.prefix_crc = util::Crc32c(std::string_view(w.str()).substr(start));
+    part.bytes = w.Take();
+    part.layer = *std::move(blob);
+    src.size_ += part.bytes.size() + part.layer->size() + sizeof(uint32_t);
+    src.parts_.push_back(std::move(part));
+    w = ByteWriter();
     ++sections;
   }
   if (session.config().attention == AttentionMode::kQsa) {
@@ -262,186 +278,555 @@ absl::StatusOr<std::string> ExportSessionWire(const Session& session, uint64_t f
   }
   {
     ByteWriter e;
-    e.U64(w.size());
+    e.U64(src.size_ + w.size());
     e.U32(static_cast<uint32_t>(sections));
-    e.U32(util::Crc32c(std::string_view(w.str()).substr(0, kHeaderBytes)));
+    e.U32(header_crc);
     PutSection(w, kSectionEnd, e.str());
   }
-  return w.Take();
+  src.size_ += w.size();
+  src.parts_.push_back({w.Take(), std::nullopt, 0});
+  return src;
 }
 
-absl::StatusOr<std::unique_ptr<Session>> ImportSessionWire(std::string_view wire,
-                                                           const model::Transformer& model,
-                                                           uint64_t fingerprint, std::string id) {
-  const model::ModelConfig& mcfg = model.config();
-  ByteReader r(wire);
-  char magic[4];
-  uint32_t version, flags, reserved;
-  uint64_t fp;
-  if (!r.Raw(magic, 4) || std::memcmp(magic, kMagic, 4) != 0) {
-    return Corrupt("bad magic (not a Cortiq session stream)");
+size_t SessionWireSource::Read(char* dst, size_t n) {
+  size_t done = 0;
+  while (done < n && part_ < parts_.size()) {
+    Part& p = parts_[part_];
+    const uint64_t owned = p.bytes.size();
+    const uint64_t blob = p.layer ? p.layer->size() : 0;
+    const uint64_t total = owned + (p.layer ? blob + sizeof(uint32_t) : 0);
+    size_t len = 0;
+    if (in_part_ < owned) {
+      len = static_cast<size_t>(std::min<uint64_t>(n - done, owned - in_part_));
+      std::memcpy(dst + done, p.bytes.data() + in_part_, len);
+    } else if (in_part_ < owned + blob) {
+      len = p.layer->Read(dst + done, n - done);
+    } else {
+      const uint64_t at = in_part_ - owned - blob;
+      if (at == 0) {
+        // CRC(type, reserved, length, index, blob): the blob's last four
+        // bytes are its own checksum, over everything before them.
+        const uint32_t body = p.layer->body_crc();
+        char body_le[4];
+        std::memcpy(body_le, &body, sizeof(body));
+        const uint32_t crc = util::Crc32cExtend(
+            util::Crc32cCombine(p.prefix_crc, body, blob - sizeof(body)), body_le, sizeof(body));
+        std::memcpy(crc_le_, &crc, sizeof(crc));
+      }
+      len = static_cast<size_t>(std::min<uint64_t>(n - done, sizeof(uint32_t) - at));
+      std::memcpy(dst + done, crc_le_ + at, len);
+    }
+    done += len;
+    pos_ += len;
+    in_part_ += len;
+    if (in_part_ == total) {
+      p = Part();  // the owned bytes are not needed again
+      ++part_;
+      in_part_ = 0;
+    }
   }
-  if (!r.U32(&version) || !r.U32(&flags) || !r.U32(&reserved) || !r.U64(&fp)) {
-    return Corrupt("truncated header");
+  return done;
+}
+
+absl::StatusOr<std::string> ExportSessionWire(const Session& session, uint64_t fingerprint,
+                                              const SessionWireOptions& options) {
+  CORTIQ_ASSIGN_OR_RETURN(SessionWireSource src,
+                          SessionWireSource::Make(session, fingerprint, options));
+  std::string out(src.size(), '\0');
+  src.Read(out.data(), out.size());
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Import.
+//
+// A state machine over the stream: the 24-byte header, then per section its
+// 16-byte header, its payload and its 4-byte CRC. Integrity faults (a bad
+// magic, length or CRC, a stream that disagrees with its end section) stop
+// the stream at once. Everything else ImportSessionWire checks is checked
+// as the sections complete, in the same order; the first refusal is kept,
+// what follows is only checksummed, and the refusal is returned once the
+// whole stream proved intact. Sections 0..2 (header, tokens, sampler) are
+// kept until the fourth begins (the order check covers all three before
+// the session is made); a layer section's index and blob header are
+// gathered, then its blob goes to a LayerWireSink straight into the new
+// session's cache; QSA aux sections are kept and restored when complete.
+
+struct SessionWireSink::State {
+  enum class Stage { kStreamHeader, kSectionHeader, kPayload, kCrc, kEnded };
+  enum class Mode { kKeep, kLayer, kSkip };
+  struct Kept {
+    uint32_t type;
+    std::string payload;
+  };
+
+  State(const model::Transformer& m, uint64_t fp, std::string session_id, uint64_t max_bytes)
+      : model(m), fingerprint(fp), id(std::move(session_id)), max_stream_bytes(max_bytes) {}
+
+  absl::Status Write(std::string_view bytes);
+  absl::StatusOr<std::unique_ptr<Session>> Finish();
+
+  // Gathers up to `want` bytes of a fixed-size field into `fixed`; true
+  // once it is complete.
+  bool Gather(std::string_view bytes, size_t* i, size_t want);
+  void StreamHeaderDone();
+  void SectionHeaderDone();
+  void Payload(std::string_view bytes);
+  void LayerPayload(std::string_view bytes);
+  // A layer section's index and blob header are in: the blob's sink, or a
+  // refusal.
+  void BeginLayer(size_t l);
+  void SectionDone();
+  void EndSection();
+  // The first refusal wins; `late`: found after the header section parsed
+  // (the section count, checked right after it, outranks it).
+  void Refuse(absl::Status st, bool late = true) {
+    if (!refused.ok()) return;
+    refused = std::move(st);
+    refused_late = late;
+  }
+  void SkipRest() {
+    crc = util::Crc32cExtend(crc, layer_head.data(), layer_head.size());
+    mode = Mode::kSkip;
+  }
+  void ProcessPrefix();
+  void FinishLayer(size_t l);
+  void ProcessAux(const Kept& section);
+  size_t num_layers() const { return static_cast<size_t>(model.config().num_hidden_layers); }
+
+  const model::Transformer& model;
+  const uint64_t fingerprint;
+  std::string id;
+  const uint64_t max_stream_bytes;
+
+  Stage stage = Stage::kStreamHeader;
+  std::string fixed;     // the stream header, a section header or a CRC being gathered
+  uint64_t offset = 0;   // stream bytes consumed
+  absl::Status broken;   // an integrity fault: sticky
+  absl::Status refused;  // the first other refusal
+  bool refused_late = false;
+  uint32_t header_crc = 0;  // of the 24-byte stream header
+
+  // The section being read.
+  uint32_t type = 0;
+  uint64_t len = 0, got = 0, start = 0;
+  uint32_t crc = 0;  // so far (a layer section: of its 20 bytes before the blob)
+  Mode mode = Mode::kKeep;
+  std::string payload;                    // kKeep
+  std::string layer_head;                 // kLayer: index and blob header, gathered
+  std::optional<kv::LayerWireSink> sink;  // kLayer: the blob, once begun
+  std::future<kv::LayerKvCache> ahead;    // the next layer's cache, being reserved
+  size_t count = 0;                       // sections before this one
+
+  // What the sections said.
+  std::vector<Kept> prefix;  // sections 0..2
+  bool prefix_done = false;
+  bool header_ok = false;
+  SessionConfig config;
+  std::unique_ptr<Session> session;
+  uint64_t cached = 0;
+  size_t aux_next = 0;  // index into config.qsa.layers
+};
+
+bool SessionWireSink::State::Gather(std::string_view bytes, size_t* i, size_t want) {
+  const size_t take = std::min(want - fixed.size(), bytes.size() - *i);
+  fixed.append(bytes.data() + *i, take);
+  *i += take;
+  offset += take;
+  return fixed.size() == want;
+}
+
+absl::Status SessionWireSink::State::Write(std::string_view bytes) {
+  size_t i = 0;
+  while (broken.ok() && i < bytes.size()) {
+    switch (stage) {
+      case Stage::kStreamHeader:
+        if (Gather(bytes, &i, kHeaderBytes)) {
+          StreamHeaderDone();
+        } else if (fixed.size() >= 4 && std::memcmp(fixed.data(), kMagic, 4) != 0) {
+          broken = Corrupt("bad magic (not a Cortiq session stream)");
+        }
+        break;
+      case Stage::kSectionHeader:
+        if (Gather(bytes, &i, 16)) SectionHeaderDone();
+        break;
+      case Stage::kPayload: {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes.size() - i, len - got));
+        Payload(bytes.substr(i, n));
+        i += n;
+        offset += n;
+        got += n;
+        if (got == len) stage = Stage::kCrc;
+        break;
+      }
+      case Stage::kCrc:
+        if (Gather(bytes, &i, 4)) SectionDone();
+        break;
+      case Stage::kEnded:
+        broken = Corrupt("bytes after the end section");
+        break;
+    }
+  }
+  return broken;
+}
+
+void SessionWireSink::State::StreamHeaderDone() {
+  ByteReader r(fixed);  // 24 bytes: every read below succeeds
+  char magic[4] = {};
+  uint32_t version = 0, flags = 0, reserved = 0;
+  uint64_t fp = 0;
+  r.Raw(magic, 4);
+  r.U32(&version);
+  r.U32(&flags);
+  r.U32(&reserved);
+  r.U64(&fp);
+  if (std::memcmp(magic, kMagic, 4) != 0) {
+    broken = Corrupt("bad magic (not a Cortiq session stream)");
+    return;
   }
   // Checked before the checksums: an unknown version may checksum differently.
   if (version < kSessionWireMinVersion || version > kSessionWireMaxVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session wire: version ", version, ": this server reads ", kSessionWireMinVersion, "..",
-        kSessionWireMaxVersion));
+    broken = absl::FailedPreconditionError(
+        absl::StrCat("session wire: version ", version, ": this server reads ",
+                     kSessionWireMinVersion, "..", kSessionWireMaxVersion));
+    return;
   }
-  if ((flags & ~kFlagF16) != 0 || reserved != 0) return Corrupt("unknown flags");
-
-  // Split into sections, verifying each length and CRC before parsing any.
-  struct Section {
-    uint32_t type;
-    std::string_view payload;
-  };
-  std::vector<Section> sections;
-  bool ended = false;
-  while (!ended) {
-    const size_t start = r.pos();
-    uint32_t type, rsv;
-    uint64_t len;
-    if (!r.U32(&type) || !r.U32(&rsv) || !r.U64(&len)) return Corrupt("truncated section header");
-    std::string_view payload;
-    if (rsv != 0 || len > r.remaining() || !r.Bytes(len, &payload)) {
-      return Corrupt(absl::StrCat("section ", sections.size(), " (", util::Sv(SectionName(type)),
-                                  "): length ", len, " runs past the end of the stream"));
-    }
-    uint32_t crc;
-    if (!r.U32(&crc)) return Corrupt("truncated section checksum");
-    if (crc != util::Crc32c(wire.substr(start, r.pos() - 4 - start))) {
-      return Corrupt(absl::StrCat("section ", sections.size(), " (", util::Sv(SectionName(type)),
-                                  "): checksum mismatch"));
-    }
-    if (type == kSectionEnd) {
-      ByteReader e(payload);
-      uint64_t total;
-      uint32_t count, header_crc;
-      if (!e.U64(&total) || !e.U32(&count) || !e.U32(&header_crc) || !e.done() ||
-          total != start || count != sections.size()) {
-        return Corrupt("end section disagrees with the stream");
-      }
-      if (header_crc != util::Crc32c(wire.substr(0, kHeaderBytes))) {
-        return Corrupt("stream header checksum mismatch");
-      }
-      ended = true;
-    } else {
-      sections.push_back({type, payload});
-    }
+  if ((flags & ~kFlagF16) != 0 || reserved != 0) {
+    broken = Corrupt("unknown flags");
+    return;
   }
-  if (!r.done()) return Corrupt("bytes after the end section");
+  header_crc = util::Crc32c(fixed);
   // The identity check comes after the integrity check: a corrupt stream is
   // DATA_LOSS even when the corruption hit the fingerprint.
   if (fp != fingerprint) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "session wire: model fingerprint %016x in the stream, %016x here: the session was made "
-        "by another model (weights, config or tokenizer)",
-        fp, fingerprint));
+    Refuse(absl::FailedPreconditionError(absl::StrFormat(
+               "session wire: model fingerprint %016x in the stream, %016x here: the session was "
+               "made by another model (weights, config or tokenizer)",
+               fp, fingerprint)),
+           /*late=*/false);
   }
+  fixed.clear();
+  stage = Stage::kSectionHeader;
+}
 
+void SessionWireSink::State::SectionHeaderDone() {
+  ByteReader r(fixed);  // 16 bytes
+  uint32_t rsv = 0;
+  r.U32(&type);
+  r.U32(&rsv);
+  r.U64(&len);
+  if (rsv != 0) {
+    broken = Corrupt(absl::StrCat("section ", count, " (", util::Sv(SectionName(type)),
+                                  "): length ", len, " runs past the end of the stream"));
+    return;
+  }
+  start = offset - fixed.size();
+  crc = util::Crc32c(fixed);
+  fixed.clear();
+  got = 0;
+  payload.clear();
+  layer_head.clear();
+  sink.reset();
+  const size_t layers = num_layers();
+  if (type == kSectionEnd || (refused.ok() && count < 3)) {
+    mode = Mode::kKeep;
+  } else {
+    if (!prefix_done) ProcessPrefix();  // the fourth section has begun
+    if (!refused.ok()) {
+      mode = Mode::kSkip;
+    } else if (count < 3 + layers) {
+      mode = Mode::kLayer;
+      if (type != kSectionLayer || len < sizeof(uint32_t)) {
+        Refuse(Corrupt(absl::StrCat("layer ", count - 3, ": missing or out of order")));
+        mode = Mode::kSkip;
+      }
+    } else if (config.attention == AttentionMode::kQsa && aux_next < config.qsa.layers.size()) {
+      mode = Mode::kKeep;
+    } else {
+      Refuse(Corrupt("unexpected sections after the layers"));
+      mode = Mode::kSkip;
+    }
+  }
+  stage = len == 0 ? Stage::kCrc : Stage::kPayload;
+}
+
+void SessionWireSink::State::Payload(std::string_view bytes) {
+  switch (mode) {
+    case Mode::kKeep:
+      payload.append(bytes);
+      crc = util::Crc32cExtend(crc, bytes.data(), bytes.size());
+      break;
+    case Mode::kSkip:
+      crc = util::Crc32cExtend(crc, bytes.data(), bytes.size());
+      break;
+    case Mode::kLayer:
+      LayerPayload(bytes);
+      break;
+  }
+}
+
+void SessionWireSink::State::LayerPayload(std::string_view bytes) {
+  if (!sink) {
+    // The index and the blob's header first (all of a shorter payload).
+    const size_t want =
+        static_cast<size_t>(std::min<uint64_t>(len, sizeof(uint32_t) + kv::kWireHeaderBytes));
+    const size_t take = std::min(want - layer_head.size(), bytes.size());
+    layer_head.append(bytes.data(), take);
+    bytes.remove_prefix(take);
+    if (layer_head.size() < want) return;
+    BeginLayer(count - 3);
+    if (!sink) {  // refused: the rest is only checksummed
+      SkipRest();
+      Payload(bytes);
+      return;
+    }
+  }
+  sink->Write(bytes);
+}
+
+void SessionWireSink::State::BeginLayer(size_t l) {
+  uint32_t index;
+  std::memcpy(&index, layer_head.data(), sizeof(index));
+  const uint64_t blob_bytes = len - sizeof(uint32_t);
+  const uint64_t blob_at = start + 16 + sizeof(uint32_t);
+  if (index != l) {
+    return Refuse(Corrupt(absl::StrCat("layer ", l, ": missing or out of order")));
+  }
+  if (blob_bytes > max_stream_bytes - std::min(max_stream_bytes, blob_at)) {
+    // It cannot arrive within the limit: reserve nothing (the caller
+    // refuses the stream before it ends, or it ends truncated).
+    return Refuse(absl::ResourceExhaustedError(
+        absl::StrCat("layer ", l, ": ", blob_bytes, " bytes, more than the stream may hold")));
+  }
+  const model::ModelConfig& m = model.config();
+  const kv::WireImportExpect expect{static_cast<size_t>(m.num_attention_heads),
+                                    static_cast<size_t>(m.max_position_embeddings)};
+  const size_t H = static_cast<size_t>(m.num_key_value_heads);
+  const size_t D = static_cast<size_t>(m.head_dim);
+  std::optional<kv::LayerKvCache> spare;
+  if (ahead.valid()) spare = ahead.get();
+  absl::StatusOr<kv::LayerWireSink> begun =
+      kv::LayerWireSink::Begin(std::string_view(layer_head).substr(sizeof(uint32_t)), blob_bytes, H,
+                               D, config.kv_mode, expect, spare ? &*spare : nullptr);
+  if (!begun.ok()) {
+    return Refuse(absl::Status(begun.status().code(),
+                               absl::StrCat("layer ", l, ": ", begun.status().message())));
+  }
+  sink = *std::move(begun);
+  crc = util::Crc32cExtend(crc, layer_head.data(), sizeof(uint32_t));
+  // A large layer: reserve the next one's rows on another thread while this
+  // one arrives (page-faulting fresh memory costs as much as copying the
+  // rows into it); taken only if the next blob asks for the same, and only
+  // if its bytes can still arrive within the limit.
+  const size_t positions = sink->reserved_positions();
+  const uint64_t next_end = blob_at + 2 * blob_bytes + kv::kWireCrcBytes + 16 + sizeof(uint32_t);
+  if (positions > 0 && blob_bytes >= kReserveAheadBytes && l + 1 < num_layers() &&
+      next_end <= max_stream_bytes) {
+    const kv::KvMode mode = config.kv_mode;
+    ahead = std::async(std::launch::async, [H, D, mode, positions] {
+      kv::LayerKvCache next(H, D, mode);
+      next.Reserve(positions);
+      return next;
+    });
+  }
+}
+
+void SessionWireSink::State::SectionDone() {
+  uint32_t stored;
+  std::memcpy(&stored, fixed.data(), sizeof(stored));
+  fixed.clear();
+  uint32_t want = crc;
+  if (mode == Mode::kLayer) {
+    // CRC(type, reserved, length, index, blob) from the blob's own: its last
+    // four bytes are its checksum over everything before them.
+    const uint32_t blob_crc = sink->stored_crc();
+    char le[4];
+    std::memcpy(le, &blob_crc, sizeof(le));
+    want = util::Crc32cExtend(
+        util::Crc32cCombine(crc, sink->body_crc(), len - sizeof(uint32_t) - sizeof(le)), le,
+        sizeof(le));
+  }
+  if (stored != want) {
+    broken = Corrupt(
+        absl::StrCat("section ", count, " (", util::Sv(SectionName(type)), "): checksum mismatch"));
+    return;
+  }
+  if (type == kSectionEnd) {
+    EndSection();
+    return;
+  }
+  const size_t index = count++;
+  stage = Stage::kSectionHeader;
+  if (mode == Mode::kSkip) return;
+  if (index < 3) {
+    prefix.push_back({type, std::move(payload)});
+  } else if (mode == Mode::kLayer) {
+    FinishLayer(index - 3);
+  } else {
+    ProcessAux({type, std::move(payload)});
+  }
+}
+
+void SessionWireSink::State::EndSection() {
+  ByteReader e(payload);
+  uint64_t total;
+  uint32_t sections, crc_of_header;
+  if (!e.U64(&total) || !e.U32(&sections) || !e.U32(&crc_of_header) || !e.done() ||
+      total != start || sections != count) {
+    broken = Corrupt("end section disagrees with the stream");
+  } else if (crc_of_header != header_crc) {
+    broken = Corrupt("stream header checksum mismatch");
+  }
+  stage = Stage::kEnded;
+}
+
+void SessionWireSink::State::ProcessPrefix() {
+  prefix_done = true;
+  if (!refused.ok()) return;
   // Order: header, tokens, sampler, layers 0..L-1, QSA aux blobs.
-  const size_t num_layers = static_cast<size_t>(mcfg.num_hidden_layers);
-  if (sections.empty() || sections[0].type != kSectionHeader) return Corrupt("no header section");
+  if (prefix.empty() || prefix[0].type != kSectionHeader) {
+    return Refuse(Corrupt("no header section"), /*late=*/false);
+  }
   // The geometry first: another model's session is FAILED_PRECONDITION.
-  CORTIQ_ASSIGN_OR_RETURN(SessionConfig config, ParseHeader(sections[0].payload, mcfg));
-  if (sections.size() < 3 + num_layers) return Corrupt("missing sections");
-  if (sections[1].type != kSectionTokens || sections[2].type != kSectionSampler) {
-    return Corrupt("sections out of order");
+  const model::ModelConfig& mcfg = model.config();
+  absl::StatusOr<SessionConfig> parsed = ParseHeader(prefix[0].payload, mcfg);
+  if (!parsed.ok()) return Refuse(parsed.status(), /*late=*/false);
+  config = *std::move(parsed);
+  header_ok = true;
+  if (prefix.size() < 3) return Refuse(Corrupt("missing sections"));
+  if (prefix[1].type != kSectionTokens || prefix[2].type != kSectionSampler) {
+    return Refuse(Corrupt("sections out of order"));
   }
   absl::StatusOr<std::unique_ptr<Session>> made = Session::Create(std::move(id), model, config);
-  if (!made.ok()) return Corrupt(absl::StrCat("header: ", made.status().message()));
-  std::unique_ptr<Session> s = *std::move(made);
+  if (!made.ok()) return Refuse(Corrupt(absl::StrCat("header: ", made.status().message())));
+  session = *std::move(made);
+  Session* s = session.get();
 
   // Tokens.
-  ByteReader t(sections[1].payload);
-  uint64_t n, cached;
+  ByteReader t(prefix[1].payload);
+  uint64_t n;
   uint32_t pending_len;
-  if (!t.U64(&n) || n > t.remaining() / sizeof(int32_t)) return Corrupt("tokens: bad count");
+  if (!t.U64(&n) || n > t.remaining() / sizeof(int32_t)) {
+    return Refuse(Corrupt("tokens: bad count"));
+  }
   s->tokens().resize(n);
   std::string_view pending;
   if (!t.Raw(s->tokens().data(), n * sizeof(int32_t)) || !t.U64(&cached) ||
       !t.U32(&pending_len) || pending_len > 3 || !t.Bytes(pending_len, &pending) || !t.done()) {
-    return Corrupt("tokens: malformed");
+    return Refuse(Corrupt("tokens: malformed"));
   }
-  for (int32_t id_ : s->tokens()) {
-    if (id_ < 0 || id_ >= mcfg.vocab_size) return Corrupt("tokens: id outside the vocabulary");
+  for (int32_t token : s->tokens()) {
+    if (token < 0 || token >= mcfg.vocab_size) {
+      return Refuse(Corrupt("tokens: id outside the vocabulary"));
+    }
   }
-  if (cached > n) return Corrupt("tokens: more cached positions than tokens");
+  if (cached > n) return Refuse(Corrupt("tokens: more cached positions than tokens"));
   s->detok_pending() = std::string(pending);
 
   // Sampler.
-  ByteReader sr(sections[2].payload);
+  ByteReader sr(prefix[2].payload);
   uint8_t has_sampler;
-  if (!sr.U8(&has_sampler) || has_sampler > 1) return Corrupt("sampler: malformed");
+  if (!sr.U8(&has_sampler) || has_sampler > 1) return Refuse(Corrupt("sampler: malformed"));
   if (has_sampler == 1) {
     std::string_view blob;
     sr.Bytes(sr.remaining(), &blob);
     absl::StatusOr<model::Sampler> sampler = model::Sampler::Deserialize(blob);
-    if (!sampler.ok()) return Corrupt(absl::StrCat("sampler: ", sampler.status().message()));
+    if (!sampler.ok()) {
+      return Refuse(Corrupt(absl::StrCat("sampler: ", sampler.status().message())));
+    }
     s->sampler() = *std::move(sampler);
   } else if (!sr.done()) {
-    return Corrupt("sampler: trailing bytes");
+    return Refuse(Corrupt("sampler: trailing bytes"));
   }
+  prefix.clear();
+}
 
-  // Layers: each blob imported into a fresh cache of this model's geometry.
-  auto& layers = s->kv().layers();
-  for (size_t l = 0; l < num_layers; ++l) {
-    const Section& sec = sections[3 + l];
-    ByteReader lr(sec.payload);
-    uint32_t index;
-    if (sec.type != kSectionLayer || !lr.U32(&index) || index != l) {
-      return Corrupt(absl::StrCat("layer ", l, ": missing or out of order"));
-    }
-    std::string_view blob;
-    lr.Bytes(lr.remaining(), &blob);
-    kv::LayerKvCache cache(static_cast<size_t>(mcfg.num_key_value_heads),
-                           static_cast<size_t>(mcfg.head_dim), config.kv_mode);
-    const kv::WireImportExpect expect{static_cast<size_t>(mcfg.num_attention_heads),
-                                      static_cast<size_t>(mcfg.max_position_embeddings)};
-    if (absl::Status st = cache.ImportWire(blob, expect); !st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("layer ", l, ": ", st.message()));
-    }
-    if (cache.seq_len() != cached) {
-      return Corrupt(absl::StrCat("layer ", l, ": ", cache.seq_len(), " positions, the session ",
-                                  cached));
-    }
-    const bool o1_layer = config.attention == AttentionMode::kO1 && config.o1.IsO1Layer(l);
-    if (cache.O1Sealed() && !o1_layer) {
-      return Corrupt(absl::StrCat("layer ", l, ": sealed O(1) state on a layer the session runs exact"));
-    }
-    layers[l] = std::move(cache);
+// Layers: each blob imported into a fresh cache of this model's geometry.
+void SessionWireSink::State::FinishLayer(size_t l) {
+  absl::StatusOr<kv::LayerKvCache> cache = sink->Finish();
+  sink.reset();
+  if (!cache.ok()) {
+    return Refuse(absl::Status(cache.status().code(),
+                               absl::StrCat("layer ", l, ": ", cache.status().message())));
   }
-  // QSA aux blobs: exactly one per bound QSA layer, ascending.
-  size_t next = 3 + num_layers;
-  if (config.attention == AttentionMode::kQsa) {
-    for (size_t l : config.qsa.layers) {
-      if (next >= sections.size()) {
-        if (cached == 0) break;  // never bound: nothing ingested
-        return Corrupt(absl::StrCat("qsa_aux: layer ", l, " missing"));
-      }
-      const Section& sec = sections[next++];
-      ByteReader ar(sec.payload);
-      uint32_t index;
-      if (sec.type != kSectionQsaAux || !ar.U32(&index) || index != l) {
-        return Corrupt(absl::StrCat("qsa_aux: layer ", l, " missing or out of order"));
-      }
-      std::string_view blob;
-      ar.Bytes(ar.remaining(), &blob);
-      absl::Status st = model.QsaRestoreAux(
-          s->kv(), l,
-          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(blob.data()), blob.size()));
-      if (!st.ok()) return Corrupt(absl::StrCat("qsa_aux: layer ", l, ": ", st.message()));
-      const qsa::QsaSeqState* qs = s->kv().qsa_state(l);
-      if (qs == nullptr || qs->ingested() != cached) {
-        return Corrupt(absl::StrCat("qsa_aux: layer ", l, " disagrees with the cache length"));
-      }
-    }
+  if (cache->seq_len() != cached) {
+    return Refuse(Corrupt(
+        absl::StrCat("layer ", l, ": ", cache->seq_len(), " positions, the session ", cached)));
   }
-  if (next != sections.size()) return Corrupt("unexpected sections after the layers");
-  s->PublishMemory();
-  return s;
+  const bool o1_layer = config.attention == AttentionMode::kO1 && config.o1.IsO1Layer(l);
+  if (cache->O1Sealed() && !o1_layer) {
+    return Refuse(Corrupt(
+        absl::StrCat("layer ", l, ": sealed O(1) state on a layer the session runs exact")));
+  }
+  session->kv().layers()[l] = *std::move(cache);
+}
+
+// QSA aux blobs: exactly one per bound QSA layer, ascending.
+void SessionWireSink::State::ProcessAux(const Kept& sec) {
+  const size_t l = config.qsa.layers[aux_next++];
+  ByteReader ar(sec.payload);
+  uint32_t index;
+  if (sec.type != kSectionQsaAux || !ar.U32(&index) || index != l) {
+    return Refuse(Corrupt(absl::StrCat("qsa_aux: layer ", l, " missing or out of order")));
+  }
+  std::string_view blob;
+  ar.Bytes(ar.remaining(), &blob);
+  absl::Status st = model.QsaRestoreAux(
+      session->kv(), l,
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(blob.data()), blob.size()));
+  if (!st.ok()) return Refuse(Corrupt(absl::StrCat("qsa_aux: layer ", l, ": ", st.message())));
+  const qsa::QsaSeqState* qs = session->kv().qsa_state(l);
+  if (qs == nullptr || qs->ingested() != cached) {
+    return Refuse(Corrupt(absl::StrCat("qsa_aux: layer ", l, " disagrees with the cache length")));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Session>> SessionWireSink::State::Finish() {
+  if (!broken.ok()) return broken;
+  switch (stage) {
+    case Stage::kStreamHeader:
+      return fixed.size() < 4 ? Corrupt("bad magic (not a Cortiq session stream)")
+                              : Corrupt("truncated header");
+    case Stage::kSectionHeader:
+      return Corrupt("truncated section header");
+    case Stage::kPayload:
+      return Corrupt(absl::StrCat("section ", count, " (", util::Sv(SectionName(type)),
+                                  "): length ", len, " runs past the end of the stream"));
+    case Stage::kCrc:
+      return Corrupt("truncated section checksum");
+    case Stage::kEnded:
+      break;
+  }
+  if (!prefix_done) ProcessPrefix();
+  // The section count is checked right after the header section parsed.
+  if (header_ok && (refused.ok() || refused_late) && count < 3 + num_layers()) {
+    return Corrupt("missing sections");
+  }
+  if (!refused.ok()) return refused;
+  if (config.attention == AttentionMode::kQsa && aux_next < config.qsa.layers.size() &&
+      cached != 0) {  // a session never bound has nothing ingested, hence no aux
+    return Corrupt(absl::StrCat("qsa_aux: layer ", config.qsa.layers[aux_next], " missing"));
+  }
+  session->PublishMemory();
+  return std::move(session);
+}
+
+SessionWireSink::SessionWireSink(const model::Transformer& model, uint64_t fingerprint,
+                                 std::string id, uint64_t max_stream_bytes)
+    : state_(std::make_unique<State>(model, fingerprint, std::move(id), max_stream_bytes)) {}
+SessionWireSink::~SessionWireSink() = default;
+SessionWireSink::SessionWireSink(SessionWireSink&&) noexcept = default;
+
+absl::Status SessionWireSink::Write(std::string_view bytes) { return state_->Write(bytes); }
+
+absl::StatusOr<std::unique_ptr<Session>> SessionWireSink::Finish() { return state_->Finish(); }
+
+absl::StatusOr<std::unique_ptr<Session>> ImportSessionWire(std::string_view wire,
+                                                           const model::Transformer& model,
+                                                           uint64_t fingerprint, std::string id) {
+  SessionWireSink sink(model, fingerprint, std::move(id), wire.size());
+  CORTIQ_RETURN_IF_ERROR(sink.Write(wire));
+  return sink.Finish();
 }
 
 }  // namespace cortiq::session

@@ -12,17 +12,28 @@
 // DATA_LOSS, another model or geometry → FAILED_PRECONDITION, unknown
 // version → FAILED_PRECONDITION. A failed import leaves no trace.
 //
-// Threads: ExportSessionWire reads a session whose lease the caller holds;
-// ImportSessionWire builds a session nobody else can see yet.
+// Both directions also run piece by piece, for the gRPC chunks of a
+// migration: SessionWireSource reads the stream straight from the session's
+// caches into the caller's buffers, SessionWireSink writes each layer
+// straight into the new session's caches as the bytes arrive (one pass each
+// way; no copy of the whole stream on either side). ExportSessionWire and
+// ImportSessionWire are these run over one whole buffer: the same bytes, the
+// same checks, the same errors in the same order.
+//
+// Threads: ExportSessionWire / SessionWireSource read a session whose lease
+// the caller holds (for as long as the source is read); ImportSessionWire /
+// SessionWireSink build a session nobody else can see yet.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/kv/layer_wire.h"
 #include "core/model/transformer.h"
 #include "core/session/session.h"
 #include "core/tokenizer/tokenizer.h"
@@ -53,6 +64,75 @@ absl::StatusOr<std::string> ExportSessionWire(const Session& session, uint64_t f
 absl::StatusOr<std::unique_ptr<Session>> ImportSessionWire(std::string_view wire,
                                                            const model::Transformer& model,
                                                            uint64_t fingerprint, std::string id);
+
+// ExportSessionWire's stream, read front to back. Holds pointers into the
+// session's caches: keep the lease until the last Read. Move-only.
+//
+// Example (one gRPC chunk at a time):
+//   CORTIQ_ASSIGN_OR_RETURN(SessionWireSource src, SessionWireSource::Make(*lease, fp, {}));
+//   while (src.left() > 0) { chunk.resize(1 << 20); chunk.resize(src.Read(chunk.data(), 1 << 20));
+//   ... }
+class SessionWireSource {
+ public:
+  // ExportSessionWire's refusals, every one checked here, before a byte is
+  // read. Serialises the small sections (header, tokens, sampler, QSA aux,
+  // end) now; the layers' rows are read from the caches by Read.
+  static absl::StatusOr<SessionWireSource> Make(const Session& session, uint64_t fingerprint,
+                                                const SessionWireOptions& options);
+
+  uint64_t size() const { return size_; }  // the whole stream's bytes
+  uint64_t left() const { return size_ - pos_; }
+  // Writes the next min(n, left()) bytes to dst and returns how many; one
+  // pass over the rows (copied and checksummed together).
+  size_t Read(char* dst, size_t n);
+
+ private:
+  // Owned bytes (whole sections, or a layer section's type, length and
+  // index), then, for a layer section, its blob and the section's CRC.
+  struct Part {
+    std::string bytes;
+    std::optional<kv::LayerWireSource> layer;
+    uint32_t prefix_crc = 0;  // CRC of the layer section's 20 bytes before the blob
+  };
+  SessionWireSource() = default;
+
+  std::vector<Part> parts_;
+  uint64_t size_ = 0, pos_ = 0;
+  size_t part_ = 0;
+  uint64_t in_part_ = 0;  // bytes of parts_[part_] already read
+  char crc_le_[4] = {};
+};
+
+// ImportSessionWire fed piece by piece, as the chunks of an ImportSession
+// arrive: each layer's rows go straight into the new session's caches. The
+// checks are ImportSessionWire's, and so are the errors and their order: a
+// fault in the stream's integrity (DATA_LOSS) outranks every other refusal,
+// so those wait for the end of the stream. While a large layer (>= 256 KiB)
+// arrives, the next layer's rows are reserved on a thread of its own
+// (std::async; the destructor waits for it). Move-only; one writer.
+class SessionWireSink {
+ public:
+  // For `model` (wire fingerprint `fingerprint`), the new session's id
+  // `id`; `max_stream_bytes`: the most the stream may hold (the caller
+  // refuses more): a layer's rows are reserved only when its bytes can
+  // still arrive within it, so a forged length allocates nothing.
+  SessionWireSink(const model::Transformer& model, uint64_t fingerprint, std::string id,
+                  uint64_t max_stream_bytes);
+  ~SessionWireSink();
+  SessionWireSink(SessionWireSink&&) noexcept;
+
+  // The stream's next bytes. An error means the stream is refused whatever
+  // follows (corrupt: DATA_LOSS; an unknown version: FAILED_PRECONDITION):
+  // stop sending, Finish says the same.
+  absl::Status Write(std::string_view bytes);
+  // After the last byte: the validated session, installed nowhere yet, or
+  // why the stream is refused.
+  absl::StatusOr<std::unique_ptr<Session>> Finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // The version an exporter should use toward a peer that reads `peer_versions`:
 // the highest one both speak; FAILED_PRECONDITION when there is none.

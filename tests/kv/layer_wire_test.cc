@@ -11,10 +11,15 @@
 //     blob is DataLoss (FailedPrecondition for the version field) and leaves
 //     the target unchanged; geometry mismatches are FailedPrecondition
 //     naming both values; forged lengths with a valid checksum are DataLoss
-//     before anything is allocated.
+//     before anything is allocated;
+//   * piece by piece (layer_wire.h): reading a blob in pieces of any size
+//     gives ExportWire's bytes, and writing one in pieces of any size gives
+//     what ImportWire gives, bytes and errors alike.
 //
 // Bit-exactness is checked with memcmp (EXPECT_EQ on floats would pass
 // -0.0 == 0.0).
+#include "core/kv/layer_wire.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -647,6 +652,138 @@ TEST(LayerWireTest, ForgedLengthsWithAValidChecksumAreDataLossBeforeAnyAllocatio
   Reseal(f);
   EXPECT_EQ(o1.ImportWire(f, Expect(kTiny.heads)).code(), absl::StatusCode::kDataLoss);
   EXPECT_FALSE(o1.O1Sealed());
+}
+
+// ---- piece by piece (LayerWireSource / LayerWireSink) -------------------------
+
+// The blob read through LayerWireSource in pieces of `step` bytes.
+std::string ReadInPieces(const LayerKvCache& c, WireOptions o, size_t step) {
+  absl::StatusOr<LayerWireSource> src = LayerWireSource::Make(c, o);
+  EXPECT_TRUE(src.ok()) << src.status();
+  if (!src.ok()) return {};
+  std::string out, buf(step, '\0');
+  while (src->left() > 0) out.append(buf.data(), src->Read(buf.data(), step));
+  EXPECT_EQ(out.size(), src->size());
+  EXPECT_EQ(src->body_crc(), util::Crc32c(out.data(), out.size() - 4));
+  return out;
+}
+
+// `blob` written through LayerWireSink in pieces of `step` bytes, into a cache
+// of c's geometry; the status ImportWire would give, the cache on success.
+absl::StatusOr<LayerKvCache> WriteInPieces(const LayerKvCache& like, std::string_view blob,
+                                           size_t step, WireImportExpect expect) {
+  absl::StatusOr<LayerWireSink> sink =
+      LayerWireSink::Begin(blob.substr(0, std::min<size_t>(blob.size(), kWireHeaderBytes)),
+                           blob.size(), like.num_kv_heads(), like.head_dim(), like.mode(), expect);
+  if (!sink.ok()) return sink.status();
+  for (size_t at = kWireHeaderBytes; at < blob.size(); at += step) {
+    sink->Write(blob.substr(at, step));
+  }
+  EXPECT_EQ(sink->left(), 0u);
+  if (blob.size() >= kWireHeaderBytes + 4) {
+    EXPECT_EQ(sink->body_crc(), util::Crc32c(blob.data(), blob.size() - 4));
+    EXPECT_EQ(sink->stored_crc(), U32At(std::string(blob), blob.size() - 4));
+  }
+  return sink->Finish();
+}
+
+TEST(LayerWireTest, PiecesOfAnySizeGiveTheWholeBlobsBytesAndState) {
+  std::mt19937 rng(5);
+  LayerKvCache f32(2, 8), int8(2, 8, KvMode::kInt8);
+  Fill(f32, rng, 37);
+  Fill(int8, rng, 37);
+  const Stream s = MakeStream(kO1, 300, 300, 3);
+  const LayerKvCache sealed = Sealed(kO1, s, 300);
+  struct Case {
+    const LayerKvCache* cache;
+    WireOptions options;
+    size_t q_heads;
+  };
+  const Case cases[] = {{&f32, {}, 0},
+                        {&f32, {.version = 1, .f16 = true}, 0},
+                        {&int8, {}, 0},
+                        {&sealed, {}, kO1.heads}};
+  for (const Case& c : cases) {
+    const std::string whole = MustExport(*c.cache, c.options);
+    LayerKvCache want(c.cache->num_kv_heads(), c.cache->head_dim(), c.cache->mode());
+    ASSERT_TRUE(want.ImportWire(whole, Expect(c.q_heads)).ok());
+    for (size_t step : {1, 3, 7, 64, 1000, 1 << 20}) {
+      SCOPED_TRACE(::testing::Message() << "f16 " << c.options.f16 << " step " << step);
+      EXPECT_EQ(ReadInPieces(*c.cache, c.options, step), whole);
+      absl::StatusOr<LayerKvCache> got = WriteInPieces(*c.cache, whole, step, Expect(c.q_heads));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSameRows(*got, want);
+      EXPECT_EQ(got->capacity(), want.capacity());
+      EXPECT_EQ(got->MemoryBytes(), want.MemoryBytes());
+      EXPECT_EQ(MustExport(*got, c.options), whole);
+    }
+  }
+}
+
+// A cache reserved ahead (on another thread, by a session import) is taken
+// when it is exactly what the blob asks for, and left alone otherwise.
+TEST(LayerWireTest, ACacheReservedAheadIsTakenOnlyWhenItMatches) {
+  std::mt19937 rng(3);
+  LayerKvCache src(2, 8);
+  src.Reserve(50);
+  Fill(src, rng, 37);
+  const std::string blob = MustExport(src);
+  LayerKvCache want(2, 8);
+  ASSERT_TRUE(want.ImportWire(blob, Expect()).ok());
+  auto begin = [&](LayerKvCache* reserved) {
+    return LayerWireSink::Begin(std::string_view(blob).substr(0, kWireHeaderBytes), blob.size(), 2,
+                                8, KvMode::kF32, Expect(), reserved);
+  };
+  struct Case {
+    LayerKvCache spare;
+    bool taken;
+  };
+  Case cases[] = {{LayerKvCache(2, 8), true},
+                  {LayerKvCache(2, 8), false},                 // another capacity
+                  {LayerKvCache(2, 8, KvMode::kInt8), false},  // another mode
+                  {LayerKvCache(2, 8), false}};                // not fresh
+  cases[0].spare.Reserve(50);
+  cases[1].spare.Reserve(64);
+  cases[2].spare.Reserve(50);
+  cases[3].spare.Reserve(50);
+  Fill(cases[3].spare, rng, 1);
+  for (Case& c : cases) {
+    const size_t before = c.spare.MemoryBytes();
+    absl::StatusOr<LayerWireSink> sink = begin(&c.spare);
+    ASSERT_TRUE(sink.ok()) << sink.status();
+    EXPECT_EQ(sink->reserved_positions(), 50u);
+    EXPECT_EQ(c.spare.MemoryBytes(), c.taken ? 0u : before);
+    sink->Write(std::string_view(blob).substr(kWireHeaderBytes));
+    absl::StatusOr<LayerKvCache> got = sink->Finish();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSameRows(*got, want);
+    EXPECT_EQ(got->capacity(), want.capacity());
+    EXPECT_EQ(got->MemoryBytes(), want.MemoryBytes());
+  }
+}
+
+TEST(LayerWireTest, PiecesGiveImportWiresErrorForEveryChangedByteAndTruncation) {
+  std::mt19937 rng(9);
+  LayerKvCache c(1, 4);
+  Fill(c, rng, 3);
+  const std::string blob = MustExport(c);
+  auto same = [&](const std::string& b, const std::string& what) {
+    LayerKvCache target(1, 4);
+    const absl::Status whole = target.ImportWire(b, Expect());
+    for (size_t step : {1, 5}) {
+      absl::StatusOr<LayerKvCache> got = WriteInPieces(c, b, step, Expect());
+      EXPECT_EQ(got.status(), whole) << what << " step " << step;
+    }
+  };
+  for (size_t i = 0; i < blob.size(); ++i) {
+    std::string bad = blob;
+    bad[i] ^= 0x21;
+    same(bad, "byte " + std::to_string(i));
+    Reseal(bad);  // past the checksum: the checks after it
+    same(bad, "resealed byte " + std::to_string(i));
+  }
+  for (size_t n = 0; n < blob.size(); ++n)
+    same(blob.substr(0, n), "truncated " + std::to_string(n));
 }
 
 }  // namespace

@@ -3,10 +3,13 @@
 // continuation in every mode), and every failure leaving the source session
 // intact and usable: peer down, peer refusing (another model), a peer dying
 // mid-stream; corrupt, truncated and oversize imports install nothing.
+// The chunk messages on the wire: at most 1 MiB each, and ImportSession (on
+// the raw byte API) takes every valid encoding of a WireChunk.
 #include <future>
 #include <thread>
 
 #include "cortiq/v1/inference.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
@@ -142,6 +145,110 @@ TEST(MigrationTest, ExportImportOverGrpcIsByteExact) {
   EXPECT_EQ(resp.session().memory().total_bytes(), a.server->store().Get(id)->memory.total());
   EXPECT_EQ(ExportBytes(b, resp.session().session_id()), wire);
   EXPECT_TRUE(a.server->store().Get(id).has_value());  // export copies; only migrate moves
+}
+
+// ImportSession fed raw messages (each one a serialised WireChunk, or not).
+grpc::Status ImportMessages(Node& n, const std::vector<std::string>& messages,
+                            v1::ImportSessionResponse* resp) {
+  grpc::CompletionQueue cq;
+  grpc::Status status;
+  {
+    grpc::ClientContext ctx;
+    grpc::GenericStub stub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
+    auto call = stub.PrepareCall(&ctx, "/cortiq.v1.Inference/ImportSession", &cq);
+    auto wait = [&cq] {
+      void* tag;
+      bool ok = false;
+      return cq.Next(&tag, &ok) && ok;
+    };
+    call->StartCall(nullptr);
+    bool ok = wait();
+    for (const std::string& m : messages) {
+      if (!ok) break;
+      grpc::Slice slice(m);
+      call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
+      ok = wait();
+    }
+    grpc::ByteBuffer reply;
+    if (ok) {
+      call->WritesDone(nullptr);
+      ok = wait();
+      call->Read(&reply, nullptr);
+      ok = ok && wait();
+    }
+    call->Finish(&status, nullptr);
+    wait();
+    if (status.ok() && ok) {
+      EXPECT_TRUE(
+          grpc::SerializationTraits<v1::ImportSessionResponse>::Deserialize(&reply, resp).ok());
+    }
+  }
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+TEST(MigrationTest, ImportTakesEveryEncodingOfAChunk) {
+  const std::string model = testing::TempModel("tiny");
+  Node a = StartNode(model), b = StartNode(model);
+  const std::string wire = ExportBytes(a, Open(a, 0, false));
+  ASSERT_GT(wire.size(), 3000u);
+  auto chunk = [](std::string_view data) {
+    v1::WireChunk c;
+    c.set_data(std::string(data));
+    return c.SerializeAsString();
+  };
+  std::vector<std::string> messages = {
+      chunk(wire.substr(0, 1000)),
+      "",  // an empty chunk (no field at all)
+      std::string("\x78\x01", 2) + chunk(wire.substr(1000, 1000)),  // an unknown field first
+      chunk("ignored") + chunk(wire.substr(2000, 1000)),  // the field twice: the last one counts
+      chunk(wire.substr(3000))};
+  v1::ImportSessionResponse resp;
+  grpc::Status st = ImportMessages(b, messages, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(ExportBytes(b, resp.session().session_id()), wire);
+  // Not a WireChunk at all (a truncated field): refused, nothing installed.
+  const std::string truncated_field = {'\x0a', '\x05', 'a', 'b'};  // 5 bytes announced, 2 there
+  st = ImportMessages(b, {chunk(wire.substr(0, 1000)), truncated_field}, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(b.server->store().num_sessions(), 1u);
+}
+
+TEST(MigrationTest, LargeSessionsTravelInChunksOfAtMostOneMiB) {
+  const std::string model = testing::TempModel("tiny");
+  Node a = StartNode(model), b = StartNode(model), c = StartNode(model);
+  v1::GenerateRequest r = Turn("", std::string(3000, 'a'), false);
+  Out o = Generate(a, r);
+  ASSERT_TRUE(o.status.ok()) << o.status.error_message();
+  grpc::ClientContext ctx;
+  v1::ExportSessionRequest req;
+  req.set_session_id(o.session);
+  auto reader = a.stub->ExportSession(&ctx, req);
+  std::string wire;
+  v1::WireChunk chunk;
+  size_t chunks = 0;
+  while (reader->Read(&chunk)) {
+    EXPECT_LE(chunk.data().size(), size_t{1} << 20);
+    wire += chunk.data();
+    ++chunks;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_GE(chunks, 2u);
+  EXPECT_EQ(wire.size() / (size_t{1} << 20) + 1, chunks) << "full chunks but the last";
+  v1::ImportSessionResponse resp;
+  ASSERT_TRUE(ImportBytes(b, wire, &resp).ok());
+  EXPECT_EQ(ExportBytes(b, resp.session().session_id()), wire);
+  // MigrateSession sends the same stream (the peer re-exports it unchanged).
+  v1::MigrateSessionResponse moved;
+  grpc::Status st = Migrate(a, o.session, c.addr, &moved);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(moved.wire_bytes(), wire.size());
+  EXPECT_EQ(ExportBytes(c, moved.peer_session_id()), wire);
+  EXPECT_FALSE(a.server->store().Get(o.session).has_value());
 }
 
 TEST(MigrationTest, CorruptTruncatedAndOversizeImportsInstallNothing) {

@@ -1,7 +1,9 @@
 // The session wire format: round trips that are byte-exact and
 // continuation-identical in every attention mode, refusals by version, and
 // hostile streams — every flipped byte and every truncation is refused and
-// installs nothing.
+// installs nothing. Piece by piece (SessionWireSource / SessionWireSink, as
+// the gRPC chunks use them): any piece size gives the whole-buffer bytes,
+// session and errors.
 #include "core/session/session_wire.h"
 
 #include <cstring>
@@ -82,6 +84,18 @@ class SessionWireTest : public ::testing::Test {
     GenerationRequest r = Req(testing::TestIds(150, 259, 5), 10, sampled);
     r.seed_given = true;
     Run(store, id, r);
+    return id;
+  }
+
+  // A kept int8 session after a 4-token prompt and 3 sampled tokens: a
+  // stream small enough to try every byte position.
+  std::string MakeShortSession(SessionStore& store) {
+    auto lease = store.Create(*model_, Mode(1), 0);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (!lease.ok()) return "";
+    const std::string id = (*lease)->id();
+    lease->Return();
+    Run(store, id, Req({1, 2, 3, 4}, 3, true));
     return id;
   }
 
@@ -171,12 +185,7 @@ TEST_F(SessionWireTest, AnotherModelIsFailedPrecondition) {
 
 TEST_F(SessionWireTest, EveryFlippedByteAndEveryTruncationIsRefused) {
   SessionStore store({});
-  // A short session keeps the stream small enough to try every position.
-  auto lease = store.Create(*model_, Mode(1), 0);
-  ASSERT_TRUE(lease.ok());
-  const std::string id = (*lease)->id();
-  lease->Return();
-  Run(store, id, Req({1, 2, 3, 4}, 3, true));
+  const std::string id = MakeShortSession(store);
   auto wire = Export(store, id);
   ASSERT_TRUE(wire.ok());
   ASSERT_LT(wire->size(), 40000u);
@@ -255,6 +264,81 @@ TEST_F(SessionWireTest, SizesBeyondTheContextAreRefused) {
       EXPECT_NE(r.status().message().find(c.field), std::string::npos) << r.status();
     }
   }
+}
+
+// SessionWireSource read in pieces of `step` bytes.
+std::string ReadInPieces(const Session& s, size_t step, SessionWireOptions o = {}) {
+  auto src = SessionWireSource::Make(s, kFingerprint, o);
+  EXPECT_TRUE(src.ok()) << src.status();
+  if (!src.ok()) return {};
+  std::string out, buf(step, '\0');
+  while (src->left() > 0) out.append(buf.data(), src->Read(buf.data(), step));
+  EXPECT_EQ(out.size(), src->size());
+  return out;
+}
+
+// SessionWireSink fed `wire` in pieces of `step` bytes; a Write error ends the
+// stream there, as the import RPC does.
+absl::StatusOr<std::unique_ptr<Session>> WriteInPieces(const model::Transformer& m,
+                                                       std::string_view wire, size_t step) {
+  SessionWireSink sink(m, kFingerprint, "x", wire.size());
+  for (size_t at = 0; at < wire.size(); at += step) {
+    if (absl::Status st = sink.Write(wire.substr(at, step)); !st.ok()) {
+      EXPECT_EQ(sink.Finish().status(), st) << "Finish repeats the Write error";
+      return st;
+    }
+  }
+  return sink.Finish();
+}
+
+TEST_F(SessionWireTest, PiecesOfAnySizeGiveTheWholeStreamAndSession) {
+  for (int mode = 0; mode < 4; ++mode) {
+    SCOPED_TRACE(::testing::Message() << "mode " << mode);
+    SessionStore store({});
+    const std::string id = MakeSession(store, mode, true);
+    auto wire = Export(store, id);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    auto f16 = Export(store, id, {.version = 2, .f16 = true});
+    ASSERT_TRUE(f16.ok()) << f16.status();
+    for (size_t step : {1, 7, 4096, 1 << 20}) {
+      SCOPED_TRACE(::testing::Message() << "step " << step);
+      {
+        auto lease = store.Acquire(id);
+        ASSERT_TRUE(lease.ok());
+        EXPECT_TRUE(ReadInPieces(**lease, step) == *wire);
+        EXPECT_TRUE(ReadInPieces(**lease, step, {.version = 2, .f16 = true}) == *f16);
+      }
+      for (const std::string* w : {&*wire, &*f16}) {
+        auto imported = WriteInPieces(*model_, *w, step);
+        ASSERT_TRUE(imported.ok()) << imported.status();
+        auto again = ExportSessionWire(**imported, kFingerprint, {.version = 2, .f16 = w == &*f16});
+        ASSERT_TRUE(again.ok()) << again.status();
+        EXPECT_TRUE(*again == *w) << "re-export differs";
+      }
+    }
+  }
+}
+
+TEST_F(SessionWireTest, PiecesGiveTheWholeBuffersErrorForEveryFlippedByteAndTruncation) {
+  SessionStore store({});
+  auto wire = Export(store, MakeShortSession(store));
+  ASSERT_TRUE(wire.ok());
+  auto same = [&](std::string_view w, const std::string& what) {
+    const absl::Status whole = ImportSessionWire(w, *model_, kFingerprint, "x").status();
+    for (size_t step : {1, 5, 64}) {
+      ASSERT_EQ(WriteInPieces(*model_, w, step).status(), whole) << what << " step " << step;
+    }
+  };
+  for (size_t i = 0; i < wire->size(); ++i) {
+    std::string bad = *wire;
+    bad[i] ^= 0x5a;
+    same(bad, "byte " + std::to_string(i));
+    same(fuzz::FixWireChecksums(bad), "fixed byte " + std::to_string(i));
+  }
+  for (size_t n = 0; n < wire->size(); n += 3) {
+    same(std::string_view(*wire).substr(0, n), "truncated " + std::to_string(n));
+  }
+  same(*wire + *wire, "twice");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -65,6 +66,53 @@ TEST(Crc32cTest, PortableAndSse42AgreeAtEveryLengthAndAlignment) {
                 internal::Crc32cExtendSse42(seed, buf.data() + offset, n))
           << "offset " << offset << " n " << n;
     }
+  }
+}
+
+// Lengths around the three-lane stripes (3 × 4 KiB) of the SSE4.2 path.
+TEST(Crc32cTest, PortableAndSse42AgreeOnLongInputs) {
+  if (!internal::Crc32cHasSse42()) GTEST_SKIP() << "no SSE4.2 on this CPU";
+  std::mt19937 rng(13);
+  std::vector<uint8_t> buf(5 * 12288 + 64);
+  for (uint8_t& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t offset : {0, 1, 5}) {
+    for (size_t n : {12287, 12288, 12289, 24576 + 7, 3 * 12288 - 8, 5 * 12288 + 3}) {
+      const uint32_t seed = static_cast<uint32_t>(rng());
+      ASSERT_EQ(internal::Crc32cExtendPortable(seed, buf.data() + offset, n),
+                internal::Crc32cExtendSse42(seed, buf.data() + offset, n))
+          << "offset " << offset << " n " << n;
+    }
+  }
+}
+
+TEST(Crc32cTest, CombineEqualsTheCrcOfTheConcatenation) {
+  std::mt19937 rng(17);
+  std::vector<uint8_t> buf(70000);
+  for (uint8_t& b : buf) b = static_cast<uint8_t>(rng());
+  const uint32_t whole = Crc32c(buf.data(), buf.size());
+  for (size_t cut : {0, 1, 7, 8, 300, 4096, 12288, 40000, 69999, 70000}) {
+    const uint32_t a = Crc32c(buf.data(), cut);
+    const uint32_t b = Crc32c(buf.data() + cut, buf.size() - cut);
+    EXPECT_EQ(Crc32cCombine(a, b, buf.size() - cut), whole) << "cut " << cut;
+  }
+  // A long run of zeros, and lengths past 2^32 through the operator's
+  // composition: moving over n1 then n2 bytes is moving over n1 + n2.
+  std::vector<uint8_t> zeros(3'000'000, 0);
+  EXPECT_EQ(Crc32cCombine(whole, Crc32c(zeros.data(), zeros.size()), zeros.size()),
+            Crc32cExtend(whole, zeros.data(), zeros.size()));
+  const uint64_t n1 = uint64_t{1} << 33, n2 = (uint64_t{1} << 31) + 3;
+  EXPECT_EQ(Crc32cCombine(Crc32cCombine(whole, 0x1111u, n1), 0x2222u, n2),
+            Crc32cCombine(whole, Crc32cCombine(0x1111u, 0x2222u, n2), n1 + n2));
+}
+
+TEST(Crc32cTest, CopyCopiesAndChecksums) {
+  std::mt19937 rng(19);
+  std::vector<uint8_t> src(100000), dst(src.size());
+  for (uint8_t& b : src) b = static_cast<uint8_t>(rng());
+  for (size_t n : {0, 1, 16383, 16384, 16385, 100000}) {
+    std::fill(dst.begin(), dst.end(), 0);
+    EXPECT_EQ(Crc32cCopy(0xABCDu, dst.data(), src.data(), n), Crc32cExtend(0xABCDu, src.data(), n));
+    EXPECT_TRUE(std::equal(src.begin(), src.begin() + n, dst.begin())) << n;
   }
 }
 

@@ -1,7 +1,7 @@
 // cortiq-bench-migrate: moving a large session between two servers.
 //
 //   cortiq-bench-migrate [--shape qwen3-0.6b] [--dtype bf16] [--positions 2400]
-//                        [--kv f32|int8] [--f16] [--rounds 3]
+//                        [--kv f32|int8] [--f16] [--rounds 3] [--path both|export|migrate]
 //
 // Two cortiq servers run in this process on 127.0.0.1 (each with its own
 // store, engine and gRPC server; they share the mmap'ed checkpoint). A kept
@@ -13,9 +13,10 @@
 //      against the session's MemoryBytes;
 //   3. the pause a conversation sees: the last token of a stream on A to the
 //      first token of its continuation on B, with the migration in between.
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <filesystem>
-#include <random>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -31,6 +32,15 @@ using Clock = std::chrono::steady_clock;
 namespace v1 = cortiq::v1;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// CPU seconds (user + system) this process has used, every thread together:
+// both servers, the client in the middle, the kernel's loopback copies.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
 
 struct Node {
   std::unique_ptr<cortiq::server::Server> server;
@@ -88,13 +98,19 @@ std::string MakeBigSession(Node& n, size_t positions, bool int8) {
   tokens.insert(tokens.end(), positions, 32);
   tokens.push_back(last);
   kv.Reserve(start + positions + 64);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
+  // Uniform in [-2, 2) from a 64-bit LCG: the bytes only have to be
+  // incompressible and finite (std::normal_distribution took longer than
+  // the migration it sets up).
+  uint64_t state = 1;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return float(int32_t(state >> 32)) * (2.0f / 2147483648.0f);
+  };
   for (auto& layer : kv.layers()) {
     std::vector<float> k(layer.num_kv_heads() * layer.head_dim()), v(k.size());
     for (size_t p = 0; p < positions; ++p) {
-      for (auto& x : k) x = dist(rng);
-      for (auto& x : v) x = dist(rng);
+      for (auto& x : k) x = next();
+      for (auto& x : v) x = next();
       layer.Append(k, v);
     }
   }
@@ -130,6 +146,7 @@ int main(int argc, char** argv) {
   std::string shape = "qwen3-0.6b", dtype = "bf16";
   size_t positions = 2400, rounds = 3;
   bool f16 = false, int8 = false;
+  std::string path = "both";  // which of the two paths each round runs
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -139,9 +156,10 @@ int main(int argc, char** argv) {
     else if (a == "--rounds") (void)absl::SimpleAtoi(next(), &rounds);
     else if (a == "--f16") f16 = true;
     else if (a == "--kv") int8 = next() == "int8";
+    else if (a == "--path") path = next();
     else {
       std::fprintf(stderr, "usage: cortiq-bench-migrate [--shape S] [--dtype D] [--positions N] "
-                           "[--kv f32|int8] [--f16] [--rounds R]\n");
+                           "[--kv f32|int8] [--f16] [--rounds R] [--path both|export|migrate]\n");
       return 2;
     }
   }
@@ -156,14 +174,15 @@ int main(int argc, char** argv) {
   Node a = Start(dir), b = Start(dir);
   std::printf("shape %s (%s weights), %zu positions, kv %s, wire %s\n", shape.c_str(),
               dtype.c_str(), positions, int8 ? "int8" : "f32", f16 ? "f16" : "f32");
-  std::printf("%-26s %12s %12s %10s %10s %12s\n", "path", "session MB", "wire MB", "seconds",
-              "GB/s", "pause ms");
+  std::printf("%-26s %12s %12s %10s %10s %10s %12s\n", "path", "session MB", "wire MB", "seconds",
+              "cpu s", "GB/s", "pause ms");
   for (size_t round = 0; round < rounds; ++round) {
     // 1. Export → Import through a client in the middle.
-    {
+    if (path != "migrate") {
       const std::string id = MakeBigSession(a, positions, int8);
       const double mem = double(a.server->store().Get(id)->memory.total());
       const auto t0 = Clock::now();
+      const double cpu0 = CpuSeconds();
       grpc::ClientContext ectx, ictx;
       v1::ExportSessionRequest er;
       er.set_session_id(id);
@@ -179,19 +198,19 @@ int main(int argc, char** argv) {
       }
       writer->WritesDone();
       grpc::Status es = reader->Finish(), is = writer->Finish();
-      const double s = Seconds(Clock::now() - t0);
+      const double s = Seconds(Clock::now() - t0), cpu = CpuSeconds() - cpu0;
       if (!es.ok() || !is.ok()) {
         std::fprintf(stderr, "export/import failed: %s %s\n", es.error_message().c_str(),
                      is.error_message().c_str());
         return 1;
       }
-      std::printf("%-26s %12.1f %12.1f %10.3f %10.2f %12s\n", "export -> import", mem / 1e6,
-                  double(bytes) / 1e6, s, double(bytes) / s / 1e9, "-");
+      std::printf("%-26s %12.1f %12.1f %10.3f %10.3f %10.2f %12s\n", "export -> import", mem / 1e6,
+                  double(bytes) / 1e6, s, cpu, double(bytes) / s / 1e9, "-");
       a.server->store().Release(id);
       b.server->store().Release(ir.session().session_id());
     }
     // 2. + 3. MigrateSession, inside a conversation.
-    {
+    if (path != "export") {
       const std::string id = MakeBigSession(a, positions, int8);
       const double mem = double(a.server->store().Get(id)->memory.total());
       Clock::time_point unused, first_on_b;
@@ -204,15 +223,16 @@ int main(int argc, char** argv) {
       mr.set_dtype(f16 ? v1::WIRE_DTYPE_F16 : v1::WIRE_DTYPE_F32);
       v1::MigrateSessionResponse resp;
       const auto t0 = Clock::now();
+      const double cpu0 = CpuSeconds();
       grpc::Status st = a.stub->MigrateSession(&ctx, mr, &resp);
-      const double s = Seconds(Clock::now() - t0);
+      const double s = Seconds(Clock::now() - t0), cpu = CpuSeconds() - cpu0;
       if (!st.ok()) {
         std::fprintf(stderr, "migrate failed: %s\n", st.error_message().c_str());
         return 1;
       }
       Continue(b, resp.peer_session_id(), &first_on_b);
-      std::printf("%-26s %12.1f %12.1f %10.3f %10.2f %12.1f\n", "MigrateSession", mem / 1e6,
-                  double(resp.wire_bytes()) / 1e6, s, double(resp.wire_bytes()) / s / 1e9,
+      std::printf("%-26s %12.1f %12.1f %10.3f %10.3f %10.2f %12.1f\n", "MigrateSession", mem / 1e6,
+                  double(resp.wire_bytes()) / 1e6, s, cpu, double(resp.wire_bytes()) / s / 1e9,
                   Seconds(first_on_b - last_on_a) * 1e3);
       b.server->store().Release(resp.peer_session_id());
     }
