@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "core/math/kernels_internal.h"
 #include "core/math/kernels_rows_inl.h"
@@ -280,15 +283,19 @@ Isa Detect() {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (internal::AmxTable() != nullptr && avx512 && __builtin_cpu_supports("avx512bf16") &&
-      __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+  // AVX512_BF16 and AMX straight from CPUID leaf 7 (clang 14's
+  // __builtin_cpu_supports knows neither): subleaf 1 EAX bit 5 = AVX512_BF16;
+  // subleaf 0 EDX bit 22 = AMX-BF16, bit 24 = AMX-TILE.
+  unsigned a0 = 0, b0 = 0, c0 = 0, d0 = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+  const bool leaf7 = __get_cpuid_count(7, 0, &a0, &b0, &c0, &d0) != 0;
+  const bool avx512bf16 =
+      leaf7 && a0 >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) != 0 && (a1 >> 5 & 1u);
+  const bool amx = leaf7 && (d0 >> 22 & 1u) && (d0 >> 24 & 1u);
+  if (internal::AmxTable() != nullptr && avx512 && avx512bf16 && amx &&
       internal::EnableAmxForProcess()) {
     return Isa::kAmx;
   }
-  if (internal::Avx512Bf16Table() != nullptr && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16") &&
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (internal::Avx512Bf16Table() != nullptr && avx512 && avx512bf16) {
     return Isa::kAvx512Bf16;
   }
   if (internal::Avx512Table() != nullptr && __builtin_cpu_supports("avx512f") &&
