@@ -85,44 +85,76 @@ CORTIQ_INLINE void HeadBlocks(size_t nq, Block&& block) {
 // up to four query heads. Every (head, row) value goes through exactly the
 // operations Dot / Axpy apply to it (same accumulators, same order, same
 // tails), so the results are bit-for-bit those of the loops.
-template <int NJ>
-void DotRowsBlock(const float* q, size_t q_stride, const float* rows, size_t n, size_t row_stride,
+
+// The row loads of the attention passes: f32 rows as they are, int8 rows
+// widened to f32 (what Dot / DotI8 load).
+CORTIQ_INLINE __m512 LoadRow(const float* p) { return _mm512_loadu_ps(p); }
+CORTIQ_INLINE __m512 LoadRow(const int8_t* p) { return LoadI8(p); }
+CORTIQ_INLINE __m512 LoadRowMasked(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+CORTIQ_INLINE __m512 LoadRowMasked(const int8_t* p, __mmask16 m) { return LoadI8Masked(p, m); }
+
+// Scores of NJ heads against n rows (f32 or int8): each row is loaded (for
+// int8, widened) once for the NJ heads, and the horizontal sums are deferred:
+// ReduceMany folds 16 rows' sums at once with the tree _mm512_reduce_add_ps
+// (Sum4) uses one sum at a time. Every (head, row) value is bit-for-bit what
+// Dot / DotI8 returns.
+template <int NJ, typename T>
+void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size_t row_stride,
                   size_t d, float* out, size_t out_stride) {
-  for (size_t t = 0; t < n; ++t) {
-    const float* r = rows + t * row_stride;
-    __m512 s[NJ][4];
+  constexpr size_t kGroup = 16;
+  alignas(64) __m512 part[NJ][kGroup];
+  for (size_t t0 = 0; t0 < n; t0 += kGroup) {
+    const size_t nt = MinSz(kGroup, n - t0);
+    for (size_t tt = 0; tt < nt; ++tt) {
+      const T* r = rows + (t0 + tt) * row_stride;
+      __m512 s[NJ][4];
 #pragma GCC unroll 4
-    for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 4 * kV <= d; i += 4 * kV) {
-      const __m512 x0 = _mm512_loadu_ps(r + i), x1 = _mm512_loadu_ps(r + i + 16),
-                   x2 = _mm512_loadu_ps(r + i + 32), x3 = _mm512_loadu_ps(r + i + 48);
+      for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm512_setzero_ps();
+      size_t i = 0;
+      for (; i + 4 * kV <= d; i += 4 * kV) {
+        const __m512 x0 = LoadRow(r + i), x1 = LoadRow(r + i + 16), x2 = LoadRow(r + i + 32),
+                     x3 = LoadRow(r + i + 48);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          const float* qj = q + j * q_stride + i;
+          s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(qj), x0, s[j][0]);
+          s[j][1] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16), x1, s[j][1]);
+          s[j][2] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 32), x2, s[j][2]);
+          s[j][3] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 48), x3, s[j][3]);
+        }
+      }
+      for (; i + kV <= d; i += kV) {
+        const __m512 x = LoadRow(r + i);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * q_stride + i), x, s[j][0]);
+        }
+      }
+      if (i < d) {
+        const __mmask16 m = Mask16(d - i);
+        const __m512 x = LoadRowMasked(r + i, m);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          s[j][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j * q_stride + i), x, s[j][1]);
+        }
+      }
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) {
-        const float* qj = q + j * q_stride + i;
-        s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(qj), x0, s[j][0]);
-        s[j][1] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16), x1, s[j][1]);
-        s[j][2] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 32), x2, s[j][2]);
-        s[j][3] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 48), x3, s[j][3]);
-      }
-    }
-    for (; i + kV <= d; i += kV) {
-      const __m512 x = _mm512_loadu_ps(r + i);
-#pragma GCC unroll 4
-      for (int j = 0; j < NJ; ++j) {
-        s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * q_stride + i), x, s[j][0]);
-      }
-    }
-    if (i < d) {
-      const __mmask16 m = Mask16(d - i);
-      const __m512 x = _mm512_maskz_loadu_ps(m, r + i);
-#pragma GCC unroll 4
-      for (int j = 0; j < NJ; ++j) {
-        s[j][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j * q_stride + i), x, s[j][1]);
+        part[j][tt] =
+            _mm512_add_ps(_mm512_add_ps(s[j][0], s[j][1]), _mm512_add_ps(s[j][2], s[j][3]));
       }
     }
 #pragma GCC unroll 4
-    for (int j = 0; j < NJ; ++j) out[j * out_stride + t] = Sum4(s[j][0], s[j][1], s[j][2], s[j][3]);
+    for (int j = 0; j < NJ; ++j) {
+      float* o = out + j * out_stride + t0;
+      if (nt == kGroup) {
+        ReduceMany<16>(part[j], o);
+      } else {
+        for (size_t tt = 0; tt < nt; ++tt) o[tt] = _mm512_reduce_add_ps(part[j][tt]);
+      }
+    }
   }
 }
 
@@ -220,71 +252,12 @@ void AxpyI8(float alpha, const int8_t* x, float* y, size_t n) {
 // Each cached row is widened to f32 once for up to four query heads (the
 // widening, not the FMAs, is the dearest part of an int8 row). Every (head,
 // row) value goes through exactly the operations DotI8 / AxpyI8 apply to it.
-// DotRowsI8 also defers the horizontal sums: ReduceMany folds 16 rows' sums
-// at once with the tree _mm512_reduce_add_ps (Sum4) uses, one sum at a time.
-template <int NJ>
-void DotRowsI8Block(const float* q, size_t q_stride, const int8_t* rows, size_t n,
-                    size_t row_stride, size_t d, float* out, size_t out_stride) {
-  constexpr size_t kGroup = 16;
-  alignas(64) __m512 part[NJ][kGroup];
-  for (size_t t0 = 0; t0 < n; t0 += kGroup) {
-    const size_t nt = MinSz(kGroup, n - t0);
-    for (size_t tt = 0; tt < nt; ++tt) {
-      const int8_t* r = rows + (t0 + tt) * row_stride;
-      __m512 s[NJ][4];
-#pragma GCC unroll 4
-      for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm512_setzero_ps();
-      size_t i = 0;
-      for (; i + 4 * kV <= d; i += 4 * kV) {
-        const __m512 x0 = LoadI8(r + i), x1 = LoadI8(r + i + 16), x2 = LoadI8(r + i + 32),
-                     x3 = LoadI8(r + i + 48);
-#pragma GCC unroll 4
-        for (int j = 0; j < NJ; ++j) {
-          const float* qj = q + j * q_stride + i;
-          s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(qj), x0, s[j][0]);
-          s[j][1] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16), x1, s[j][1]);
-          s[j][2] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 32), x2, s[j][2]);
-          s[j][3] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 48), x3, s[j][3]);
-        }
-      }
-      for (; i + kV <= d; i += kV) {
-        const __m512 x = LoadI8(r + i);
-#pragma GCC unroll 4
-        for (int j = 0; j < NJ; ++j) {
-          s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * q_stride + i), x, s[j][0]);
-        }
-      }
-      if (i < d) {
-        const __mmask16 m = Mask16(d - i);
-        const __m512 x = LoadI8Masked(r + i, m);
-#pragma GCC unroll 4
-        for (int j = 0; j < NJ; ++j) {
-          s[j][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j * q_stride + i), x, s[j][1]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int j = 0; j < NJ; ++j) {
-        part[j][tt] =
-            _mm512_add_ps(_mm512_add_ps(s[j][0], s[j][1]), _mm512_add_ps(s[j][2], s[j][3]));
-      }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < NJ; ++j) {
-      float* o = out + j * out_stride + t0;
-      if (nt == kGroup) {
-        ReduceMany<16>(part[j], o);
-      } else {
-        for (size_t tt = 0; tt < nt; ++tt) o[tt] = _mm512_reduce_add_ps(part[j][tt]);
-      }
-    }
-  }
-}
-
+// The scores are DotRowsBlock's, on int8 rows.
 void DotRowsI8(const float* q, size_t nq, size_t q_stride, const int8_t* rows, size_t n,
                size_t row_stride, size_t d, float* out, size_t out_stride) {
   HeadBlocks(nq, [&]<int NJ>(size_t j) {
-    DotRowsI8Block<NJ>(q + j * q_stride, q_stride, rows, n, row_stride, d, out + j * out_stride,
-                       out_stride);
+    DotRowsBlock<NJ>(q + j * q_stride, q_stride, rows, n, row_stride, d, out + j * out_stride,
+                     out_stride);
   });
 }
 
