@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "core/math/kernels_internal.h"
-#include "core/util/aligned_buffer.h"
 #include "core/util/thread_pool.h"
 
 namespace cortiq::math {
@@ -29,27 +30,37 @@ void OnAll(util::ThreadPool* pool, Fn&& fn) {
 
 }  // namespace
 
-double MeasureReadBandwidthGBs(size_t bytes, util::ThreadPool* pool) {
-  const internal::KernelTable& t = internal::Active();
-  const size_t threads = pool == nullptr ? 1 : pool->num_threads();
+ReadBandwidthProbe::ReadBandwidthProbe(size_t bytes, util::ThreadPool* pool)
+    : pool_(pool), threads_(pool == nullptr ? 1 : pool->num_threads()) {
   // Each thread reads a slice that is a multiple of 4 KiB.
-  const size_t slice = bytes / threads / 4096 * 4096;
-  if (slice == 0) return 0.0;
-  util::AlignedBuffer<uint8_t> buf(slice * threads);  // zero-filled: pages are touched
-  // First touch from each thread as well, so pages are local to the reader.
-  OnAll(pool,
-        [&](size_t i) { std::memset(buf.data() + i * slice, static_cast<int>(i + 1), slice); });
+  slice_ = bytes / threads_ / 4096 * 4096;
+  if (slice_ == 0) return;
+  buf_ = static_cast<unsigned char*>(std::aligned_alloc(64, slice_ * threads_));
+  if (buf_ == nullptr) throw std::bad_alloc();
+  // First touch from each thread, so pages are local to the reader.
+  OnAll(pool_, [&](size_t i) { std::memset(buf_ + i * slice_, static_cast<int>(i + 1), slice_); });
+}
+
+ReadBandwidthProbe::~ReadBandwidthProbe() { std::free(buf_); }
+
+double ReadBandwidthProbe::Measure(int passes) {
+  if (slice_ == 0) return 0.0;
+  const internal::KernelTable& t = internal::Active();
   std::atomic<uint64_t> sink{0};
   double best = 0.0;
-  for (int pass = 0; pass < 4; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
     auto t0 = std::chrono::steady_clock::now();
-    OnAll(pool, [&](size_t i) {
-      sink.fetch_xor(t.read_stream(buf.data() + i * slice, slice), std::memory_order_relaxed);
+    OnAll(pool_, [&](size_t i) {
+      sink.fetch_xor(t.read_stream(buf_ + i * slice_, slice_), std::memory_order_relaxed);
     });
     auto t1 = std::chrono::steady_clock::now();
-    best = std::max(best, static_cast<double>(slice * threads) / Seconds(t0, t1) / 1e9);
+    best = std::max(best, static_cast<double>(slice_ * threads_) / Seconds(t0, t1) / 1e9);
   }
   return best;
+}
+
+double MeasureReadBandwidthGBs(size_t bytes, util::ThreadPool* pool) {
+  return ReadBandwidthProbe(bytes, pool).Measure();
 }
 
 double MeasureFmaPeakGflops(util::ThreadPool* pool) {

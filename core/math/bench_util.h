@@ -25,6 +25,26 @@ namespace cortiq::math {
 // GB/s (1e9 bytes per second). The buffer is freed before returning.
 double MeasureReadBandwidthGBs(size_t bytes, util::ThreadPool* pool);
 
+// The same measurement, repeatable: the buffer is allocated and touched once,
+// so a benchmark can probe the bandwidth next to each of its own measurements
+// (a shared machine's bandwidth drifts by ±20% within seconds). Measure()
+// returns the best of `passes` streams, in GB/s; 0 when bytes < 4 KiB per
+// thread.
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(size_t bytes, util::ThreadPool* pool);
+  ~ReadBandwidthProbe();
+  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
+  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
+  double Measure(int passes = 4);
+
+ private:
+  util::ThreadPool* pool_;
+  size_t threads_;
+  size_t slice_;  // bytes per thread, a multiple of 4 KiB
+  unsigned char* buf_ = nullptr;
+};
+
 // Runs a register-only loop of independent fused multiply-adds on every
 // thread; returns the best of a few runs in GFLOP/s (an FMA counts as 2).
 double MeasureFmaPeakGflops(util::ThreadPool* pool);

@@ -109,13 +109,35 @@ const char* DTypeName(DType t);
 // widening of W): that is what makes batched decode weight-bandwidth-bound
 // instead of compute-bound. Every ISA computes on the same rounded inputs
 // (sums may differ in order; the bf16 instructions read subnormals as zero).
+//
+// amx_tiles (optional, bf16 weights with bf16_activations): the same matrix in
+// tile order (PackAmxTiles), owned by whoever made the view. On the kAmx ISA
+// MatMul then runs every batch, decode and prefill alike, on TDPBF16PS tiles
+// streaming W sequentially, and each output value is bit-identical whatever
+// the batch or chunk it is computed in. Other ISAs ignore it and read `data`.
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   size_t rows = 0;
   size_t cols = 0;
   bool bf16_activations = false;
+  const uint16_t* amx_tiles = nullptr;
 };
+
+// Tile order of a bf16 matrix [rows][cols] for AMX: blocks of 16 rows x 32
+// columns, one contiguous KiB each, block (i, j) at tile index
+// i · ceil(cols / 32) + j; within a block, element (pair p, row n, e) at
+// p·32 + n·2 + e holds W[16i + n][32j + 2p + e] (zero past rows / cols).
+// AmxTileElements is the element count of the whole (ceil(rows/16) ·
+// ceil(cols/32) · 512). PackAmxTiles writes the blocks of rows
+// [row_begin, row_end) (row_begin a multiple of 16; row_end a multiple of 16
+// or `rows`), so callers can split the work over threads.
+size_t AmxTileElements(size_t rows, size_t cols);
+void PackAmxTiles(const uint16_t* w, size_t rows, size_t cols, uint16_t* out, size_t row_begin,
+                  size_t row_end);
+// True when MatMul would use WeightView::amx_tiles (the kAmx ISA is active):
+// model loaders pack their bf16 weights only then.
+bool AmxTilesUsed();
 
 // y[b][r] = sum_c x[b][c] * W[r][c] for b < batch: x is [batch][W.cols], y is
 // [batch][W.rows]. Reads W once for the whole batch (decode of B sequences);

@@ -1035,7 +1035,10 @@ double FmaLoop(uint64_t iters) {
 constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t),
                                 void (*bf16_pack)(const float*, size_t, size_t, uint16_t*),
                                 size_t bf16_row_block,
-                                void (*bf16_gemv)(const GemvArgs&, size_t, size_t)) {
+                                void (*bf16_gemv)(const GemvArgs&, size_t, size_t),
+                                void (*amx_pack_x)(const float*, size_t, size_t, uint16_t*, size_t,
+                                                   size_t),
+                                void (*amx_matmul)(const AmxArgs&, size_t, size_t)) {
   return {
     .isa = isa,
     .dot = Dot,
@@ -1062,6 +1065,8 @@ constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t
     .gemv_bf16_pack_x = bf16_pack,
     .gemv_bf16_row_block = bf16_row_block,
     .gemv_bf16 = bf16_gemv,
+    .amx_pack_x = amx_pack_x,
+    .amx_matmul = amx_matmul,
     .gemm_mr = kMr,
     .gemm_nr = kNr,
     .gemm_kc = kKc,
@@ -1073,12 +1078,13 @@ constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t
   };
 }
 
-constexpr KernelTable kTable = MakeTable(Isa::kAvx512, nullptr, nullptr, 0, nullptr);
-constexpr KernelTable kTableBf16 =
-    MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX, 8, GemvBf16);
-// AMX: rows in whole 16-row tiles per thread.
-constexpr KernelTable kTableAmx =
-    MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16, GemvAmx);
+constexpr KernelTable kTable =
+    MakeTable(Isa::kAvx512, nullptr, nullptr, 0, nullptr, nullptr, nullptr);
+constexpr KernelTable kTableBf16 = MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX,
+                                             8, GemvBf16, nullptr, nullptr);
+// AMX: rows in whole 16-row tiles per thread; tile-order weights for every batch.
+constexpr KernelTable kTableAmx = MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16,
+                                            GemvAmx, AmxPackX, AmxTiledMatMul);
 
 }  // namespace
 

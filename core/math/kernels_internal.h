@@ -46,6 +46,20 @@ struct GemmArgs {
   float* y;  // [m][n]
 };
 
+// Matrix product on tile-order bf16 weights (PackAmxTiles), kAmx only.
+struct AmxArgs {
+  // x in bf16, [round16(m)][x_stride], row-major. Rows >= m may hold anything
+  // (an earlier call's data): row i of y depends on row i of x only, and no
+  // row >= m is stored; AMX raises no floating-point exceptions.
+  const uint16_t* xb;
+  size_t x_stride;    // elements per row of xb: cols rounded up to 32
+  size_t m;           // rows of x and y
+  const uint16_t* w;  // tile-order W: [ceil(rows / 16)][kblocks] tiles of 512 bf16
+  size_t kblocks;     // ceil(cols / 32)
+  size_t rows;        // rows of W = columns of y
+  float* y;           // [m][rows]
+};
+
 struct KernelTable {
   Isa isa;
 
@@ -99,6 +113,15 @@ struct KernelTable {
   size_t gemv_bf16_row_block;
   void (*gemv_bf16)(const GemvArgs& a, size_t row_begin, size_t row_end);
 
+  // ---- Tile-order bf16 weights (WeightView::amx_tiles): kAmx only, every
+  // batch (decode and prefill alike); nullptr elsewhere ----
+  // Rounds x [m][cols] to bf16 (nearest even) into rows [row_begin,
+  // min(row_end, m)) of out ([round16(m)][round32(cols)], zero past cols).
+  void (*amx_pack_x)(const float* x, size_t m, size_t cols, uint16_t* out, size_t row_begin,
+                     size_t row_end);
+  // y[:, row_begin:row_end] = x . W^T; row_begin is a multiple of 16.
+  void (*amx_matmul)(const AmxArgs& a, size_t row_begin, size_t row_end);
+
   // ---- Prefill (packed GEMM); gemm == nullptr: use gemv for every batch ----
   size_t gemm_mr;  // x rows per micro-tile (broadcast operand)
   size_t gemm_nr;  // W rows per micro-tile (vector operand); row_begin multiple of it
@@ -136,6 +159,9 @@ bool EnableAmxForProcess();
 size_t GemvAmxPackedSize(size_t batch, size_t cols);
 void GemvAmxPackX(const float* x, size_t batch, size_t cols, uint16_t* out);
 void GemvAmx(const GemvArgs& a, size_t row_begin, size_t row_end);
+void AmxPackX(const float* x, size_t m, size_t cols, uint16_t* out, size_t row_begin,
+              size_t row_end);
+void AmxTiledMatMul(const AmxArgs& a, size_t row_begin, size_t row_end);
 
 // The table for an ISA (falls back to the next lower compiled one).
 const KernelTable& TableFor(Isa isa);

@@ -94,7 +94,62 @@ void Gemm(const internal::KernelTable& t, const float* x, size_t batch, const We
   pool->ParallelFor(w.rows, compute, t.gemm_nr);
 }
 
+// Tile-order W on AMX (WeightView::amx_tiles): x rounded to bf16 rows, then
+// the rows of W split over the pool in 32-row pairs of tiles.
+void AmxTiled(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w,
+              float* y, util::ThreadPool* pool) {
+  internal::AmxArgs args;
+  args.kblocks = (w.cols + 31) / 32;
+  args.x_stride = args.kblocks * 32;
+  args.m = batch;
+  args.w = w.amx_tiles;
+  args.rows = w.rows;
+  args.y = y;
+  const size_t mrows = (batch + 15) / 16 * 16;
+  thread_local util::AlignedBuffer<uint16_t> xbuf;
+  if (xbuf.size() < mrows * args.x_stride) xbuf.Resize(mrows * args.x_stride);
+  uint16_t* xb = xbuf.data();  // (the workers must not name the thread_local)
+  args.xb = xb;
+  const bool parallel = pool != nullptr && w.rows * w.cols * 2 >= kMinParallelWeightBytes;
+  if (parallel && batch >= 64) {
+    pool->ParallelFor(
+        batch, [&](size_t begin, size_t end) { t.amx_pack_x(x, batch, w.cols, xb, begin, end); },
+        16);
+  } else {
+    t.amx_pack_x(x, batch, w.cols, xb, 0, batch);
+  }
+  if (!parallel) {
+    t.amx_matmul(args, 0, w.rows);
+    return;
+  }
+  pool->ParallelFor(
+      w.rows, [&](size_t begin, size_t end) { t.amx_matmul(args, begin, end); }, 32);
+}
+
 }  // namespace
+
+size_t AmxTileElements(size_t rows, size_t cols) {
+  return (rows + 15) / 16 * ((cols + 31) / 32) * 512;
+}
+
+void PackAmxTiles(const uint16_t* w, size_t rows, size_t cols, uint16_t* out, size_t row_begin,
+                  size_t row_end) {
+  const size_t kblocks = (cols + 31) / 32;
+  for (size_t r0 = row_begin; r0 < row_end; r0 += 16) {
+    uint16_t* block = out + r0 / 16 * kblocks * 512;
+    std::memset(block, 0, kblocks * 512 * sizeof(uint16_t));
+    const size_t nr = rows - r0 < 16 ? rows - r0 : 16;
+    for (size_t n = 0; n < nr; ++n) {
+      const uint16_t* src = w + (r0 + n) * cols;
+      // Column pair (c, c + 1) of row n goes to pair-row (c % 32) / 2 of tile c / 32.
+      for (size_t c = 0; c < cols; ++c) {
+        block[c / 32 * 512 + (c % 32) / 2 * 32 + n * 2 + c % 2] = src[c];
+      }
+    }
+  }
+}
+
+bool AmxTilesUsed() { return internal::Active().amx_matmul != nullptr; }
 
 void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::ThreadPool* pool) {
   if (batch == 0 || w.rows == 0) return;
@@ -105,6 +160,9 @@ void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::T
   const internal::KernelTable& t = internal::Active();
   const bool gemm = t.gemm != nullptr && batch >= kMatMulGemmMinBatch;
   if (w.bf16_activations && w.dtype == DType::kBF16) {
+    if (w.amx_tiles != nullptr && t.amx_matmul != nullptr) {
+      return AmxTiled(t, x, batch, w, y, pool);
+    }
     if (!gemm && t.gemv_bf16 != nullptr) return Gemv(t, x, batch, w, y, pool, /*bf16=*/true);
     // Every other path computes on the same rounded inputs in f32.
     thread_local util::AlignedBuffer<uint16_t> bits;

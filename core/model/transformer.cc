@@ -1,5 +1,8 @@
 #include "core/model/transformer.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -341,7 +344,50 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
       mark(*v);
     }
   }
+  if (math::AmxTilesUsed()) t->PackAmxTiles();
   return t;
+}
+
+void Transformer::PackAmxTiles() {
+  std::vector<WeightView*> views;
+  if (lm_head_.bf16_activations) views.push_back(&lm_head_);
+  for (LayerWeights& w : layers_) {
+    for (WeightView* v :
+         {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+      if (v->bf16_activations) views.push_back(v);
+    }
+  }
+  // One mapping for all of them (huge pages: the decode step streams it end
+  // to end), each matrix at a 4 KiB-aligned offset.
+  std::vector<size_t> offset;
+  size_t total = 0;
+  for (const WeightView* v : views) {
+    offset.push_back(total);
+    total += (math::AmxTileElements(v->rows, v->cols) + 2047) / 2048 * 2048;
+  }
+  amx_tiles_ = util::HugeBuffer<uint16_t>(total);
+  const long page = sysconf(_SC_PAGESIZE);
+  for (size_t i = 0; i < views.size(); ++i) {
+    WeightView* v = views[i];
+    uint16_t* tiles = amx_tiles_.data() + offset[i];
+    const auto* src = static_cast<const uint16_t*>(v->data);
+    pool_->ParallelFor(
+        v->rows,
+        [&](size_t begin, size_t end) {
+          math::PackAmxTiles(src, v->rows, v->cols, tiles, begin, end);
+        },
+        16);
+    v->amx_tiles = tiles;
+    // From now on the products read the tiles only: hand the source pages of
+    // the (read-only, file-backed) mapping back, so resident memory counts
+    // the weights once. They fault in again from the file if anything reads
+    // them (QSA deriving its indexer from q/k). The embedding stays: Embed
+    // reads its rows.
+    if (v->data == embed_.data || page <= 0) continue;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(src) + v->rows * v->cols * 2) / page * page;
+    if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+  }
 }
 
 absl::Status Transformer::Bind() {

@@ -73,6 +73,7 @@
 #include "core/qsa/kv_pool.h"
 #include "core/qsa/qsa_indexer.h"
 #include "core/util/aligned_buffer.h"
+#include "core/util/huge_buffer.h"
 #include "core/util/thread_pool.h"
 
 namespace cortiq::model {
@@ -291,6 +292,11 @@ class Transformer {
 
   // Bytes of weights one decode step reads (the roofline numerator).
   size_t WeightBytesPerStep() const;
+  // Bytes of the AMX tile-order copy of the projections (mapped at load when
+  // the kAmx ISA is active and activations are bf16; 0 otherwise). With it,
+  // every batch runs on AMX tiles and the checkpoint's projection pages are
+  // handed back to the kernel.
+  size_t AmxTileBytes() const { return amx_tiles_.MemoryBytes(); }
 
   // ---- QSA ----
   // Binds `kv`'s QSA states (creating the indexers it needs on first use)
@@ -325,6 +331,9 @@ class Transformer {
 
   Transformer() = default;
   absl::Status Bind();
+  // AMX: a tile-order copy of every bf16-activation projection (lm_head
+  // included), WeightView::amx_tiles, packed on the pool.
+  void PackAmxTiles();
   absl::Status CheckTokens(std::span<const int32_t> tokens) const;
   void EnsureScratch(ForwardScratch& s, size_t rows, size_t max_len) const;
   // Fills scratch.rope rows with cos/sin for positions[i].
@@ -358,7 +367,8 @@ class Transformer {
   std::vector<float> final_norm_;
   std::vector<float> inv_freq_;  // [head_dim / 2], f64-derived
   std::vector<LayerWeights> layers_;
-  std::shared_ptr<QsaRuntime> qsa_;  // set by Load; indexers built on demand
+  util::HugeBuffer<uint16_t> amx_tiles_;  // PackAmxTiles (AMX only): every view's tiles
+  std::shared_ptr<QsaRuntime> qsa_;       // set by Load; indexers built on demand
 };
 
 }  // namespace cortiq::model

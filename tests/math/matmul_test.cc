@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/math/kernels.h"
+#include "core/util/aligned_buffer.h"
 #include "core/util/thread_pool.h"
 #include "tests/math/test_util.h"
 
@@ -24,12 +25,15 @@ using testing::RandomFloats;
 // its exact f32 values for the reference.
 struct TestWeights {
   std::vector<uint8_t> storage;
-  std::vector<float> values;  // [rows][cols], exactly what the kernel reads
+  std::vector<float> values;            // [rows][cols], exactly what the kernel reads
+  util::AlignedBuffer<uint16_t> tiles;  // PackAmxTiles of the bf16 matrix (amx_tiles)
   WeightView view;
 };
 
+// `amx_tiles` (bf16 only): the view also carries the tile-order copy, as the
+// model loader makes it on AMX (other ISAs ignore it).
 TestWeights MakeWeights(size_t rows, size_t cols, DType dtype, uint32_t seed, size_t misalign,
-                        bool bf16_activations = false) {
+                        bool bf16_activations = false, bool amx_tiles = false) {
   TestWeights t;
   auto f = RandomFloats(rows * cols, seed);
   const size_t es = DTypeSize(dtype);
@@ -39,6 +43,14 @@ TestWeights MakeWeights(size_t rows, size_t cols, DType dtype, uint32_t seed, si
   t.values.resize(rows * cols);
   ConvertToF32(base, dtype, rows * cols, t.values.data());
   t.view = WeightView{base, dtype, rows, cols, bf16_activations};
+  if (amx_tiles && dtype == DType::kBF16) {
+    // The source is deliberately unaligned: copy it to 16-bit words first.
+    std::vector<uint16_t> words(rows * cols);
+    if (!words.empty()) std::memcpy(words.data(), base, words.size() * 2);
+    t.tiles.Resize(AmxTileElements(rows, cols));
+    PackAmxTiles(words.data(), rows, cols, t.tiles.data(), 0, rows);
+    t.view.amx_tiles = t.tiles.data();
+  }
   return t;
 }
 
@@ -73,14 +85,15 @@ std::string Describe(Isa isa, DType dt, size_t batch, size_t rows, size_t cols) 
          " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
 }
 
-// (ISA, weight dtype, bf16 activations)
-class MatMulTest : public ::testing::TestWithParam<std::tuple<Isa, DType, bool>> {
+// (ISA, weight dtype, bf16 activations, AMX tile-order copy)
+class MatMulTest : public ::testing::TestWithParam<std::tuple<Isa, DType, bool, bool>> {
  protected:
   Isa isa() const { return std::get<0>(GetParam()); }
   DType dtype() const { return std::get<1>(GetParam()); }
   bool bf16_act() const { return std::get<2>(GetParam()); }
+  bool tiles() const { return std::get<3>(GetParam()); }
   TestWeights MakeW(size_t rows, size_t cols, uint32_t seed, size_t misalign) const {
-    return MakeWeights(rows, cols, dtype(), seed, misalign, bf16_act());
+    return MakeWeights(rows, cols, dtype(), seed, misalign, bf16_act(), tiles());
   }
   testing::ScopedIsa scoped_{std::get<0>(GetParam())};
   util::ThreadPool pool_{3};
@@ -183,11 +196,70 @@ TEST_P(MatMulTest, WideDynamicRange) {
   }
 }
 
-std::vector<std::tuple<Isa, DType, bool>> Params() {
-  std::vector<std::tuple<Isa, DType, bool>> out;
+// The tile order itself, element by element, against its definition
+// (kernels.h), ragged edges zero.
+TEST(AmxTilesTest, PackMatchesTheDefinition) {
+  for (auto [rows, cols] : {std::pair<size_t, size_t>{16, 32}, {17, 33}, {5, 70}, {48, 31}}) {
+    std::vector<uint16_t> w(rows * cols);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint16_t>(i * 7 + 1);
+    const size_t kb = (cols + 31) / 32, nb = (rows + 15) / 16;
+    ASSERT_EQ(AmxTileElements(rows, cols), nb * kb * 512);
+    std::vector<uint16_t> out(AmxTileElements(rows, cols), 0xFFFF);
+    // In two row ranges, as threads would.
+    const size_t split = rows > 16 ? 16 : rows;
+    PackAmxTiles(w.data(), rows, cols, out.data(), 0, split);
+    PackAmxTiles(w.data(), rows, cols, out.data(), split, rows);
+    for (size_t i = 0; i < nb; ++i) {
+      for (size_t j = 0; j < kb; ++j) {
+        for (size_t p = 0; p < 16; ++p) {
+          for (size_t n = 0; n < 16; ++n) {
+            for (size_t e = 0; e < 2; ++e) {
+              const size_t r = 16 * i + n, c = 32 * j + 2 * p + e;
+              const uint16_t want = r < rows && c < cols ? w[r * cols + c] : 0;
+              ASSERT_EQ(out[(i * kb + j) * 512 + p * 32 + n * 2 + e], want)
+                  << rows << "x" << cols << " tile " << i << "," << j << " p=" << p << " n=" << n;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// On tile-order weights every batch, decode-sized or prefill-sized, computes
+// each row bit-identically to a batch-1 call (and so one long prefill, a
+// chunked one and token-by-token decode project the same values), and agrees
+// with the in-place bf16 path's rounded-input reference.
+TEST(AmxTilesTest, EveryBatchIsBitIdenticalToBatchOne) {
+  testing::ScopedIsa isa(DetectedIsa());
+  util::ThreadPool pool(3);
+  for (auto [rows, cols] : {std::pair<size_t, size_t>{77, 300}, {64, 1024}, {33, 31}}) {
+    TestWeights w = MakeWeights(rows, cols, DType::kBF16, 21 + rows, 0, true, true);
+    for (size_t batch : {1, 2, 7, 15, 16, 17, 31, 33, 63, 64, 65, 130, 257}) {
+      auto x = RandomFloats(batch * cols, 30 + batch);
+      std::vector<float> y(batch * rows + 1, 42.0f), y1(rows);
+      MatMul(x.data(), batch, w.view, y.data(), &pool);
+      ASSERT_EQ(y[batch * rows], 42.0f) << "wrote past y";
+      ExpectMatMulClose(x, batch, w, y, "tiles batch " + std::to_string(batch));
+      for (size_t b = 0; b < batch; ++b) {
+        MatMul(x.data() + b * cols, 1, w.view, y1.data(), nullptr);
+        for (size_t r = 0; r < rows; ++r) {
+          ASSERT_EQ(Bits(y[b * rows + r]), Bits(y1[r]))
+              << rows << "x" << cols << " batch=" << batch << " b=" << b << " r=" << r;
+        }
+      }
+    }
+  }
+}
+
+std::vector<std::tuple<Isa, DType, bool, bool>> Params() {
+  std::vector<std::tuple<Isa, DType, bool, bool>> out;
   for (Isa isa : testing::SupportedIsas()) {
-    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) out.emplace_back(isa, dt, false);
-    out.emplace_back(isa, DType::kBF16, true);
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      out.emplace_back(isa, dt, false, false);
+    }
+    out.emplace_back(isa, DType::kBF16, true, false);
+    out.emplace_back(isa, DType::kBF16, true, true);
   }
   return out;
 }
@@ -196,7 +268,8 @@ INSTANTIATE_TEST_SUITE_P(IsasAndDtypes, MatMulTest, ::testing::ValuesIn(Params()
                          [](const auto& info) {
                            return std::string(IsaName(std::get<0>(info.param))) + "_" +
                                   DTypeName(std::get<1>(info.param)) +
-                                  (std::get<2>(info.param) ? "_bf16act" : "");
+                                  (std::get<2>(info.param) ? "_bf16act" : "") +
+                                  (std::get<3>(info.param) ? "_tiles" : "");
                          });
 
 }  // namespace

@@ -346,6 +346,9 @@ TEST(TransformerTest, Bf16ActivationsOnBf16Weights) {
   ASSERT_TRUE(tf.ok() && ref.ok());
   EXPECT_TRUE((*tf)->bf16_activations());
   EXPECT_FALSE((*ref)->bf16_activations());
+  // On AMX the projections run on a tile-order copy; never with f32 activations.
+  EXPECT_EQ((*tf)->AmxTileBytes() > 0, math::AmxTilesUsed());
+  EXPECT_EQ((*ref)->AmxTileBytes(), 0u);
   const ModelConfig& c = (*tf)->config();
   const size_t V = c.vocab_size, B = 5, steps = 5;
   ForwardScratch scratch;
@@ -386,9 +389,10 @@ TEST(TransformerTest, Bf16ActivationsOnBf16Weights) {
       vs_prefill = std::max(vs_prefill, RelErr(one.data(), pre.data(), V));
     }
   }
-  std::printf("[%s] bf16 activations: %zu/%zu batched rows bit-identical; decode vs prefill %.3g; "
-              "vs f32 activations %.3g\n",
-              math::IsaName(math::ActiveIsa()), identical, B * steps, vs_prefill, vs_f32);
+  std::printf(
+      "[%s] bf16 activations: %zu/%zu batched rows bit-identical; decode vs prefill %.3g; "
+      "vs f32 activations %.3g\n",
+      math::IsaName(math::ActiveIsa()), identical, B * steps, vs_prefill, vs_f32);
   EXPECT_EQ(identical, B * steps);
   EXPECT_LT(vs_prefill, 5e-3);
   EXPECT_LT(vs_f32, 5e-2);
