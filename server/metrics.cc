@@ -128,6 +128,16 @@ class Metrics::LiveState : public prometheus::Collectable {
                                 "Bytes the QSA backend holds now (indexer weights, session states, "
                                 "scratches).",
                                 static_cast<double>(model_->QsaBackendStats().live_bytes)));
+      prometheus::MetricFamily weights = NewFamily(
+          "cortiq_model_weight_bytes",
+          "Bytes of the model's projection and lm_head weights, by copy: checkpoint (the "
+          "memory-mapped file, in its dtype), amx_tiles (the AMX tile-order copy decode and "
+          "prefill read instead, resident; 0 when not in use).",
+          prometheus::MetricType::Gauge);
+      AddSample(weights, static_cast<double>(model_->WeightBytesPerStep()),
+                {{"copy", "checkpoint"}});
+      AddSample(weights, static_cast<double>(model_->AmxTileBytes()), {{"copy", "amx_tiles"}});
+      out.push_back(std::move(weights));
     }
     return out;
   }

@@ -45,9 +45,9 @@ using session::SessionConfig;
 using session::SessionStore;
 
 using testing::Exposition;
-using testing::Sample;
 using testing::HttpGet;
 using testing::Parse;
+using testing::Sample;
 
 // ---- fixtures ----
 
@@ -187,6 +187,11 @@ TEST_F(MetricsTest, SessionMemoryIsTheStoresExactBytes) {
   EXPECT_EQ(e.Value("cortiq_qsa_backend_live_bytes"),
             static_cast<double>(model_->QsaBackendStats().live_bytes));
   EXPECT_GE(e.Value("cortiq_qsa_backend_live_bytes"), static_cast<double>(sum[MemoryKind::kQsa]));
+  EXPECT_EQ(e.Value("cortiq_model_weight_bytes", {{"copy", "checkpoint"}}),
+            static_cast<double>(model_->WeightBytesPerStep()));
+  EXPECT_GT(e.Value("cortiq_model_weight_bytes", {{"copy", "checkpoint"}}), 0);
+  EXPECT_EQ(e.Value("cortiq_model_weight_bytes", {{"copy", "amx_tiles"}}),
+            static_cast<double>(model_->AmxTileBytes()));
   for (size_t r = 0; r < session::kNumReleaseReasons; ++r) {
     EXPECT_EQ(e.Value("cortiq_session_releases_total",
                       {{"reason",
@@ -356,9 +361,9 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndLowCardinalityLabels) {
     ++families;
     EXPECT_EQ(family.rfind("cortiq_", 0), 0u) << family;
   }
-  EXPECT_EQ(families, 20u);  // docs/METRICS.md lists 24; no engine attached here (4)
-  const std::set<std::string> allowed = {"kind",      "reason", "rpc",     "code", "le",
-                                         "direction", "result", "version", "model"};
+  EXPECT_EQ(families, 21u);  // docs/METRICS.md lists 25; no engine attached here (4)
+  const std::set<std::string> allowed = {"kind",      "reason", "rpc",     "code",  "le",
+                                         "direction", "result", "version", "model", "copy"};
   for (const Sample& s : e.samples) {
     if (!ours(s.name)) continue;
     for (const auto& [k, v] : s.labels) EXPECT_TRUE(allowed.count(k)) << s.name << " " << k;
@@ -467,6 +472,7 @@ TEST(MetricsNoSources, OnlyEventFamilies) {
   EXPECT_TRUE(e.All("cortiq_session_memory_bytes").empty());
   EXPECT_TRUE(e.All("cortiq_engine_batch_size").empty());
   EXPECT_TRUE(e.All("cortiq_qsa_backend_live_bytes").empty());
+  EXPECT_TRUE(e.All("cortiq_model_weight_bytes").empty());
   EXPECT_EQ(e.All("cortiq_requests_total").size(), kNumRpcs * kNumGrpcCodes);
   EXPECT_EQ(e.Value("cortiq_build_info", {{"version", "unknown"}, {"model", "unknown"}}), 1);
 }
