@@ -95,6 +95,24 @@ CORTIQ_INLINE __m512 LoadRowMasked(const float* p, __mmask16 m) {
 }
 CORTIQ_INLINE __m512 LoadRowMasked(const int8_t* p, __mmask16 m) { return LoadI8Masked(p, m); }
 
+// Software prefetch of the cached rows, ~4 KiB ahead along the pass. A KV
+// head's rows are one contiguous block, but the hardware streamer starts
+// afresh on every 4 KiB page, so without this the first lines of each page
+// arrive at DRAM latency: in batch-8 decode at context 512 (int8 rows) ~half
+// of the score kernel's time sat on a row's first load. Measured there: a
+// step 10-17 % faster with 2-6 KiB ahead (8 KiB or more: less). Past the
+// last row the prefetch runs into the next head's block or is a no-op.
+constexpr size_t kRowPrefetchBytes = 4096;
+CORTIQ_INLINE size_t RowsAhead(size_t row_stride_bytes) {
+  if (row_stride_bytes == 0) return 0;
+  return row_stride_bytes >= kRowPrefetchBytes ? 1 : kRowPrefetchBytes / row_stride_bytes;
+}
+// The `bytes` from p (rounded to whole lines), into L1.
+CORTIQ_INLINE void PrefetchBytes(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+}
+
 // Scores of NJ heads against n rows (f32 or int8): each row is loaded (for
 // int8, widened) once for the NJ heads, and the horizontal sums are deferred:
 // ReduceMany folds 16 rows' sums at once with the tree _mm512_reduce_add_ps
@@ -105,10 +123,12 @@ void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size
                   size_t d, float* out, size_t out_stride) {
   constexpr size_t kGroup = 16;
   alignas(64) __m512 part[NJ][kGroup];
+  const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride;
   for (size_t t0 = 0; t0 < n; t0 += kGroup) {
     const size_t nt = MinSz(kGroup, n - t0);
     for (size_t tt = 0; tt < nt; ++tt) {
       const T* r = rows + (t0 + tt) * row_stride;
+      PrefetchBytes(r + ahead, d * sizeof(T));
       __m512 s[NJ][4];
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm512_setzero_ps();
@@ -187,8 +207,10 @@ void AxpyRowsBlock(const float* p, size_t p_stride, const float* rows, size_t n,
         acc[j][k] = _mm512_maskz_loadu_ps(m[k], out + j * out_stride + c + size_t(k) * kV);
       }
     }
+    const size_t ahead = RowsAhead(row_stride * sizeof(float)) * row_stride;
     for (size_t t = 0; t < n; ++t) {
       const float* r = rows + t * row_stride + c;
+      PrefetchBytes(r + ahead, MinSz(4 * kV, d - c) * sizeof(float));
       __m512 x[4];
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) x[k] = _mm512_maskz_loadu_ps(m[k], r + size_t(k) * kV);
@@ -281,8 +303,10 @@ void AxpyRowsI8Block(const float* p, size_t p_stride, const float* row_scale, co
         acc[j][k] = _mm512_maskz_loadu_ps(m[k], out + j * out_stride + c + size_t(k) * kV);
       }
     }
+    const size_t ahead = RowsAhead(row_stride) * row_stride;
     for (size_t t = 0; t < n; ++t) {
       const int8_t* r = rows + t * row_stride + c;
+      PrefetchBytes(r + ahead, MinSz(KV * kV, d - c));
       __m512 x[KV];
 #pragma GCC unroll 8
       for (int k = 0; k < KV; ++k) x[k] = LoadI8Masked(r + size_t(k) * kV, m[k]);

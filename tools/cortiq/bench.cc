@@ -130,75 +130,95 @@ int RunBench(const BenchOptions& o) {
       "peak\n",
       o.context, prefill_s, T / prefill_s, prefill_gflops, 100.0 * prefill_gflops / peak);
 
-  // --- decode at batch B, each sequence starting from the prefilled context
+  // --- decode at batch B, each sequence starting from the prefilled context.
+  // The machine is a shared VM whose memory bandwidth drifts by ±20% within
+  // seconds, so the steps run in rounds that interleave the batch sizes, each
+  // batch's share of a round right after its own bandwidth probe. A roofline
+  // share compares a round's steps with its own probe, and the ratio to batch
+  // 1 compares the two batches' steps of the same round; both are reported
+  // as the median over rounds (with their range), step times as the median
+  // of all steps.
   const double weight_bytes = double(tf.WeightBytesPerStep());
-  double tps1 = 0;
-  for (size_t B : o.batches) {
+  // KV rows a step reads: every stored position of every layer (K and V),
+  // at the cache's element size (capacity beyond the rows is not read).
+  const double row_bytes =
+      kv_mode == kv::KvMode::kInt8 ? double(c.head_dim) + 4.0 : 4.0 * double(c.head_dim);
+  struct Run {
+    size_t batch;
     std::vector<model::SequenceKv> seqs;
     std::vector<model::SequenceKv*> ptrs;
-    seqs.reserve(B);
-    for (size_t b = 0; b < B; ++b) {
-      seqs.push_back(base.Copy());
-      seqs.back().Reserve(o.context + o.decode_steps + 4);
-    }
-    for (auto& q : seqs) ptrs.push_back(&q);
-    std::vector<int32_t> next = TokenIds(B, c.vocab_size, 7 + B);
-    // One warm-up step (grows the scratch to B rows), then the timed steps.
-    s = tf.DecodeBatch(next, ptrs, scratch, logits.data());
-    if (!s.ok()) return Fail(s);
-    // KV rows a step reads: every stored position of every layer (K and V),
-    // at the cache's element size (capacity beyond the rows is not read).
-    const double row_bytes =
-        kv_mode == kv::KvMode::kInt8 ? double(c.head_dim) + 4.0 : 4.0 * double(c.head_dim);
-    auto step_bytes_now = [&] {
-      double kv_bytes = 0;
-      for (auto& q : seqs) {
-        kv_bytes += double(q.position()) * double(c.num_hidden_layers) * 2.0 *
-                    double(c.num_key_value_heads) * row_bytes;
-      }
-      return kv_bytes;
-    };
-    // The machine is a shared VM whose memory bandwidth drifts by ±20% within
-    // seconds, so the steps run in rounds, each right after its own bandwidth
-    // probe: a round's roofline share compares figures taken together. The
-    // reported share is the median over rounds; the step time the median of
-    // all steps.
-    const size_t rounds = std::max<size_t>(1, std::min<size_t>(4, o.decode_steps / 4));
-    std::vector<double> step_times, shares, probes;
+    std::vector<int32_t> next;
+    std::vector<double> step_times, round_step, shares, probes;
     double kv_bytes = 0;
-    for (size_t r = 0; r < rounds; ++r) {
+  };
+  std::vector<Run> runs(o.batches.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Run& run = runs[i];
+    run.batch = o.batches[i];
+    run.seqs.reserve(run.batch);
+    for (size_t b = 0; b < run.batch; ++b) {
+      run.seqs.push_back(base.Copy());
+      run.seqs.back().Reserve(o.context + o.decode_steps + 4);
+    }
+    for (auto& q : run.seqs) run.ptrs.push_back(&q);
+    run.next = TokenIds(run.batch, c.vocab_size, 7 + run.batch);
+    // One warm-up step (grows the scratch to B rows).
+    s = tf.DecodeBatch(run.next, run.ptrs, scratch, logits.data());
+    if (!s.ok()) return Fail(s);
+  }
+  const size_t rounds = std::max<size_t>(1, std::min<size_t>(4, o.decode_steps / 4));
+  for (size_t r = 0; r < rounds; ++r) {
+    const size_t n = o.decode_steps / rounds + (r < o.decode_steps % rounds ? 1 : 0);
+    for (Run& run : runs) {
       const double bw_r = probe.Measure();
-      probes.push_back(bw_r);
+      run.probes.push_back(bw_r);
+      run.kv_bytes = 0;
+      for (auto& q : run.seqs) {
+        run.kv_bytes += double(q.position()) * double(c.num_hidden_layers) * 2.0 *
+                        double(c.num_key_value_heads) * row_bytes;
+      }
       std::vector<double> round_times;
-      const size_t n = o.decode_steps / rounds + (r < o.decode_steps % rounds ? 1 : 0);
-      kv_bytes = step_bytes_now();
       for (size_t step = 0; step < n; ++step) {
         auto d0 = Clock::now();
-        s = tf.DecodeBatch(next, ptrs, scratch, logits.data());
+        s = tf.DecodeBatch(run.next, run.ptrs, scratch, logits.data());
         round_times.push_back(Seconds(d0, Clock::now()));
         if (!s.ok()) return Fail(s);
       }
-      step_times.insert(step_times.end(), round_times.begin(), round_times.end());
-      shares.push_back((weight_bytes + kv_bytes) / (bw_r * 1e9) / Median(round_times));
+      run.step_times.insert(run.step_times.end(), round_times.begin(), round_times.end());
+      run.round_step.push_back(Median(round_times));
+      run.shares.push_back((weight_bytes + run.kv_bytes) / (bw_r * 1e9) / run.round_step.back());
     }
-    const double step_s = Median(step_times);
+  }
+  auto min_of = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  auto max_of = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  const Run* one = nullptr;
+  for (const Run& run : runs) {
+    if (run.batch == 1) one = &run;
+  }
+  for (const Run& run : runs) {
+    const double step_s = Median(run.step_times);
     // Bytes one step must read: every weight once + every sequence's cache.
-    const double step_bytes = weight_bytes + kv_bytes;
-    const double bw_med = Median(probes);
+    const double step_bytes = weight_bytes + run.kv_bytes;
+    const double bw_med = Median(run.probes);
     const double roofline_step_s = step_bytes / (bw_med * 1e9);
-    const double tps = double(B) / step_s;
-    if (B == 1) tps1 = tps;
+    const double tps = double(run.batch) / step_s;
     std::printf(
         "decode batch %zu: %.2f ms/step (median of %zu), %.2f tokens/s aggregate; reads %.1f "
         "MB/step (weights %.1f + kv %.1f); bandwidth next to the %zu rounds %.1f-%.1f GB/s "
         "(median %.1f): roofline %.2f ms/step -> %.0f%% of roofline (median of the rounds' "
         "shares; range %.0f-%.0f%%)",
-        B, step_s * 1e3, step_times.size(), tps, step_bytes / 1e6, weight_bytes / 1e6,
-        kv_bytes / 1e6, rounds, *std::min_element(probes.begin(), probes.end()),
-        *std::max_element(probes.begin(), probes.end()), bw_med, roofline_step_s * 1e3,
-        100.0 * Median(shares), 100.0 * *std::min_element(shares.begin(), shares.end()),
-        100.0 * *std::max_element(shares.begin(), shares.end()));
-    if (B > 1 && tps1 > 0) std::printf("; %.2fx batch 1", tps / tps1);
+        run.batch, step_s * 1e3, run.step_times.size(), tps, step_bytes / 1e6, weight_bytes / 1e6,
+        run.kv_bytes / 1e6, rounds, min_of(run.probes), max_of(run.probes), bw_med,
+        roofline_step_s * 1e3, 100.0 * Median(run.shares), 100.0 * min_of(run.shares),
+        100.0 * max_of(run.shares));
+    if (run.batch > 1 && one != nullptr) {
+      std::vector<double> ratio;
+      for (size_t r = 0; r < rounds; ++r) {
+        ratio.push_back(double(run.batch) * one->round_step[r] / run.round_step[r]);
+      }
+      std::printf("; %.2fx batch 1 (median of the rounds; range %.2f-%.2fx)", Median(ratio),
+                  min_of(ratio), max_of(ratio));
+    }
     std::printf("\n");
   }
   return 0;
