@@ -154,7 +154,9 @@ bool AmxTilesUsed();
 // Batch invariance: below kMatMulGemmMinBatch (and at any batch on the scalar
 // ISA), row y[b] is bit-equal to what a batch-1 call on x[b] returns, so a
 // sequence decodes the same tokens alone or in a continuous batch. The GEMM
-// sums in another order: its rows differ from decode in the last bits.
+// sums in another order: its rows differ from decode in the last bits. On
+// AMX tile-order weights (WeightView::amx_tiles) there is no GEMM: every
+// batch size gives each row bit-equal to a batch-1 call.
 void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::ThreadPool* pool);
 // Batches of at least this many rows take the packed GEMM path (measured
 // crossover on AVX-512: below it, packing W costs more than the GEMM saves).

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -365,7 +366,15 @@ void Transformer::PackAmxTiles() {
     offset.push_back(total);
     total += (math::AmxTileElements(v->rows, v->cols) + 2047) / 2048 * 2048;
   }
-  amx_tiles_ = util::HugeBuffer<uint16_t>(total);
+  try {
+    amx_tiles_ = util::HugeBuffer<uint16_t>(total);
+  } catch (const std::bad_alloc&) {
+    // Not fatal: the AMX decode kernel reads the checkpoint in place.
+    spdlog::warn("model: the AMX tile copy of the weights ({} bytes) could not be mapped; "
+                 "reading them from the checkpoint in place",
+                 total * sizeof(uint16_t));
+    return;
+  }
   const long page = sysconf(_SC_PAGESIZE);
   for (size_t i = 0; i < views.size(); ++i) {
     WeightView* v = views[i];

@@ -6,7 +6,10 @@
 //   logits = lm_head(norm(x))            (lm_head = embed_tokens when tied)
 //
 // Weights stay in the memory-mapped checkpoint (f32, bf16 or f16) and are read
-// through math::MatMul; only norms and biases are copied to f32 at load.
+// through math::MatMul; only norms and biases are copied to f32 at load. On
+// AMX, with bf16 weights and bf16 activations, the projections and lm_head
+// are copied once into AMX tile order (math::PackAmxTiles) and read from
+// there, and their checkpoint pages are handed back (AmxTileBytes()).
 // Attention goes through kv::LayerKvCache::AttendGroup, one GQA group at a
 // time, so every attention mode plugs in at the cache.
 //
