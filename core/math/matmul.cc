@@ -137,13 +137,34 @@ void PackAmxTiles(const uint16_t* w, size_t rows, size_t cols, uint16_t* out, si
   const size_t kblocks = (cols + 31) / 32;
   for (size_t r0 = row_begin; r0 < row_end; r0 += 16) {
     uint16_t* block = out + r0 / 16 * kblocks * 512;
-    std::memset(block, 0, kblocks * 512 * sizeof(uint16_t));
     const size_t nr = rows - r0 < 16 ? rows - r0 : 16;
-    for (size_t n = 0; n < nr; ++n) {
-      const uint16_t* src = w + (r0 + n) * cols;
-      // Column pair (c, c + 1) of row n goes to pair-row (c % 32) / 2 of tile c / 32.
-      for (size_t c = 0; c < cols; ++c) {
-        block[c / 32 * 512 + (c % 32) / 2 * 32 + n * 2 + c % 2] = src[c];
+    if (cols % 2 != 0 || nr < 16) {  // ragged: element by element onto zeros
+      std::memset(block, 0, kblocks * 512 * sizeof(uint16_t));
+      for (size_t n = 0; n < nr; ++n) {
+        const uint16_t* src = w + (r0 + n) * cols;
+        // Column pair (c, c + 1) of row n goes to pair-row (c % 32) / 2 of tile c / 32.
+        for (size_t c = 0; c < cols; ++c) {
+          block[c / 32 * 512 + (c % 32) / 2 * 32 + n * 2 + c % 2] = src[c];
+        }
+      }
+      continue;
+    }
+    // Whole rows of even length: one 32-bit pair at a time, each tile row (16
+    // rows' pair p) written contiguously; pairs past the columns are zero.
+    const size_t pairs = cols / 2;
+    for (size_t kb = 0; kb < kblocks; ++kb) {
+      uint16_t* tile = block + kb * 512;
+      for (size_t p = 0; p < 16; ++p) {
+        const size_t q = kb * 16 + p;
+        uint32_t row[16];
+        for (size_t n = 0; n < 16; ++n) {
+          if (q < pairs) {
+            std::memcpy(&row[n], w + (r0 + n) * cols + 2 * q, sizeof(uint32_t));
+          } else {
+            row[n] = 0;
+          }
+        }
+        std::memcpy(tile + p * 32, row, sizeof(row));
       }
     }
   }

@@ -370,9 +370,10 @@ void Transformer::PackAmxTiles() {
     amx_tiles_ = util::HugeBuffer<uint16_t>(total);
   } catch (const std::bad_alloc&) {
     // Not fatal: the AMX decode kernel reads the checkpoint in place.
-    spdlog::warn("model: the AMX tile copy of the weights ({} bytes) could not be mapped; "
-                 "reading them from the checkpoint in place",
-                 total * sizeof(uint16_t));
+    spdlog::warn(
+        "model: the AMX tile copy of the weights ({} bytes) could not be mapped; "
+        "reading them from the checkpoint in place",
+        total * sizeof(uint16_t));
     return;
   }
   const long page = sysconf(_SC_PAGESIZE);

@@ -199,7 +199,8 @@ TEST_P(MatMulTest, WideDynamicRange) {
 // The tile order itself, element by element, against its definition
 // (kernels.h), ragged edges zero.
 TEST(AmxTilesTest, PackMatchesTheDefinition) {
-  for (auto [rows, cols] : {std::pair<size_t, size_t>{16, 32}, {17, 33}, {5, 70}, {48, 31}}) {
+  for (auto [rows, cols] :
+       {std::pair<size_t, size_t>{16, 32}, {17, 33}, {5, 70}, {48, 31}, {32, 70}, {16, 1024}}) {
     std::vector<uint16_t> w(rows * cols);
     for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint16_t>(i * 7 + 1);
     const size_t kb = (cols + 31) / 32, nb = (rows + 15) / 16;
