@@ -135,6 +135,7 @@ size_t AmxTileElements(size_t rows, size_t cols) {
 void PackAmxTiles(const uint16_t* w, size_t rows, size_t cols, uint16_t* out, size_t row_begin,
                   size_t row_end) {
   const size_t kblocks = (cols + 31) / 32;
+  if (kblocks == 0) return;  // no columns: no tiles (out may be null)
   for (size_t r0 = row_begin; r0 < row_end; r0 += 16) {
     uint16_t* block = out + r0 / 16 * kblocks * 512;
     const size_t nr = rows - r0 < 16 ? rows - r0 : 16;
