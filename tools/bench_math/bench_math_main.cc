@@ -23,6 +23,7 @@
 #include "core/math/bench_util.h"
 #include "core/math/kernels.h"
 #include "core/util/aligned_buffer.h"
+#include "core/util/huge_buffer.h"
 #include "core/util/thread_pool.h"
 
 namespace cortiq::math {
@@ -98,7 +99,7 @@ void BM_Gemv(benchmark::State& state) {
   state.counters["pct_bw"] = 100.0 * state.counters["GBps"] / g_bandwidth_gbs;
   state.counters["GFLOPS"] = 2.0 * rows * cols * batch / secs / 1e9;
   state.SetLabel(std::string(DTypeName(dtype)) + (cold ? " cold" : " hot") +
-                (act ? " bf16-act" : ""));
+                 (act ? " bf16-act" : ""));
 }
 
 // args: M (batch), N (rows of W), K (cols), dtype
@@ -117,6 +118,28 @@ void BM_Gemm(benchmark::State& state) {
   state.counters["GFLOPS"] = 2.0 * m * n * k / secs / 1e9;
   state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
   state.SetLabel(DTypeName(dtype));
+}
+
+// args: M (batch), N (rows of W), K (cols). bf16 weights with bf16
+// activations on their AMX tile-order copy (kAmx only): the one kernel that
+// serves decode and prefill alike there. W is hot (the same N x K each call).
+void BM_GemmAmxTiles(benchmark::State& state) {
+  const size_t m = state.range(0), n = state.range(1), k = state.range(2);
+  auto x = RandomX(m * k);
+  std::vector<float> y(m * n);
+  util::HugeBuffer<uint16_t> tiles(AmxTileElements(n, k));
+  const auto* w16 = reinterpret_cast<const uint16_t*>(GetArena().bytes.data());
+  PackAmxTiles(w16, n, k, tiles.data(), 0, n);
+  WeightView w{w16, DType::kBF16, n, k, /*bf16_activations=*/true, tiles.data()};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    MatMul(x.data(), m, w, y.data(), g_pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
+  state.counters["GFLOPS"] = 2.0 * m * n * k / secs / 1e9;
+  state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
+  state.SetLabel("bf16 tiles");
 }
 
 // Cost of one ParallelFor with an empty body (the engine issues ~200 per token).
@@ -218,6 +241,16 @@ void RegisterAll() {
         ->Args({m, 3072, 1024, bf16})
         ->ArgNames({"M", "N", "K", "dtype"})
         ->UseRealTime();
+  }
+  if (AmxTilesUsed()) {
+    for (int64_t m : {1, 8, 16, 64, 512}) {
+      for (auto nk : {std::pair<int64_t, int64_t>{1024, 1024}, {3072, 1024}, {1024, 3072}}) {
+        benchmark::RegisterBenchmark("GemmAmxTiles", BM_GemmAmxTiles)
+            ->Args({m, nk.first, nk.second})
+            ->ArgNames({"M", "N", "K"})
+            ->UseRealTime();
+      }
+    }
   }
   benchmark::RegisterBenchmark("ParallelForEmpty", BM_ParallelForEmpty)->UseRealTime();
   for (int64_t n : {128, 1024, 4096}) benchmark::RegisterBenchmark("Dot", BM_Dot)->Arg(n);
