@@ -246,14 +246,21 @@ constexpr size_t kMChunkBlocks = 8;
 // bandwidth probe): the weight stream at 90-94 % of the probe, against
 // 79-90 % for whole tiles 4 ahead into L1 (the best of T0/T1/T2 hints at
 // 2-16 tiles, and of vector-load touches), and 80-88 % for far distances of
-// 6-12 or 24-48 tiles.
+// 6-12 or 24-48 tiles. Double-buffered A/B tiles and one or four W streams
+// per thread (instead of two) were slower too.
 constexpr size_t kNearTiles = 2;
 constexpr size_t kFarTiles = 16;
 
+// (Addresses past the end of W are formed as integers: a prefetch there is a
+// harmless no-op, a pointer there would not be valid C++.)
 CORTIQ_INLINE void PrefetchStream(const uint16_t* w, size_t kb) {
-  const char* near = reinterpret_cast<const char*>(w + (kb + kNearTiles) * kTileElems);
-  for (int l = 0; l < 16; ++l) _mm_prefetch(near + 64 * l, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(w + (kb + kFarTiles) * kTileElems), _MM_HINT_T2);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(w);
+  const uintptr_t near = base + (kb + kNearTiles) * kTileElems * sizeof(uint16_t);
+  for (int l = 0; l < 16; ++l)
+    _mm_prefetch(reinterpret_cast<const char*>(near + 64 * l), _MM_HINT_T0);
+  _mm_prefetch(
+      reinterpret_cast<const char*>(base + (kb + kFarTiles) * kTileElems * sizeof(uint16_t)),
+      _MM_HINT_T2);
 }
 
 // C tile (x block mb, W block nb) into y, clipped to the rows that exist:

@@ -107,10 +107,13 @@ CORTIQ_INLINE size_t RowsAhead(size_t row_stride_bytes) {
   if (row_stride_bytes == 0) return 0;
   return row_stride_bytes >= kRowPrefetchBytes ? 1 : kRowPrefetchBytes / row_stride_bytes;
 }
-// The `bytes` from p (rounded to whole lines), into L1.
-CORTIQ_INLINE void PrefetchBytes(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+// The `bytes` from p + offset (rounded to whole lines), into L1. The address
+// is formed as an integer: past the end of the rows it is no valid pointer.
+CORTIQ_INLINE void PrefetchBytes(const void* p, size_t offset, size_t bytes) {
+  const uintptr_t c = reinterpret_cast<uintptr_t>(p) + offset;
+  for (size_t b = 0; b < bytes; b += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(c + b), _MM_HINT_T0);
+  }
 }
 
 // Scores of NJ heads against n rows (f32 or int8): each row is loaded (for
@@ -123,12 +126,12 @@ void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size
                   size_t d, float* out, size_t out_stride) {
   constexpr size_t kGroup = 16;
   alignas(64) __m512 part[NJ][kGroup];
-  const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride;
+  const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride * sizeof(T);
   for (size_t t0 = 0; t0 < n; t0 += kGroup) {
     const size_t nt = MinSz(kGroup, n - t0);
     for (size_t tt = 0; tt < nt; ++tt) {
       const T* r = rows + (t0 + tt) * row_stride;
-      PrefetchBytes(r + ahead, d * sizeof(T));
+      PrefetchBytes(r, ahead, d * sizeof(T));
       __m512 s[NJ][4];
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm512_setzero_ps();
@@ -207,10 +210,10 @@ void AxpyRowsBlock(const float* p, size_t p_stride, const float* rows, size_t n,
         acc[j][k] = _mm512_maskz_loadu_ps(m[k], out + j * out_stride + c + size_t(k) * kV);
       }
     }
-    const size_t ahead = RowsAhead(row_stride * sizeof(float)) * row_stride;
+    const size_t ahead = RowsAhead(row_stride * sizeof(float)) * row_stride * sizeof(float);
     for (size_t t = 0; t < n; ++t) {
       const float* r = rows + t * row_stride + c;
-      PrefetchBytes(r + ahead, MinSz(4 * kV, d - c) * sizeof(float));
+      PrefetchBytes(r, ahead, MinSz(4 * kV, d - c) * sizeof(float));
       __m512 x[4];
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) x[k] = _mm512_maskz_loadu_ps(m[k], r + size_t(k) * kV);
@@ -306,7 +309,7 @@ void AxpyRowsI8Block(const float* p, size_t p_stride, const float* row_scale, co
     const size_t ahead = RowsAhead(row_stride) * row_stride;
     for (size_t t = 0; t < n; ++t) {
       const int8_t* r = rows + t * row_stride + c;
-      PrefetchBytes(r + ahead, MinSz(KV * kV, d - c));
+      PrefetchBytes(r, ahead, MinSz(KV * kV, d - c));
       __m512 x[KV];
 #pragma GCC unroll 8
       for (int k = 0; k < KV; ++k) x[k] = LoadI8Masked(r + size_t(k) * kV, m[k]);
