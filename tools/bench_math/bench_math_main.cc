@@ -102,21 +102,25 @@ void BM_Gemv(benchmark::State& state) {
                  (act ? " bf16-act" : ""));
 }
 
-// args: M (batch), N (rows of W), K (cols), dtype
-void BM_Gemm(benchmark::State& state) {
-  const size_t m = state.range(0), n = state.range(1), k = state.range(2);
-  const DType dtype = static_cast<DType>(state.range(3));
-  auto x = RandomX(m * k);
-  std::vector<float> y(m * n);
-  WeightView w{GetArena().bytes.data(), dtype, n, k};
+// Times MatMul(x, m, w) per iteration; GFLOPS and the share of the FMA peak.
+void TimeMatMul(benchmark::State& state, size_t m, const WeightView& w) {
+  auto x = RandomX(m * w.cols);
+  std::vector<float> y(m * w.rows);
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     MatMul(x.data(), m, w, y.data(), g_pool);
     benchmark::DoNotOptimize(y.data());
   }
   const double secs = Seconds(t0) / static_cast<double>(state.iterations());
-  state.counters["GFLOPS"] = 2.0 * m * n * k / secs / 1e9;
+  state.counters["GFLOPS"] = 2.0 * m * w.rows * w.cols / secs / 1e9;
   state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
+}
+
+// args: M (batch), N (rows of W), K (cols), dtype
+void BM_Gemm(benchmark::State& state) {
+  const size_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const DType dtype = static_cast<DType>(state.range(3));
+  TimeMatMul(state, m, WeightView{GetArena().bytes.data(), dtype, n, k});
   state.SetLabel(DTypeName(dtype));
 }
 
@@ -125,20 +129,11 @@ void BM_Gemm(benchmark::State& state) {
 // serves decode and prefill alike there. W is hot (the same N x K each call).
 void BM_GemmAmxTiles(benchmark::State& state) {
   const size_t m = state.range(0), n = state.range(1), k = state.range(2);
-  auto x = RandomX(m * k);
-  std::vector<float> y(m * n);
   util::HugeBuffer<uint16_t> tiles(AmxTileElements(n, k));
   const auto* w16 = reinterpret_cast<const uint16_t*>(GetArena().bytes.data());
   PackAmxTiles(w16, n, k, tiles.data(), 0, n);
-  WeightView w{w16, DType::kBF16, n, k, /*bf16_activations=*/true, tiles.data()};
-  const auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    MatMul(x.data(), m, w, y.data(), g_pool);
-    benchmark::DoNotOptimize(y.data());
-  }
-  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
-  state.counters["GFLOPS"] = 2.0 * m * n * k / secs / 1e9;
-  state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
+  TimeMatMul(state, m,
+             WeightView{w16, DType::kBF16, n, k, /*bf16_activations=*/true, tiles.data()});
   state.SetLabel("bf16 tiles");
 }
 
