@@ -29,10 +29,10 @@
 namespace cortiq::math::internal {
 namespace {
 
-constexpr size_t kTileRows = 16;       // W rows per A / C tile
-constexpr size_t kTileCols = 32;       // W columns (bf16) per A tile = 64 bytes
-constexpr size_t kTileBatch = 16;      // batch rows per B / C tile
-constexpr size_t kPrefetchBlocks = 4;  // software prefetch distance, in column blocks
+constexpr size_t kTileRows = kAmxTileRows;  // W rows per A / C tile
+constexpr size_t kTileCols = kAmxTileCols;  // W columns (bf16) per A tile = 64 bytes
+constexpr size_t kTileBatch = 16;           // batch rows per B / C tile
+constexpr size_t kPrefetchBlocks = 4;       // software prefetch distance, in column blocks
 
 // The 64-byte tile configuration (palette 1).
 struct alignas(64) TileConfig {
@@ -189,14 +189,9 @@ void GemvAmxPackX(const float* x, size_t batch, size_t cols, uint16_t* out) {
       uint32_t* tile =
           reinterpret_cast<uint32_t*>(out + (g * kblocks + kb) * kTileCols * kTileBatch);
       const size_t c0 = kb * kTileCols;
-      const size_t n = cols - c0 < kTileCols ? cols - c0 : kTileCols;
-      const float* src = x + row * cols + c0;
-      const __m512 lo = _mm512_maskz_loadu_ps(Mask16(n), src);
-      const __m512 hi = _mm512_maskz_loadu_ps(Mask16(n > 16 ? n - 16 : 0), src + 16);
       // 32 bf16 of this batch row, natural order: pair p = columns 2p, 2p + 1.
       alignas(64) uint32_t pairs[kTileCols / 2];
-      const __m512bh packed = _mm512_cvtne2ps_pbh(hi, lo);
-      _mm512_store_si512(pairs, reinterpret_cast<const __m512i&>(packed));
+      _mm512_store_si512(pairs, RoundBf16x32(x + row * cols + c0, cols - c0));
       for (size_t p = 0; p < kTileCols / 2; ++p) tile[p * kTileBatch + b] = pairs[p];
     }
   }
@@ -230,7 +225,7 @@ void GemvAmx(const GemvArgs& a, size_t row_begin, size_t row_end) {
 // projections bit for bit.
 namespace {
 
-constexpr size_t kTileElems = kTileRows * kTileCols;  // bf16 per tile (1 KiB)
+constexpr size_t kTileElems = kAmxTileElems;  // bf16 per tile (1 KiB)
 // x blocks (16 rows each) per pass over the W blocks: 128 rows of x stay in
 // L2 (<= 768 KiB for 3072 columns) while each W pair is reused from L2.
 constexpr size_t kMChunkBlocks = 8;
@@ -342,11 +337,7 @@ void AmxPackX(const float* x, size_t m, size_t cols, uint16_t* out, size_t row_b
     uint16_t* o = out + r * stride;
     const float* src = x + r * cols;
     for (size_t c0 = 0; c0 < stride; c0 += kTileCols) {
-      const size_t n = cols - c0;  // >= 1
-      const __m512 lo = _mm512_maskz_loadu_ps(Mask16(n), src + c0);
-      const __m512 hi = _mm512_maskz_loadu_ps(Mask16(n > 16 ? n - 16 : 0), src + c0 + 16);
-      const __m512bh packed = _mm512_cvtne2ps_pbh(hi, lo);  // nearest even, natural order
-      _mm512_store_si512(o + c0, reinterpret_cast<const __m512i&>(packed));
+      _mm512_store_si512(o + c0, RoundBf16x32(src + c0, cols - c0));
     }
   }
 }

@@ -38,6 +38,18 @@ static CORTIQ_INLINE __mmask32 Mask32(size_t n) {
   return static_cast<__mmask32>(n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u);
 }
 
+#if defined(__AVX512BF16__)
+// The first min(n, 32) floats of src rounded to bf16 (nearest even), zeros
+// past them, in natural order (element i from src[i]): one 64-byte row of
+// the bf16 activation layouts (kernels_avx512bf16.cc, kernels_amx.cc).
+static CORTIQ_INLINE __m512i RoundBf16x32(const float* src, size_t n) {
+  const __m512 lo = _mm512_maskz_loadu_ps(Mask16(n), src);
+  const __m512 hi = _mm512_maskz_loadu_ps(Mask16(n > 16 ? n - 16 : 0), src + 16);
+  const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
+  return reinterpret_cast<const __m512i&>(v);
+}
+#endif
+
 // Fixed-order reduction: ((a0 + a1) + (a2 + a3)), then the lane tree.
 static CORTIQ_INLINE float Sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));

@@ -119,11 +119,7 @@ void GemvBf16PackX(const float* x, size_t batch, size_t cols, uint16_t* out) {
     const float* src = x + b * cols;
     uint16_t* dst = out + b * stride;
     for (size_t c = 0; c < stride; c += kBlock) {
-      const size_t n = c < cols ? cols - c : 0;
-      const __m512 lo = _mm512_maskz_loadu_ps(Mask16(n), src + c);
-      const __m512 hi = _mm512_maskz_loadu_ps(Mask16(n > 16 ? n - 16 : 0), src + c + 16);
-      const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);  // element i < 16 from lo
-      _mm512_store_si512(dst + c, reinterpret_cast<const __m512i&>(v));
+      _mm512_store_si512(dst + c, RoundBf16x32(src + c, c < cols ? cols - c : 0));
     }
   }
 }

@@ -46,6 +46,12 @@ struct GemmArgs {
   float* y;  // [m][n]
 };
 
+// Geometry of the AMX tile order (kernels.h PackAmxTiles): blocks of 16 rows
+// x 32 bf16 columns, 512 elements (1 KiB) each.
+inline constexpr size_t kAmxTileRows = 16;
+inline constexpr size_t kAmxTileCols = 32;
+inline constexpr size_t kAmxTileElems = kAmxTileRows * kAmxTileCols;
+
 // Matrix product on tile-order bf16 weights (PackAmxTiles), kAmx only.
 struct AmxArgs {
   // x in bf16, [round16(m)][x_stride], row-major. Rows >= m may hold anything

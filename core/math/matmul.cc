@@ -98,14 +98,15 @@ void Gemm(const internal::KernelTable& t, const float* x, size_t batch, const We
 // the rows of W split over the pool in 32-row pairs of tiles.
 void AmxTiled(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w,
               float* y, util::ThreadPool* pool) {
+  using internal::kAmxTileCols, internal::kAmxTileRows;
   internal::AmxArgs args;
-  args.kblocks = (w.cols + 31) / 32;
-  args.x_stride = args.kblocks * 32;
+  args.kblocks = (w.cols + kAmxTileCols - 1) / kAmxTileCols;
+  args.x_stride = args.kblocks * kAmxTileCols;
   args.m = batch;
   args.w = w.amx_tiles;
   args.rows = w.rows;
   args.y = y;
-  const size_t mrows = (batch + 15) / 16 * 16;
+  const size_t mrows = (batch + kAmxTileRows - 1) / kAmxTileRows * kAmxTileRows;
   thread_local util::AlignedBuffer<uint16_t> xbuf;
   if (xbuf.size() < mrows * args.x_stride) xbuf.Resize(mrows * args.x_stride);
   uint16_t* xb = xbuf.data();  // (the workers must not name the thread_local)
@@ -114,7 +115,7 @@ void AmxTiled(const internal::KernelTable& t, const float* x, size_t batch, cons
   if (parallel && batch >= 64) {
     pool->ParallelFor(
         batch, [&](size_t begin, size_t end) { t.amx_pack_x(x, batch, w.cols, xb, begin, end); },
-        16);
+        kAmxTileRows);
   } else {
     t.amx_pack_x(x, batch, w.cols, xb, 0, batch);
   }
@@ -123,49 +124,35 @@ void AmxTiled(const internal::KernelTable& t, const float* x, size_t batch, cons
     return;
   }
   pool->ParallelFor(
-      w.rows, [&](size_t begin, size_t end) { t.amx_matmul(args, begin, end); }, 32);
+      w.rows, [&](size_t begin, size_t end) { t.amx_matmul(args, begin, end); }, 2 * kAmxTileRows);
 }
 
 }  // namespace
 
 size_t AmxTileElements(size_t rows, size_t cols) {
-  return (rows + 15) / 16 * ((cols + 31) / 32) * 512;
+  using internal::kAmxTileCols, internal::kAmxTileElems, internal::kAmxTileRows;
+  return (rows + kAmxTileRows - 1) / kAmxTileRows * ((cols + kAmxTileCols - 1) / kAmxTileCols) *
+         kAmxTileElems;
 }
 
 void PackAmxTiles(const uint16_t* w, size_t rows, size_t cols, uint16_t* out, size_t row_begin,
                   size_t row_end) {
-  const size_t kblocks = (cols + 31) / 32;
-  if (kblocks == 0) return;  // no columns: no tiles (out may be null)
-  for (size_t r0 = row_begin; r0 < row_end; r0 += 16) {
-    uint16_t* block = out + r0 / 16 * kblocks * 512;
-    const size_t nr = rows - r0 < 16 ? rows - r0 : 16;
-    if (cols % 2 != 0 || nr < 16) {  // ragged: element by element onto zeros
-      std::memset(block, 0, kblocks * 512 * sizeof(uint16_t));
-      for (size_t n = 0; n < nr; ++n) {
-        const uint16_t* src = w + (r0 + n) * cols;
-        // Column pair (c, c + 1) of row n goes to pair-row (c % 32) / 2 of tile c / 32.
-        for (size_t c = 0; c < cols; ++c) {
-          block[c / 32 * 512 + (c % 32) / 2 * 32 + n * 2 + c % 2] = src[c];
-        }
-      }
-      continue;
-    }
-    // Whole rows of even length: one 32-bit pair at a time, each tile row (16
-    // rows' pair p) written contiguously; pairs past the columns are zero.
-    const size_t pairs = cols / 2;
+  using internal::kAmxTileCols, internal::kAmxTileElems, internal::kAmxTileRows;
+  const size_t kblocks = (cols + kAmxTileCols - 1) / kAmxTileCols;
+  for (size_t r0 = row_begin; r0 < row_end; r0 += kAmxTileRows) {
+    uint16_t* block = out + r0 / kAmxTileRows * kblocks * kAmxTileElems;
+    const size_t nr = rows - r0 < kAmxTileRows ? rows - r0 : kAmxTileRows;
+    // Tile row p of block kb: the column pair (c, c + 1), c = 32 kb + 2p, of
+    // each of the 16 rows, written contiguously; zero past rows and columns.
     for (size_t kb = 0; kb < kblocks; ++kb) {
-      uint16_t* tile = block + kb * 512;
-      for (size_t p = 0; p < 16; ++p) {
-        const size_t q = kb * 16 + p;
-        uint32_t row[16];
-        for (size_t n = 0; n < 16; ++n) {
-          if (q < pairs) {
-            std::memcpy(&row[n], w + (r0 + n) * cols + 2 * q, sizeof(uint32_t));
-          } else {
-            row[n] = 0;
-          }
+      for (size_t p = 0; p < kAmxTileCols / 2; ++p) {
+        const size_t c = kb * kAmxTileCols + 2 * p;
+        uint16_t* dst = block + kb * kAmxTileElems + p * 2 * kAmxTileRows;
+        for (size_t n = 0; n < kAmxTileRows; ++n) {
+          const size_t at = (r0 + n) * cols + c;  // read only when it exists
+          dst[2 * n] = n < nr && c < cols ? w[at] : 0;
+          dst[2 * n + 1] = n < nr && c + 1 < cols ? w[at + 1] : 0;
         }
-        std::memcpy(tile + p * 32, row, sizeof(row));
       }
     }
   }

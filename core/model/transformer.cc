@@ -340,10 +340,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
   };
   mark(t->lm_head_);
   for (LayerWeights& w : t->layers_) {
-    for (WeightView* v :
-         {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
-      mark(*v);
-    }
+    for (WeightView* v : w.Projections()) mark(*v);
   }
   if (math::AmxTilesUsed()) t->PackAmxTiles();
   return t;
@@ -353,8 +350,7 @@ void Transformer::PackAmxTiles() {
   std::vector<WeightView*> views;
   if (lm_head_.bf16_activations) views.push_back(&lm_head_);
   for (LayerWeights& w : layers_) {
-    for (WeightView* v :
-         {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj}) {
+    for (WeightView* v : w.Projections()) {
       if (v->bf16_activations) views.push_back(v);
     }
   }
@@ -466,9 +462,8 @@ absl::Status Transformer::Bind() {
 size_t Transformer::WeightBytesPerStep() const {
   auto bytes = [](const WeightView& w) { return w.rows * w.cols * math::DTypeSize(w.dtype); };
   size_t total = bytes(lm_head_);
-  for (const auto& w : layers_) {
-    total += bytes(w.q_proj) + bytes(w.k_proj) + bytes(w.v_proj) + bytes(w.o_proj) +
-             bytes(w.gate_proj) + bytes(w.up_proj) + bytes(w.down_proj);
+  for (const LayerWeights& w : layers_) {
+    for (const WeightView* v : w.Projections()) total += bytes(*v);
   }
   return total;
 }

@@ -54,6 +54,7 @@
 // given at load (the engine's pool), never on the caller's other threads.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -325,6 +326,13 @@ class Transformer {
  private:
   struct LayerWeights {
     math::WeightView q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+    // The seven projections, in that order.
+    std::array<math::WeightView*, 7> Projections() {
+      return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
+    }
+    std::array<const math::WeightView*, 7> Projections() const {
+      return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
+    }
     std::vector<float> q_bias, k_bias, v_bias;  // [n_heads·hd], [n_kv·hd] (qwen2)
     std::vector<float> o_bias;                  // [hidden] (rare)
     std::vector<float> input_norm;              // [hidden]
