@@ -10,43 +10,16 @@ namespace cortiq::session {
 
 std::string_view AttentionModeName(AttentionMode mode) {
   switch (mode) {
-    case AttentionMode::kExact: return "exact";
-    case AttentionMode::kO1: return "o1";
-    case AttentionMode::kQsa: return "qsa";
+    case AttentionMode::kExact:
+      return "exact";
+    case AttentionMode::kO1:
+      return "o1";
+    case AttentionMode::kQsa:
+      return "qsa";
+    case AttentionMode::kWindow:
+      return "window";
   }
   return "unknown";
-}
-
-std::string_view MemoryKindName(MemoryKind kind) {
-  switch (kind) {
-    case MemoryKind::kKvF32: return "kv_f32";
-    case MemoryKind::kKvInt8: return "kv_int8";
-    case MemoryKind::kO1: return "o1";
-    case MemoryKind::kQsa: return "qsa";
-  }
-  return "unknown";
-}
-
-size_t MemoryByKind::total() const {
-  size_t t = 0;
-  for (size_t b : bytes) t += b;
-  return t;
-}
-
-MemoryByKind& MemoryByKind::operator+=(const MemoryByKind& o) {
-  for (size_t i = 0; i < kNumMemoryKinds; ++i) bytes[i] += o.bytes[i];
-  return *this;
-}
-
-MemoryByKind MemoryOf(const model::SequenceKv& kv) {
-  MemoryByKind m;
-  const size_t total = kv.MemoryBytes();
-  const size_t o1 = kv.O1MemoryBytes();
-  const size_t qsa = kv.QsaMemoryBytes();
-  m[MemoryKind::kO1] = o1;
-  m[MemoryKind::kQsa] = qsa;
-  m[kv.mode() == kv::KvMode::kInt8 ? MemoryKind::kKvInt8 : MemoryKind::kKvF32] = total - o1 - qsa;
-  return m;
 }
 
 Session::Session(std::string id, const model::ModelConfig& config,
@@ -70,6 +43,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(std::string id,
       break;
     case AttentionMode::kQsa:
       CORTIQ_RETURN_IF_ERROR(s->kv_.EnableQsa(config.qsa));
+      break;
+    case AttentionMode::kWindow:
+      CORTIQ_RETURN_IF_ERROR(s->kv_.EnableWindow(config.window));
       break;
   }
   return s;
@@ -118,6 +94,10 @@ size_t ProjectedSessionBytes(const model::ModelConfig& model, const SessionConfi
   const size_t exact = kv::LayerKvCache::ProjectedBytes(kv_heads, hd, config.kv_mode, positions);
   size_t total = 0;
   for (size_t l = 0; l < layers; ++l) {
+    if (config.attention == AttentionMode::kWindow && config.window.IsWindowLayer(l)) {
+      total += config.window.LayerBytes(kv_heads, hd);  // constant: sink + window rows
+      continue;
+    }
     total += exact;
     if (config.attention == AttentionMode::kO1 && config.o1.IsO1Layer(l)) {
       // Peak while sealing: the prompt's query trace (grown geometrically)

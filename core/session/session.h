@@ -33,34 +33,30 @@
 
 namespace cortiq::session {
 
-enum class AttentionMode : uint8_t { kExact, kO1, kQsa };
-std::string_view AttentionModeName(AttentionMode mode);  // "exact" | "o1" | "qsa"
+enum class AttentionMode : uint8_t { kExact, kO1, kQsa, kWindow };
+// "exact" | "o1" | "qsa" | "window"
+std::string_view AttentionModeName(AttentionMode mode);
 
 // Fixed at creation. Resolved: every field is concrete.
 struct SessionConfig {
   kv::KvMode kv_mode = kv::KvMode::kF32;
   AttentionMode attention = AttentionMode::kExact;
-  kv::O1Config o1;         // used when attention == kO1
-  model::QsaConfig qsa;    // used when attention == kQsa
+  kv::O1Config o1;             // used when attention == kO1
+  model::QsaConfig qsa;        // used when attention == kQsa
+  model::WindowConfig window;  // used when attention == kWindow
 };
 
-// The kinds of state the metrics report (label kind="kv_f32|kv_int8|o1|qsa").
-enum class MemoryKind : uint8_t { kKvF32 = 0, kKvInt8 = 1, kO1 = 2, kQsa = 3 };
-inline constexpr size_t kNumMemoryKinds = 4;
-std::string_view MemoryKindName(MemoryKind kind);
+// The kinds of state the metrics report (label kind="kv_f32|kv_int8|o1|qsa"):
+// core/attention's, which every attention state reports its bytes by.
+using attention::kNumMemoryKinds;
+using attention::MemoryByKind;
+using attention::MemoryKind;
+using attention::MemoryKindName;
 
-struct MemoryByKind {
-  std::array<size_t, kNumMemoryKinds> bytes{};
-  size_t operator[](MemoryKind k) const { return bytes[static_cast<size_t>(k)]; }
-  size_t& operator[](MemoryKind k) { return bytes[static_cast<size_t>(k)]; }
-  size_t total() const;
-  MemoryByKind& operator+=(const MemoryByKind& o);
-};
-
-// Splits a sequence's MemoryBytes() by kind: O(1) overrides → o1, QSA states
-// → qsa, the rest → kv_f32 or kv_int8 by the sequence's row type. The parts
-// sum to kv.MemoryBytes() exactly.
-MemoryByKind MemoryOf(const model::SequenceKv& kv);
+// Splits a sequence's MemoryBytes() by kind, as its layers' states report
+// it: O(1) overrides → o1, QSA states → qsa, rows → kv_f32 or kv_int8. The
+// parts sum to kv.MemoryBytes() exactly.
+inline MemoryByKind MemoryOf(const model::SequenceKv& kv) { return kv.Memory(); }
 
 using Clock = std::chrono::steady_clock;
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }

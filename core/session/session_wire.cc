@@ -36,12 +36,18 @@ enum SectionType : uint32_t {
 
 std::string_view SectionName(uint32_t type) {
   switch (type) {
-    case kSectionHeader: return "header";
-    case kSectionTokens: return "tokens";
-    case kSectionSampler: return "sampler";
-    case kSectionLayer: return "layer";
-    case kSectionQsaAux: return "qsa_aux";
-    case kSectionEnd: return "end";
+    case kSectionHeader:
+      return "header";
+    case kSectionTokens:
+      return "tokens";
+    case kSectionSampler:
+      return "sampler";
+    case kSectionLayer:
+      return "layer";
+    case kSectionQsaAux:
+      return "qsa_aux";
+    case kSectionEnd:
+      return "end";
   }
   return "unknown";
 }
@@ -108,13 +114,16 @@ absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model:
     return Corrupt("header: truncated geometry");
   }
   auto mismatch = [](std::string_view field, uint64_t wire, int64_t here) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session wire: ", util::Sv(field), " is ", wire, " in the stream but ", here,
-        " in this server's model: the session belongs to another geometry"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("session wire: ", util::Sv(field), " is ", wire, " in the stream but ", here,
+                     " in this server's model: the session belongs to another geometry"));
   };
-  if (layers != uint64_t(m.num_hidden_layers)) return mismatch("num_layers", layers, m.num_hidden_layers);
-  if (heads != uint64_t(m.num_attention_heads)) return mismatch("num_attention_heads", heads, m.num_attention_heads);
-  if (kv_heads != uint64_t(m.num_key_value_heads)) return mismatch("num_key_value_heads", kv_heads, m.num_key_value_heads);
+  if (layers != uint64_t(m.num_hidden_layers))
+    return mismatch("num_layers", layers, m.num_hidden_layers);
+  if (heads != uint64_t(m.num_attention_heads))
+    return mismatch("num_attention_heads", heads, m.num_attention_heads);
+  if (kv_heads != uint64_t(m.num_key_value_heads))
+    return mismatch("num_key_value_heads", kv_heads, m.num_key_value_heads);
   if (head_dim != uint64_t(m.head_dim)) return mismatch("head_dim", head_dim, m.head_dim);
   if (vocab != uint64_t(m.vocab_size)) return mismatch("vocab_size", vocab, m.vocab_size);
   SessionConfig c;
@@ -179,9 +188,9 @@ absl::StatusOr<uint32_t> NegotiateWireVersion(const std::vector<uint32_t>& peer_
     if (v >= kSessionWireMinVersion && v <= kSessionWireMaxVersion) best = std::max(best, v);
   }
   if (best == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "wire version: the peer speaks none of the versions this server writes (",
-        kSessionWireMinVersion, "..", kSessionWireMaxVersion, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("wire version: the peer speaks none of the versions this server writes (",
+                     kSessionWireMinVersion, "..", kSessionWireMaxVersion, ")"));
   }
   return best;
 }
@@ -193,13 +202,12 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
                                                           uint64_t fingerprint,
                                                           const SessionWireOptions& options) {
   if (options.version < kSessionWireMinVersion || options.version > kSessionWireMaxVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("version: ", options.version,
-                                                   " is not one this server writes (",
-                                                   kSessionWireMinVersion, "..",
-                                                   kSessionWireMaxVersion, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("version: ", options.version, " is not one this server writes (",
+                     kSessionWireMinVersion, "..", kSessionWireMaxVersion, ")"));
   }
   const model::SequenceKv& kv = session.kv();
-  const auto& layers = kv.layers();
+  const size_t num_layers = kv.num_layers();
   SessionWireSource src;
   ByteWriter w;  // the owned bytes of the part being built
   w.Raw(kMagic, 4);
@@ -212,9 +220,9 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
 
   // The geometry comes from the caches themselves (the session's model).
   model::ModelConfig geometry;
-  geometry.num_hidden_layers = static_cast<int64_t>(layers.size());
-  geometry.num_key_value_heads = layers.empty() ? 0 : static_cast<int64_t>(layers[0].num_kv_heads());
-  geometry.head_dim = layers.empty() ? 0 : static_cast<int64_t>(layers[0].head_dim());
+  geometry.num_hidden_layers = static_cast<int64_t>(num_layers);
+  geometry.num_key_value_heads = static_cast<int64_t>(kv.geometry().num_kv_heads);
+  geometry.head_dim = static_cast<int64_t>(kv.geometry().head_dim);
   geometry.num_attention_heads = session.num_attention_heads();
   geometry.vocab_size = session.vocab_size();
   PutSection(w, kSectionHeader, HeaderPayload(geometry, session.config()));
@@ -243,8 +251,14 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
   kv::WireOptions lo;
   lo.version = options.version;
   lo.f16 = options.f16;
-  for (size_t l = 0; l < layers.size(); ++l) {
-    absl::StatusOr<kv::LayerWireSource> blob = kv::LayerWireSource::Make(layers[l], lo);
+  for (size_t l = 0; l < num_layers; ++l) {
+    const kv::LayerKvCache* rows = kv.layer(l).cache();
+    if (rows == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", l, ": the ", std::string(kv.layer(l).name()),
+                       " attention state does not travel in this wire version"));
+    }
+    absl::StatusOr<kv::LayerWireSource> blob = kv::LayerWireSource::Make(*rows, lo);
     if (!blob.ok()) {
       return absl::Status(blob.status().code(),
                           absl::StrCat("layer ", l, ": ", blob.status().message()));
@@ -267,8 +281,8 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
   }
   if (session.config().attention == AttentionMode::kQsa) {
     for (size_t l : session.config().qsa.layers) {
-      if (kv.qsa_state(l) == nullptr) continue;  // not bound yet: nothing ingested
-      CORTIQ_ASSIGN_OR_RETURN(std::vector<uint8_t> aux, kv.QsaSnapshotAux(l));
+      if (!kv.layer(l).HasAux()) continue;  // not bound yet: nothing ingested
+      CORTIQ_ASSIGN_OR_RETURN(std::vector<uint8_t> aux, kv.layer(l).SnapshotAux());
       ByteWriter p;
       p.U32(static_cast<uint32_t>(l));
       p.Raw(aux.data(), aux.size());
@@ -711,8 +725,8 @@ void SessionWireSink::State::ProcessPrefix() {
   }
   s->tokens().resize(n);
   std::string_view pending;
-  if (!t.Raw(s->tokens().data(), n * sizeof(int32_t)) || !t.U64(&cached) ||
-      !t.U32(&pending_len) || pending_len > 3 || !t.Bytes(pending_len, &pending) || !t.done()) {
+  if (!t.Raw(s->tokens().data(), n * sizeof(int32_t)) || !t.U64(&cached) || !t.U32(&pending_len) ||
+      pending_len > 3 || !t.Bytes(pending_len, &pending) || !t.done()) {
     return Refuse(Corrupt("tokens: malformed"));
   }
   for (int32_t token : s->tokens()) {
@@ -758,7 +772,8 @@ void SessionWireSink::State::FinishLayer(size_t l) {
     return Refuse(Corrupt(
         absl::StrCat("layer ", l, ": sealed O(1) state on a layer the session runs exact")));
   }
-  session->kv().layers()[l] = *std::move(cache);
+  absl::Status installed = session->kv().layer(l).InstallCache(*std::move(cache));
+  if (!installed.ok()) return Refuse(Corrupt(absl::StrCat("layer ", l, ": ", installed.message())));
 }
 
 // QSA aux blobs: exactly one per bound QSA layer, ascending.
@@ -771,12 +786,12 @@ void SessionWireSink::State::ProcessAux(const Kept& sec) {
   }
   std::string_view blob;
   ar.Bytes(ar.remaining(), &blob);
-  absl::Status st = model.QsaRestoreAux(
-      session->kv(), l,
+  attention::LayerAttentionState& state = session->kv().layer(l);
+  absl::Status st = state.RestoreAux(
+      model.qsa_runtime(),
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(blob.data()), blob.size()));
   if (!st.ok()) return Refuse(Corrupt(absl::StrCat("qsa_aux: layer ", l, ": ", st.message())));
-  const qsa::QsaSeqState* qs = session->kv().qsa_state(l);
-  if (qs == nullptr || qs->ingested() != cached) {
+  if (!state.HasAux() || state.AuxPositions() != cached) {
     return Refuse(Corrupt(absl::StrCat("qsa_aux: layer ", l, " disagrees with the cache length")));
   }
 }

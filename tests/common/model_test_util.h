@@ -10,14 +10,29 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/model/random_checkpoint.h"
+#include "core/model/sequence_kv.h"
 #include "gtest/gtest.h"
 
 namespace cortiq::testing {
+
+// The exact caches of a sequence's layers, in order (every layer's state
+// must keep one: exact, O(1), QSA).
+inline std::vector<std::reference_wrapper<const kv::LayerKvCache>> Caches(
+    const model::SequenceKv& s) {
+  std::vector<std::reference_wrapper<const kv::LayerKvCache>> out;
+  for (size_t l = 0; l < s.num_layers(); ++l) {
+    const kv::LayerKvCache* c = s.layer(l).cache();
+    EXPECT_NE(c, nullptr) << "layer " << l << " keeps no exact cache";
+    out.push_back(std::cref(*c));
+  }
+  return out;
+}
 
 // A random checkpoint of a named shape under the test temp dir, written on
 // first use by this process.

@@ -109,7 +109,7 @@ class Generator {
                   bool f16) {
     auto lease = store_.Acquire(id);
     if (!lease.ok()) Die("Acquire", lease.status());
-    auto blob = (*lease)->kv().layers()[layer].ExportWire({.version = version, .f16 = f16});
+    auto blob = (*lease)->kv().layer(layer).cache()->ExportWire({.version = version, .f16 = f16});
     if (!blob.ok()) Die(name, blob.status());
     Write(name, *blob);
   }

@@ -32,7 +32,6 @@
 #include "tests/common/alloc_counter.h"
 #include "tests/common/model_test_util.h"
 
-
 namespace cortiq::model {
 namespace {
 
@@ -45,7 +44,6 @@ std::vector<int32_t> Ids(size_t n, int64_t vocab, uint32_t seed) {
 double RelErr(const float* a, const float* b, size_t n) {
   return cortiq::testing::MaxRelErr(a, b, n);
 }
-
 
 size_t ArgMax(const float* x, size_t n) { return size_t(std::max_element(x, x + n) - x); }
 bool AllFinite(const std::vector<float>& x) {
@@ -111,8 +109,9 @@ TEST_F(O1Fixture, ShortPromptDecodesLikeExactAttention) {
     worst = std::max(worst, RelErr(o1_logits.data(), exact_logits.data(), V_));
     worst_auto = std::max(worst_auto, RelErr(auto_logits.data(), exact_logits.data(), V_));
   }
-  for (const auto& layer : o1_auto.layers()) EXPECT_TRUE(layer.O1Sealed());
-  for (const auto& layer : o1.layers()) {
+  for (const kv::LayerKvCache& layer : cortiq::testing::Caches(o1_auto))
+    EXPECT_TRUE(layer.O1Sealed());
+  for (const kv::LayerKvCache& layer : cortiq::testing::Caches(o1)) {
     EXPECT_TRUE(layer.O1Sealed());
     for (const auto& st : layer.O1States()) EXPECT_TRUE(st.ExactOnly());
   }
@@ -133,8 +132,10 @@ TEST_F(O1Fixture, ShortPromptDecodesLikeExactAttention) {
 // the skeleton is meant to improve on.
 SequenceKv NearOnlyCopy(const SequenceKv& sealed) {
   SequenceKv near = sealed.Copy();
-  for (kv::LayerKvCache& layer : near.layers()) {
-    if (!layer.O1Sealed()) continue;
+  for (size_t l = 0; l < near.num_layers(); ++l) {
+    const kv::LayerKvCache& sealed_layer = *near.layer(l).cache();
+    if (!sealed_layer.O1Sealed()) continue;
+    kv::LayerKvCache layer = sealed_layer.Copy();
     std::vector<kv::NystromState> states;
     for (const kv::NystromState& st : layer.O1States()) {
       std::vector<kv::NystromHead> heads(st.heads().begin(), st.heads().end());
@@ -146,6 +147,7 @@ SequenceKv NearOnlyCopy(const SequenceKv& sealed) {
     const size_t positions = layer.seq_len();
     layer.Release();
     EXPECT_TRUE(layer.O1Install(std::move(states), positions).ok());
+    EXPECT_TRUE(near.layer(l).InstallCache(std::move(layer)).ok());
   }
   return near;
 }
@@ -165,7 +167,7 @@ TEST_F(O1Fixture, LongPromptSealsAndDecodesCloseToExactInConstantMemory) {
   const size_t o1_bytes = o1.MemoryBytes();
   EXPECT_EQ(o1_bytes, o1.O1MemoryBytes());  // nothing exact left
   EXPECT_LT(o1_bytes, bytes_prompt);
-  for (const auto& layer : o1.layers()) {
+  for (const kv::LayerKvCache& layer : cortiq::testing::Caches(o1)) {
     ASSERT_TRUE(layer.O1Sealed());
     ASSERT_TRUE(layer.O1Views().has_value());  // skeleton mode in every group
   }
@@ -227,7 +229,7 @@ TEST_F(O1Fixture, DeepNSealsOnlyTheDeepestLayers) {
   ASSERT_TRUE(seq.EnableO1(*cfg).ok());
   std::vector<float> logits(V_);
   ASSERT_TRUE(tf_->Prefill(std::span(ids).first(prompt), seq, scratch_, logits.data()).ok());
-  for (size_t l = 0; l < L; ++l) EXPECT_EQ(seq.layers()[l].O1Collecting(), l == L - 1) << l;
+  for (size_t l = 0; l < L; ++l) EXPECT_EQ((*seq.layer(l).cache()).O1Collecting(), l == L - 1) << l;
   EXPECT_EQ(tf_->SealO1(seq), 1u);
   EXPECT_EQ(tf_->SealO1(seq), 0u);  // nothing left to seal
   for (size_t i = prompt; i < ids.size(); ++i) {
@@ -235,13 +237,13 @@ TEST_F(O1Fixture, DeepNSealsOnlyTheDeepestLayers) {
     ASSERT_TRUE(AllFinite(logits));
   }
   for (size_t l = 0; l < L; ++l) {
-    const kv::LayerKvCache& layer = seq.layers()[l];
+    const kv::LayerKvCache& layer = (*seq.layer(l).cache());
     EXPECT_EQ(layer.O1Sealed(), l == L - 1) << l;
     EXPECT_EQ(layer.seq_len(), ids.size()) << l;
     // Exact layers kept every row; the sealed one holds none.
     EXPECT_EQ(layer.HeadLen(0), l == L - 1 ? 0u : ids.size()) << l;
   }
-  EXPECT_EQ(seq.O1MemoryBytes(), seq.layers()[L - 1].MemoryBytes());
+  EXPECT_EQ(seq.O1MemoryBytes(), (*seq.layer(L - 1).cache()).MemoryBytes());
 }
 
 // ------------------------------------------------------------ prefill flavours
@@ -256,7 +258,8 @@ TEST_F(O1Fixture, ChunkedPrefillFeedsTheSameTrace) {
   ASSERT_TRUE(tf_->Prefill(std::span(ids).first(prompt), one, scratch_, a.data()).ok());
   for (size_t at = 0; at < prompt; at += 100) {
     ASSERT_TRUE(tf_->Prefill(std::span(ids).subspan(at, 100), chunked, scratch_, b.data()).ok());
-    for (const auto& layer : chunked.layers()) EXPECT_EQ(layer.O1TraceRows(), at + 100);
+    for (const kv::LayerKvCache& layer : cortiq::testing::Caches(chunked))
+      EXPECT_EQ(layer.O1TraceRows(), at + 100);
   }
   EXPECT_LT(RelErr(b.data(), a.data(), V_), 1e-5);
   ASSERT_EQ(tf_->SealO1(one), size_t(config().num_hidden_layers));
@@ -315,7 +318,7 @@ TEST_F(O1Fixture, Int8SequenceRefusesTheSealAndStaysExact) {
     Decode(o1, ids[i], b);
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), V_ * sizeof(float))) << i;
   }
-  for (const auto& layer : o1.layers()) EXPECT_FALSE(layer.O1Sealed());
+  for (const kv::LayerKvCache& layer : cortiq::testing::Caches(o1)) EXPECT_FALSE(layer.O1Sealed());
 }
 
 TEST_F(O1Fixture, CopyOfASealedSequenceDecodesIdentically) {
@@ -360,7 +363,7 @@ TEST_F(O1Fixture, MisuseIsAStatus) {
   ASSERT_TRUE(o1.EnableO1(AllLayers(config())).ok());
   ASSERT_TRUE(tf_->Prefill(ids, o1, scratch_, logits.data()).ok());
   EXPECT_TRUE(o1.TruncateLast(5).ok());  // still collecting: the trace follows
-  EXPECT_EQ(o1.layers()[0].O1TraceRows(), 145u);
+  EXPECT_EQ((*o1.layer(0).cache()).O1TraceRows(), 145u);
   ASSERT_EQ(tf_->SealO1(o1), size_t(config().num_hidden_layers));
   const size_t bytes = o1.MemoryBytes();
   EXPECT_EQ(o1.TruncateLast(1).code(), absl::StatusCode::kFailedPrecondition);
@@ -401,12 +404,13 @@ TEST(TransformerO1AllocTest, DecodeOverSealedLayersDoesNotAllocate) {
   for (int i = 0; i < 3; ++i) {  // warm-up; the first step seals both
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
   }
-  ASSERT_TRUE(seqs[0].layers()[0].O1Sealed());
+  ASSERT_TRUE((*seqs[0].layer(0).cache()).O1Sealed());
   const size_t before = cortiq::testing::AllocCount();
   for (int i = 0; i < 20; ++i) {
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
   }
-  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u) << "heap allocations during 20 decode steps";
+  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u)
+      << "heap allocations during 20 decode steps";
 }
 
 }  // namespace

@@ -31,7 +31,6 @@
 #include "tests/common/alloc_counter.h"
 #include "tests/common/model_test_util.h"
 
-
 namespace cortiq::model {
 namespace {
 
@@ -44,7 +43,6 @@ std::vector<int32_t> Ids(size_t n, int64_t vocab, uint32_t seed) {
 double RelErr(const float* a, const float* b, size_t n) {
   return cortiq::testing::MaxRelErr(a, b, n);
 }
-
 
 bool AllFinite(const std::vector<float>& x) {
   return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
@@ -191,8 +189,10 @@ TEST_F(QsaFixture, LongContextRunsDiffersAndCountsItsBytes) {
   }
   EXPECT_EQ(sparse.MemoryBytes(), exact.MemoryBytes() + sparse.QsaMemoryBytes());
   EXPECT_GT(worst, 0.0);
-  std::printf("qsa ratio 8 budget 4, 200-token prompt + 30 decodes: max rel logit diff %.4g, "
-              "qsa bytes %zu\n", worst, sparse.QsaMemoryBytes());
+  std::printf(
+      "qsa ratio 8 budget 4, 200-token prompt + 30 decodes: max rel logit diff %.4g, "
+      "qsa bytes %zu\n",
+      worst, sparse.QsaMemoryBytes());
 }
 
 TEST_F(QsaFixture, ReleaseFreesEveryBackendByteAndIsIdempotent) {
@@ -219,7 +219,7 @@ TEST_F(QsaFixture, ReleaseFreesEveryBackendByteAndIsIdempotent) {
     EXPECT_EQ(a.MemoryBytes(), 0u);
     a.Release();  // idempotent
     EXPECT_EQ(tf_->QsaBackendStats().live_bytes,
-              base.live_bytes + b.QsaMemoryBytes() + scratch.qsa_scratch->MemoryBytes());
+              base.live_bytes + b.QsaMemoryBytes() + scratch.attention.QsaMemoryBytes());
     EXPECT_GT(a_bytes, 0u);
     // A released sequence starts over and stays usable.
     std::vector<float> e;
@@ -290,7 +290,8 @@ TEST_F(QsaFixture, ChunkedPrefillVersusOneShot) {
   };
   const auto c20 = run(20, kv::KvMode::kF32, Qsa(8, 4)), c30 = run(30, kv::KvMode::kF32, Qsa(8, 4));
   const auto one = run(120, kv::KvMode::kF32, Qsa(8, 4));
-  const auto e20 = run(20, kv::KvMode::kF32, std::nullopt), e120 = run(120, kv::KvMode::kF32, std::nullopt);
+  const auto e20 = run(20, kv::KvMode::kF32, std::nullopt),
+             e120 = run(120, kv::KvMode::kF32, std::nullopt);
   EXPECT_TRUE(Same(c20, c30));
   EXPECT_TRUE(AllFinite(one));
   std::printf("chunked (20) vs one-shot (120) prefill: qsa %s (rel %.3g), exact %s (rel %.3g)\n",
@@ -301,7 +302,8 @@ TEST_F(QsaFixture, ChunkedPrefillVersusOneShot) {
 
 TEST_F(QsaFixture, WarmDecodeWithQsaDoesNotAllocate) {
   const std::vector<int32_t> ids = Ids(60, config().vocab_size, 29);
-  SequenceKv e = NewSeq(std::nullopt), q = NewSeq(Qsa(8, 4)), q8 = NewSeq(Qsa(8, 4), kv::KvMode::kInt8);
+  SequenceKv e = NewSeq(std::nullopt), q = NewSeq(Qsa(8, 4)),
+             q8 = NewSeq(Qsa(8, 4), kv::KvMode::kInt8);
   std::vector<float> tmp;
   for (SequenceKv* s : {&e, &q, &q8}) {
     s->Reserve(128);
@@ -310,7 +312,8 @@ TEST_F(QsaFixture, WarmDecodeWithQsaDoesNotAllocate) {
   std::vector<SequenceKv*> ptrs = {&e, &q, &q8};
   std::vector<int32_t> next = {10, 20, 30};
   std::vector<float> logits(3 * V_);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(tf_->DecodeBatch(next, ptrs, scratch_, logits.data()).ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(tf_->DecodeBatch(next, ptrs, scratch_, logits.data()).ok());
   {
     // CpuBackend::SelectTopK's per-thread candidate list grows by exactly one
     // entry per new block count (core/qsa/cpu_backend.cc), so warm it past
@@ -323,7 +326,8 @@ TEST_F(QsaFixture, WarmDecodeWithQsaDoesNotAllocate) {
   for (int i = 0; i < 20; ++i) {
     ASSERT_TRUE(tf_->DecodeBatch(next, ptrs, scratch_, logits.data()).ok());
   }
-  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u) << "heap allocations during 20 decode steps";
+  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u)
+      << "heap allocations during 20 decode steps";
 }
 
 }  // namespace

@@ -106,12 +106,19 @@ std::string MakeBigSession(Node& n, size_t positions, bool int8) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return float(int32_t(state >> 32)) * (2.0f / 2147483648.0f);
   };
-  for (auto& layer : kv.layers()) {
+  for (size_t l = 0; l < kv.num_layers(); ++l) {
+    // The layer's rows so far, extended with the synthetic ones.
+    cortiq::kv::LayerKvCache layer = kv.layer(l).cache()->Copy();
     std::vector<float> k(layer.num_kv_heads() * layer.head_dim()), v(k.size());
     for (size_t p = 0; p < positions; ++p) {
       for (auto& x : k) x = next();
       for (auto& x : v) x = next();
       layer.Append(k, v);
+    }
+    const absl::Status st = kv.layer(l).InstallCache(std::move(layer));
+    if (!st.ok()) {
+      std::fprintf(stderr, "synthesise layer %zu: %s\n", l, std::string(st.message()).c_str());
+      std::exit(1);
     }
   }
   (*lease)->PublishMemory();
@@ -150,16 +157,24 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--shape") shape = next();
-    else if (a == "--dtype") dtype = next();
-    else if (a == "--positions") (void)absl::SimpleAtoi(next(), &positions);
-    else if (a == "--rounds") (void)absl::SimpleAtoi(next(), &rounds);
-    else if (a == "--f16") f16 = true;
-    else if (a == "--kv") int8 = next() == "int8";
-    else if (a == "--path") path = next();
+    if (a == "--shape")
+      shape = next();
+    else if (a == "--dtype")
+      dtype = next();
+    else if (a == "--positions")
+      (void)absl::SimpleAtoi(next(), &positions);
+    else if (a == "--rounds")
+      (void)absl::SimpleAtoi(next(), &rounds);
+    else if (a == "--f16")
+      f16 = true;
+    else if (a == "--kv")
+      int8 = next() == "int8";
+    else if (a == "--path")
+      path = next();
     else {
-      std::fprintf(stderr, "usage: cortiq-bench-migrate [--shape S] [--dtype D] [--positions N] "
-                           "[--kv f32|int8] [--f16] [--rounds R] [--path both|export|migrate]\n");
+      std::fprintf(stderr,
+                   "usage: cortiq-bench-migrate [--shape S] [--dtype D] [--positions N] "
+                   "[--kv f32|int8] [--f16] [--rounds R] [--path both|export|migrate]\n");
       return 2;
     }
   }

@@ -63,8 +63,8 @@ absl::StatusOr<model::SequenceKv> Synthesize(const model::Transformer& tf, const
   if (mode == "qsa") {
     absl::Status s = seq.EnableQsa(qsa);
     if (!s.ok()) return s;
-    seq.Reserve(T + extra);
-    s = tf.BindQsa(seq);  // states sized to the reserved capacity
+  } else if (mode == "o1") {
+    absl::Status s = seq.EnableO1(o1);
     if (!s.ok()) return s;
   }
   const size_t hidden = size_t(c.hidden_size);
@@ -76,8 +76,10 @@ absl::StatusOr<model::SequenceKv> Synthesize(const model::Transformer& tf, const
     normed = h.data;
     for (float& x : normed) x *= 1.7320508f;
   }
-  for (size_t l = 0; l < seq.layers().size(); ++l) {
-    kv::LayerKvCache& cache = seq.layers()[l];
+  for (size_t l = 0; l < seq.num_layers(); ++l) {
+    // The layer's rows are written straight into a cache, which the layer's
+    // state then takes over (a prefill of T positions would take minutes).
+    kv::LayerKvCache cache(size_t(c.num_key_value_heads), size_t(c.head_dim), seq.mode());
     const bool o1_layer = mode == "o1" && o1.IsO1Layer(l);
     if (o1_layer) {
       absl::Status s = cache.O1Begin(o1.m, o1.w, o1.sink, o1.rect);
@@ -93,9 +95,15 @@ absl::StatusOr<model::SequenceKv> Synthesize(const model::Transformer& tf, const
       absl::Status s = cache.O1Seal(size_t(c.num_attention_heads));
       if (!s.ok()) return s;
     }
-    if (mode == "qsa" && qsa.IsQsaLayer(l)) {
+    absl::Status s = seq.layer(l).InstallCache(std::move(cache));
+    if (!s.ok()) return s;
+  }
+  if (mode == "qsa") {
+    absl::Status s = tf.BindQsa(seq);  // states sized to the reserved capacity
+    if (!s.ok()) return s;
+    for (size_t l : qsa.layers) {
       for (size_t p = 0; p < T; p += kChunk) {
-        absl::Status s = tf.QsaIngestRows(seq, l, normed.data(), std::min(kChunk, T - p));
+        s = tf.QsaIngestRows(seq, l, normed.data(), std::min(kChunk, T - p));
         if (!s.ok()) return s;
       }
     }
