@@ -68,6 +68,14 @@ void ToProto(const session::SessionConfig& c, v1::SessionConfig* out) {
       q->set_budget(static_cast<uint32_t>(c.qsa.budget));
       break;
     }
+    case session::AttentionMode::kWindow: {
+      out->set_attention(v1::ATTENTION_MODE_WINDOW);
+      auto* w = out->mutable_window();
+      w->set_layers(LayersSpec(c.window.layers));
+      w->set_sink(static_cast<uint32_t>(c.window.sink));
+      w->set_window(static_cast<uint32_t>(c.window.window));
+      break;
+    }
   }
 }
 
@@ -94,11 +102,16 @@ void ToProto(const session::SessionSnapshot& s, v1::SessionInfo* out) {
 
 v1::FinishReason ToProto(session::FinishReason r) {
   switch (r) {
-    case session::FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
-    case session::FinishReason::kStop: return v1::FINISH_REASON_STOP;
-    case session::FinishReason::kEos: return v1::FINISH_REASON_EOS;
-    case session::FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
-    case session::FinishReason::kNone: break;
+    case session::FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case session::FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case session::FinishReason::kEos:
+      return v1::FINISH_REASON_EOS;
+    case session::FinishReason::kCancelled:
+      return v1::FINISH_REASON_CANCELLED;
+    case session::FinishReason::kNone:
+      break;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -106,7 +119,8 @@ v1::FinishReason ToProto(session::FinishReason r) {
 absl::Status CheckSessionId(const std::string& id) {
   if (id.empty()) return absl::InvalidArgumentError("session_id: empty");
   if (id.size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("session_id: ", id.size(), " bytes, at most 64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_id: ", id.size(), " bytes, at most 64"));
   }
   return absl::OkStatus();
 }

@@ -86,7 +86,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       if (job_->finished()) completion = job_->result().completion_tokens;
     }
     grpc::StatusCode code = final_code_;
-    if (code == grpc::StatusCode::CANCELLED && call_->deadline() <= std::chrono::system_clock::now()) {
+    if (code == grpc::StatusCode::CANCELLED &&
+        call_->deadline() <= std::chrono::system_clock::now()) {
       code = grpc::StatusCode::DEADLINE_EXCEEDED;
     }
     log_.Done(code, final_message_,
@@ -112,9 +113,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
                                                      " (--max-prompt-bytes)"));
     }
     if (static_cast<size_t>(req.prompt_tokens_size()) * sizeof(int32_t) > cfg.max_prompt_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt_tokens: ", req.prompt_tokens_size(), " ids, the limit is ",
-          cfg.max_prompt_bytes / sizeof(int32_t), " (--max-prompt-bytes / 4)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_tokens: ", req.prompt_tokens_size(), " ids, the limit is ",
+                       cfg.max_prompt_bytes / sizeof(int32_t), " (--max-prompt-bytes / 4)"));
     }
     if (req.prompt_tokens_size() > 0) {
       g.prompt.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
@@ -127,9 +128,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     g.seed_given = req.sampling().has_seed();
     g.logprobs = req.logprobs();
     if (req.top_logprobs() > static_cast<uint32_t>(session::kMaxTopLogprobs)) {
-      return absl::InvalidArgumentError(absl::StrCat("top_logprobs: ", req.top_logprobs(),
-                                                     " is outside [0, ", session::kMaxTopLogprobs,
-                                                     "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "top_logprobs: ", req.top_logprobs(), " is outside [0, ", session::kMaxTopLogprobs, "]"));
     }
     g.top_logprobs = static_cast<int>(req.top_logprobs());
     g.ignore_eos = req.ignore_eos();
@@ -145,14 +145,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     if (!req.session_id().empty()) {
       CORTIQ_RETURN_IF_ERROR(CheckSessionId(req.session_id()));
       // Validate what needs no session first, so a bad request never leases.
-      CORTIQ_RETURN_IF_ERROR(
-          ctx_->engine->ValidateRequest(g, 0, cfg.max_tokens_limit));
+      CORTIQ_RETURN_IF_ERROR(ctx_->engine->ValidateRequest(g, 0, cfg.max_tokens_limit));
       auto l = ctx_->store->Acquire(req.session_id());
       if (!l.ok()) return l.status();
       lease = *std::move(l);
       const size_t history = lease->tokens().size();
-      CORTIQ_RETURN_IF_ERROR(
-          ctx_->engine->ValidateRequest(g, history, cfg.max_tokens_limit));
+      CORTIQ_RETURN_IF_ERROR(ctx_->engine->ValidateRequest(g, history, cfg.max_tokens_limit));
       const size_t positions = history + g.prompt.size() + g.max_tokens;
       CORTIQ_RETURN_IF_ERROR(lease.Reserve(session::ProjectedSessionBytes(
           mcfg, lease->config(), positions, history + g.prompt.size())));
@@ -307,6 +305,10 @@ absl::Status CheckModeSizes(const session::SessionConfig& c, size_t context) {
     if (c.qsa.ratio > context) return over("qsa.ratio", c.qsa.ratio);
     if (c.qsa.budget > context) return over("qsa.budget", c.qsa.budget);
   }
+  if (c.attention == session::AttentionMode::kWindow) {
+    if (c.window.sink > context) return over("window.sink", c.window.sink);
+    if (c.window.window > context) return over("window.window", c.window.window);
+  }
   return absl::OkStatus();
 }
 
@@ -329,13 +331,18 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfigUnchecked(
   session::SessionConfig c = ctx.default_session;
   const size_t layers = static_cast<size_t>(ctx.model->config().num_hidden_layers);
   switch (request.kv_dtype()) {
-    case v1::KV_DTYPE_UNSPECIFIED: break;
-    case v1::KV_DTYPE_F32: c.kv_mode = kv::KvMode::kF32; break;
-    case v1::KV_DTYPE_INT8: c.kv_mode = kv::KvMode::kInt8; break;
+    case v1::KV_DTYPE_UNSPECIFIED:
+      break;
+    case v1::KV_DTYPE_F32:
+      c.kv_mode = kv::KvMode::kF32;
+      break;
+    case v1::KV_DTYPE_INT8:
+      c.kv_mode = kv::KvMode::kInt8;
+      break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session_config.kv_dtype: unknown value ", static_cast<int>(request.kv_dtype()),
-          " (KV_DTYPE_F32 = 1 | KV_DTYPE_INT8 = 2)"));
+      return absl::InvalidArgumentError(absl::StrCat("session_config.kv_dtype: unknown value ",
+                                                     static_cast<int>(request.kv_dtype()),
+                                                     " (KV_DTYPE_F32 = 1 | KV_DTYPE_INT8 = 2)"));
   }
   switch (request.attention()) {
     case v1::ATTENTION_MODE_UNSPECIFIED:
@@ -386,15 +393,36 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfigUnchecked(
       const size_t budget = p.has_budget() ? p.budget() : c.qsa.budget;
       auto q = model::MakeQsaConfig(spec, ratio, budget, layers);
       if (!q.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("session_config.qsa: ", q.status().message()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("session_config.qsa: ", q.status().message()));
       }
       c.qsa = *q;
+      return c;
+    }
+    case v1::ATTENTION_MODE_WINDOW: {
+      c.attention = session::AttentionMode::kWindow;
+      const v1::WindowParams& p = request.window();
+      auto w = attention::MakeWindowConfig(
+          p.has_layers() ? p.layers() : "all",
+          p.has_sink() ? p.sink() : attention::WindowConfig::kDefaultSink,
+          p.has_window() ? p.window() : attention::WindowConfig::kDefaultWindow, layers);
+      if (!w.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("session_config.window: ", w.status().message()));
+      }
+      if (c.kv_mode != kv::KvMode::kF32) {
+        return absl::InvalidArgumentError(
+            "session_config.window: sink + window attention keeps f32 rows; it does not run with "
+            "kv_dtype KV_DTYPE_INT8");
+      }
+      c.window = *w;
       return c;
     }
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "session_config.attention: unknown mode ", static_cast<int>(request.attention()),
-          " (ATTENTION_MODE_EXACT = 1 | ATTENTION_MODE_O1 = 2 | ATTENTION_MODE_QSA = 3)"));
+          " (ATTENTION_MODE_EXACT = 1 | ATTENTION_MODE_O1 = 2 | ATTENTION_MODE_QSA = 3 | "
+          "ATTENTION_MODE_WINDOW = 4)"));
   }
 }
 
@@ -458,9 +486,9 @@ grpc::ServerUnaryReactor* InferenceService::ListSessions(grpc::CallbackServerCon
   });
 }
 
-grpc::ServerUnaryReactor* InferenceService::ReleaseSession(
-    grpc::CallbackServerContext* context, const v1::ReleaseSessionRequest* request,
-    v1::ReleaseSessionResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::ReleaseSession(grpc::CallbackServerContext* context,
+                                                           const v1::ReleaseSessionRequest* request,
+                                                           v1::ReleaseSessionResponse* response) {
   return Unary(ctx_, context, "ReleaseSession", [&]() -> absl::Status {
     CORTIQ_RETURN_IF_ERROR(CheckSessionId(request->session_id()));
     const session::ReleaseResult r = ctx_->store->Release(request->session_id());
@@ -475,10 +503,9 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
                                                      v1::TokenizeResponse* response) {
   return Unary(ctx_, context, "Tokenize", [&]() -> absl::Status {
     if (request->text().size() > ctx_->config->max_prompt_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("text: ", request->text().size(),
-                                                     " bytes, the limit is ",
-                                                     ctx_->config->max_prompt_bytes,
-                                                     " (--max-prompt-bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("text: ", request->text().size(), " bytes, the limit is ",
+                       ctx_->config->max_prompt_bytes, " (--max-prompt-bytes)"));
     }
     const bool special = !request->has_parse_special() || request->parse_special();
     for (int32_t id : ctx_->tokenizer->Encode(request->text(), special)) {

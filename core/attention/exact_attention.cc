@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/math/kernels.h"
+#include "core/util/status_macros.h"
 
 namespace cortiq::attention {
 namespace {
@@ -107,6 +108,12 @@ void AttendCausal(const kv::LayerKvCache& cache, const AttentionRows& rows, Atte
   });
 }
 
+absl::Status CheckPositions(const kv::LayerKvCache& cache, size_t positions) {
+  if (cache.seq_len() == positions) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(cache.seq_len(), " positions, the session ", positions));
+}
+
 // ------------------------------------------------------------ ExactAttention
 
 ExactAttention::ExactAttention(const AttentionGeometry& geometry, kv::KvMode mode)
@@ -156,9 +163,10 @@ std::unique_ptr<LayerAttentionState> ExactAttention::Copy() const {
   return out;
 }
 
-absl::Status ExactAttention::InstallCache(kv::LayerKvCache cache) {
+absl::Status ExactAttention::InstallCache(kv::LayerKvCache cache, size_t positions) {
+  CORTIQ_RETURN_IF_ERROR(CheckPositions(cache, positions));
   if (cache.O1Sealed()) {
-    return absl::FailedPreconditionError("a sealed O(1) layer cannot run exact attention");
+    return absl::InvalidArgumentError("sealed O(1) state on a layer the session runs exact");
   }
   cache_ = std::move(cache);
   return absl::OkStatus();

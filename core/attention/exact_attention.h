@@ -44,6 +44,9 @@ void AttendCausal(const kv::LayerKvCache& cache, const AttentionRows& rows, Atte
 void AttendGroupTask(const kv::LayerKvCache& cache, const AttentionRows& rows, size_t r, size_t g,
                      size_t hidden_after, const AttentionGeometry& geometry, ScratchSlot& slot);
 
+// InvalidArgument unless an imported cache holds exactly `positions`.
+absl::Status CheckPositions(const kv::LayerKvCache& cache, size_t positions);
+
 // The exact mode: a LayerKvCache and nothing else.
 class ExactAttention final : public LayerAttentionState {
  public:
@@ -62,7 +65,7 @@ class ExactAttention final : public LayerAttentionState {
   MemoryByKind Memory() const override;
   std::unique_ptr<LayerAttentionState> Copy() const override;
   const kv::LayerKvCache* cache() const override { return &cache_; }
-  absl::Status InstallCache(kv::LayerKvCache cache) override;
+  absl::Status InstallCache(kv::LayerKvCache cache, size_t positions) override;
 
  private:
   const AttentionGeometry geometry_;

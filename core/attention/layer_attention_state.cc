@@ -39,8 +39,13 @@ absl::Status LayerAttentionState::EndDecode(const AttentionRows&, AttentionConte
 
 absl::StatusOr<bool> LayerAttentionState::CompletePrompt(size_t) { return false; }
 
-absl::Status LayerAttentionState::InstallCache(kv::LayerKvCache) {
+absl::StatusOr<kv::LayerKvCache> LayerAttentionState::ExportRows() const {
   return absl::FailedPreconditionError(
+      absl::StrCat("the ", std::string(name()), " attention state has no other form of its rows"));
+}
+
+absl::Status LayerAttentionState::InstallCache(kv::LayerKvCache, size_t) {
+  return absl::InvalidArgumentError(
       absl::StrCat("the ", std::string(name()), " attention state does not hold exact cache rows"));
 }
 

@@ -172,9 +172,15 @@ class LayerAttentionState {
   // layer section is its CQKV blob), or null when the mode keeps none in
   // that form. The mutable one lets an importer install a blob's cache.
   virtual const kv::LayerKvCache* cache() const { return nullptr; }
+  // The rows of a mode that keeps them in another form (sink + window:
+  // the held rows, ascending), as a LayerKvCache built for the wire.
+  // Default (and for modes whose cache() is non-null): FailedPrecondition.
+  virtual absl::StatusOr<kv::LayerKvCache> ExportRows() const;
   // Installs an imported cache (with any O(1) override it carries) as this
-  // state's rows. FailedPrecondition when the mode cannot hold it.
-  virtual absl::Status InstallCache(kv::LayerKvCache cache);
+  // state's rows, for a sequence at `positions`. InvalidArgument when the
+  // cache disagrees with `positions` or the mode (a sealed O(1) cache on a
+  // layer that is not O(1), ...); the state is then unchanged.
+  virtual absl::Status InstallCache(kv::LayerKvCache cache, size_t positions);
   // Extra per-layer state that travels beside the rows (QSA: the indexer's
   // aux blob). Default: none (empty).
   virtual bool HasAux() const { return false; }

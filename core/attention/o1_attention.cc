@@ -103,7 +103,8 @@ std::unique_ptr<LayerAttentionState> O1Attention::Copy() const {
   return out;
 }
 
-absl::Status O1Attention::InstallCache(kv::LayerKvCache cache) {
+absl::Status O1Attention::InstallCache(kv::LayerKvCache cache, size_t positions) {
+  CORTIQ_RETURN_IF_ERROR(CheckPositions(cache, positions));
   cache_ = std::move(cache);
   return absl::OkStatus();
 }

@@ -47,7 +47,7 @@ class O1Attention final : public LayerAttentionState {
   MemoryByKind Memory() const override;
   std::unique_ptr<LayerAttentionState> Copy() const override;
   const kv::LayerKvCache* cache() const override { return &cache_; }
-  absl::Status InstallCache(kv::LayerKvCache cache) override;
+  absl::Status InstallCache(kv::LayerKvCache cache, size_t positions) override;
 
  private:
   const AttentionGeometry geometry_;

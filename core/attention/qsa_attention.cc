@@ -149,9 +149,10 @@ std::unique_ptr<LayerAttentionState> QsaAttention::Copy() const {
   return out;
 }
 
-absl::Status QsaAttention::InstallCache(kv::LayerKvCache cache) {
+absl::Status QsaAttention::InstallCache(kv::LayerKvCache cache, size_t positions) {
+  CORTIQ_RETURN_IF_ERROR(CheckPositions(cache, positions));
   if (cache.O1Sealed()) {
-    return absl::FailedPreconditionError("a sealed O(1) layer cannot run QSA attention");
+    return absl::InvalidArgumentError("sealed O(1) state on a layer the session runs QSA");
   }
   cache_ = std::move(cache);
   return absl::OkStatus();

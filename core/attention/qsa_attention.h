@@ -49,7 +49,7 @@ class QsaAttention final : public LayerAttentionState {
   // a backend allocation failure aborts like any other out-of-memory here.
   std::unique_ptr<LayerAttentionState> Copy() const override;
   const kv::LayerKvCache* cache() const override { return &cache_; }
-  absl::Status InstallCache(kv::LayerKvCache cache) override;
+  absl::Status InstallCache(kv::LayerKvCache cache, size_t positions) override;
   bool HasAux() const override { return indexer_ != nullptr; }
   // FailedPrecondition when not bound.
   absl::StatusOr<std::vector<uint8_t>> SnapshotAux() const override;

@@ -208,6 +208,46 @@ std::unique_ptr<LayerAttentionState> WindowAttention::Copy() const {
   return out;
 }
 
+absl::StatusOr<kv::LayerKvCache> WindowAttention::ExportRows() const {
+  const size_t hd = geometry_.head_dim, nkv = geometry_.num_kv_heads;
+  kv::LayerKvCache out(nkv, hd, kv::KvMode::kF32);
+  out.Reserve(held());
+  std::vector<float> k(nkv * hd), v(nkv * hd);
+  auto put = [&](size_t p) {
+    for (size_t h = 0; h < nkv; ++h) {
+      std::memcpy(k.data() + h * hd, Key(h, p), hd * sizeof(float));
+      std::memcpy(v.data() + h * hd, Value(h, p), hd * sizeof(float));
+    }
+    out.Append(k, v);
+  };
+  for (size_t p = 0; p < std::min(position_, sink_); ++p) put(p);
+  for (size_t p = std::max(sink_, position_ - std::min(position_, window_)); p < position_; ++p) {
+    put(p);
+  }
+  return out;
+}
+
+absl::Status WindowAttention::InstallCache(kv::LayerKvCache cache, size_t positions) {
+  const size_t held_rows = std::min(positions, sink_ + window_);
+  if (cache.mode() != kv::KvMode::kF32 || cache.O1Sealed() || cache.HasDeadHeads() ||
+      cache.HasImportance() || cache.seq_len() != held_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a sink + window layer at ", positions, " positions holds ", held_rows,
+                     " dense f32 rows; the blob has ", cache.seq_len(), " (",
+                     kv::KvModeName(cache.mode()), cache.O1Sealed() ? ", sealed O(1)" : "", ")"));
+  }
+  const size_t hd = geometry_.head_dim, nkv = geometry_.num_kv_heads, kw = nkv * hd;
+  std::vector<float> k(held_rows * kw), v(held_rows * kw);
+  for (size_t h = 0; h < nkv; ++h) {
+    const std::span<const float> hk = cache.HeadKeys(h), hv = cache.HeadValues(h);
+    for (size_t r = 0; r < held_rows; ++r) {
+      std::memcpy(k.data() + r * kw + h * hd, hk.data() + r * hd, hd * sizeof(float));
+      std::memcpy(v.data() + r * kw + h * hd, hv.data() + r * hd, hd * sizeof(float));
+    }
+  }
+  return Install(positions, k, v);
+}
+
 absl::Status WindowAttention::Install(size_t position, std::span<const float> keys,
                                       std::span<const float> values) {
   const size_t held_rows = std::min(position, sink_ + window_);

@@ -75,6 +75,10 @@ class WindowAttention final : public LayerAttentionState {
   size_t MemoryBytes() const override;
   MemoryByKind Memory() const override;
   std::unique_ptr<LayerAttentionState> Copy() const override;
+  // The held rows, ascending by position, as an f32 cache (held() rows).
+  absl::StatusOr<kv::LayerKvCache> ExportRows() const override;
+  // Takes ExportRows' form back: held rows of a sequence at `positions`.
+  absl::Status InstallCache(kv::LayerKvCache cache, size_t positions) override;
 
   size_t sink() const { return sink_; }
   size_t window() const { return window_; }

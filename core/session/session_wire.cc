@@ -86,7 +86,7 @@ bool GetLayerList(ByteReader& r, size_t num_layers, std::vector<size_t>* out) {
 
 // Header payload: geometry (checked against the importer's model) and the
 // session configuration.
-std::string HeaderPayload(const model::ModelConfig& m, const SessionConfig& c) {
+std::string HeaderPayload(const model::ModelConfig& m, const SessionConfig& c, uint32_t version) {
   ByteWriter w;
   w.U32(static_cast<uint32_t>(m.num_hidden_layers));
   w.U32(static_cast<uint32_t>(m.num_attention_heads));
@@ -103,10 +103,17 @@ std::string HeaderPayload(const model::ModelConfig& m, const SessionConfig& c) {
   w.U32(static_cast<uint32_t>(c.qsa.ratio));
   w.U32(static_cast<uint32_t>(c.qsa.budget));
   PutLayerList(w, c.attention == AttentionMode::kQsa ? c.qsa.layers : std::vector<size_t>{});
+  if (version >= 3) {  // sink + window attention
+    w.U32(static_cast<uint32_t>(c.window.sink));
+    w.U32(static_cast<uint32_t>(c.window.window));
+    PutLayerList(w,
+                 c.attention == AttentionMode::kWindow ? c.window.layers : std::vector<size_t>{});
+  }
   return w.Take();
 }
 
-absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model::ModelConfig& m) {
+absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model::ModelConfig& m,
+                                          uint32_t version) {
   ByteReader r(payload);
   uint32_t layers, heads, kv_heads, head_dim, vocab;
   if (!r.U32(&layers) || !r.U32(&heads) || !r.U32(&kv_heads) || !r.U32(&head_dim) ||
@@ -129,10 +136,16 @@ absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model:
   SessionConfig c;
   uint8_t kv_mode, attention, rect;
   uint32_t o1m, o1w, o1sink, ratio, budget;
-  if (!r.U8(&kv_mode) || kv_mode > 1 || !r.U8(&attention) || attention > 2 || !r.U32(&o1m) ||
-      !r.U32(&o1w) || !r.U32(&o1sink) || !r.U8(&rect) || rect > 1 ||
+  // Version 3 adds sink + window attention (mode 3) and its parameters.
+  const uint8_t max_attention = version >= 3 ? 3 : 2;
+  uint32_t window_sink = 0, window = 0;
+  if (!r.U8(&kv_mode) || kv_mode > 1 || !r.U8(&attention) || attention > max_attention ||
+      !r.U32(&o1m) || !r.U32(&o1w) || !r.U32(&o1sink) || !r.U8(&rect) || rect > 1 ||
       !GetLayerList(r, layers, &c.o1.layers) || !r.U32(&ratio) || !r.U32(&budget) ||
-      !GetLayerList(r, layers, &c.qsa.layers) || !r.done()) {
+      !GetLayerList(r, layers, &c.qsa.layers) ||
+      (version >= 3 &&
+       (!r.U32(&window_sink) || !r.U32(&window) || !GetLayerList(r, layers, &c.window.layers))) ||
+      !r.done()) {
     return Corrupt("header: malformed session configuration");
   }
   // The active mode's sizes steer allocations on the first step after the
@@ -153,6 +166,10 @@ absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model:
     if (ratio > context) return beyond_context("qsa.ratio", ratio);
     if (budget > context) return beyond_context("qsa.budget", budget);
   }
+  if (attention == 3) {
+    if (window_sink > context) return beyond_context("window.sink", window_sink);
+    if (window > context) return beyond_context("window.window", window);
+  }
   c.kv_mode = kv_mode == 1 ? kv::KvMode::kInt8 : kv::KvMode::kF32;
   c.attention = static_cast<AttentionMode>(attention);
   c.o1.m = o1m;
@@ -161,6 +178,8 @@ absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model:
   c.o1.rect = rect == 1 ? kv::O1Rect::kFm : kv::O1Rect::kAggregate;
   c.qsa.ratio = ratio;
   c.qsa.budget = budget;
+  c.window.sink = window_sink;
+  c.window.window = window;
   return c;
 }
 
@@ -225,7 +244,7 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
   geometry.head_dim = static_cast<int64_t>(kv.geometry().head_dim);
   geometry.num_attention_heads = session.num_attention_heads();
   geometry.vocab_size = session.vocab_size();
-  PutSection(w, kSectionHeader, HeaderPayload(geometry, session.config()));
+  PutSection(w, kSectionHeader, HeaderPayload(geometry, session.config(), options.version));
   ++sections;
 
   {
@@ -249,14 +268,23 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
     ++sections;
   }
   kv::WireOptions lo;
-  lo.version = options.version;
+  // Session versions 2 and 3 carry the same layer blobs (CQKV version 2).
+  lo.version = std::min(options.version, kv::kWireVersionMax);
   lo.f16 = options.f16;
   for (size_t l = 0; l < num_layers; ++l) {
+    // A state that keeps its rows in another form (sink + window) lends
+    // them as a cache built for the stream, owned by its part.
     const kv::LayerKvCache* rows = kv.layer(l).cache();
+    std::unique_ptr<kv::LayerKvCache> owned;
     if (rows == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("layer ", l, ": the ", std::string(kv.layer(l).name()),
-                       " attention state does not travel in this wire version"));
+      if (options.version < 3) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "layer ", l, ": ", std::string(kv.layer(l).name()),
+            " attention needs session wire version 3 (requested ", options.version, ")"));
+      }
+      CORTIQ_ASSIGN_OR_RETURN(kv::LayerKvCache held, kv.layer(l).ExportRows());
+      owned = std::make_unique<kv::LayerKvCache>(std::move(held));
+      rows = owned.get();
     }
     absl::StatusOr<kv::LayerWireSource> blob = kv::LayerWireSource::Make(*rows, lo);
     if (!blob.ok()) {
@@ -274,6 +302,7 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
     part.prefix_crc = util::Crc32c(std::string_view(w.str()).substr(start));
     part.bytes = w.Take();
     part.layer = *std::move(blob);
+    part.owned = std::move(owned);
     src.size_ += part.bytes.size() + part.layer->size() + sizeof(uint32_t);
     src.parts_.push_back(std::move(part));
     w = ByteWriter();
@@ -420,6 +449,7 @@ struct SessionWireSink::State {
   absl::Status refused;  // the first other refusal
   bool refused_late = false;
   uint32_t header_crc = 0;  // of the 24-byte stream header
+  uint32_t version = 0;     // the stream's, from its header
 
   // The section being read.
   uint32_t type = 0;
@@ -487,7 +517,7 @@ absl::Status SessionWireSink::State::Write(std::string_view bytes) {
 void SessionWireSink::State::StreamHeaderDone() {
   ByteReader r(fixed);  // 24 bytes: every read below succeeds
   char magic[4] = {};
-  uint32_t version = 0, flags = 0, reserved = 0;
+  uint32_t flags = 0, reserved = 0;
   uint64_t fp = 0;
   r.Raw(magic, 4);
   r.U32(&version);
@@ -703,7 +733,7 @@ void SessionWireSink::State::ProcessPrefix() {
   }
   // The geometry first: another model's session is FAILED_PRECONDITION.
   const model::ModelConfig& mcfg = model.config();
-  absl::StatusOr<SessionConfig> parsed = ParseHeader(prefix[0].payload, mcfg);
+  absl::StatusOr<SessionConfig> parsed = ParseHeader(prefix[0].payload, mcfg, version);
   if (!parsed.ok()) return Refuse(parsed.status(), /*late=*/false);
   config = *std::move(parsed);
   header_ok = true;
@@ -763,16 +793,8 @@ void SessionWireSink::State::FinishLayer(size_t l) {
     return Refuse(absl::Status(cache.status().code(),
                                absl::StrCat("layer ", l, ": ", cache.status().message())));
   }
-  if (cache->seq_len() != cached) {
-    return Refuse(Corrupt(
-        absl::StrCat("layer ", l, ": ", cache->seq_len(), " positions, the session ", cached)));
-  }
-  const bool o1_layer = config.attention == AttentionMode::kO1 && config.o1.IsO1Layer(l);
-  if (cache->O1Sealed() && !o1_layer) {
-    return Refuse(Corrupt(
-        absl::StrCat("layer ", l, ": sealed O(1) state on a layer the session runs exact")));
-  }
-  absl::Status installed = session->kv().layer(l).InstallCache(*std::move(cache));
+  // The state checks the cache against the session (positions, mode).
+  absl::Status installed = session->kv().layer(l).InstallCache(*std::move(cache), cached);
   if (!installed.ok()) return Refuse(Corrupt(absl::StrCat("layer ", l, ": ", installed.message())));
 }
 

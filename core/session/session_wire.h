@@ -41,10 +41,12 @@
 namespace cortiq::session {
 
 inline constexpr uint32_t kSessionWireMinVersion = 1;
-inline constexpr uint32_t kSessionWireMaxVersion = 2;
+// 1: exact f32 sessions; 2: int8 rows and sealed O(1) layers too; 3: sink +
+// window attention too (its held rows travel as a layer blob).
+inline constexpr uint32_t kSessionWireMaxVersion = 3;
 
 struct SessionWireOptions {
-  uint32_t version = kSessionWireMaxVersion;  // 1 or 2
+  uint32_t version = kSessionWireMaxVersion;  // 1, 2 or 3
   bool f16 = false;  // f32 K/V rows travel as f16 (lossy; the caller's explicit choice)
 };
 
@@ -92,7 +94,8 @@ class SessionWireSource {
   struct Part {
     std::string bytes;
     std::optional<kv::LayerWireSource> layer;
-    uint32_t prefix_crc = 0;  // CRC of the layer section's 20 bytes before the blob
+    std::unique_ptr<kv::LayerKvCache> owned;  // the rows `layer` reads, when built for the stream
+    uint32_t prefix_crc = 0;                  // CRC of the layer section's 20 bytes before the blob
   };
   SessionWireSource() = default;
 

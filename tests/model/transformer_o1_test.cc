@@ -147,7 +147,7 @@ SequenceKv NearOnlyCopy(const SequenceKv& sealed) {
     const size_t positions = layer.seq_len();
     layer.Release();
     EXPECT_TRUE(layer.O1Install(std::move(states), positions).ok());
-    EXPECT_TRUE(near.layer(l).InstallCache(std::move(layer)).ok());
+    EXPECT_TRUE(near.layer(l).InstallCache(std::move(layer), positions).ok());
   }
   return near;
 }

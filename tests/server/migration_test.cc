@@ -8,6 +8,7 @@
 #include <future>
 #include <thread>
 
+#include "core/session/session_wire.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -114,12 +115,13 @@ TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
       // Reference: the whole conversation on A without a move.
       const std::string ref = Open(a, mode, sampled);
       const std::string moved = Open(a, mode, sampled);
-      ASSERT_EQ(Generate(a, Turn(ref, " Some years ago", sampled)).status.error_code(), grpc::StatusCode::OK);
+      ASSERT_EQ(Generate(a, Turn(ref, " Some years ago", sampled)).status.error_code(),
+                grpc::StatusCode::OK);
       ASSERT_TRUE(Generate(a, Turn(moved, " Some years ago", sampled)).status.ok());
       v1::MigrateSessionResponse resp;
       grpc::Status st = Migrate(a, moved, b.addr, &resp);
       ASSERT_TRUE(st.ok()) << st.error_message();
-      EXPECT_EQ(resp.version(), 2u);
+      EXPECT_EQ(resp.version(), session::kSessionWireMaxVersion);  // the highest both speak
       EXPECT_GT(resp.wire_bytes(), 0u);
       // Moved, not copied: gone from A, present on B.
       EXPECT_FALSE(a.server->store().Get(moved).has_value());
@@ -130,7 +132,8 @@ TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
       EXPECT_EQ(on_b.ids, on_a.ids);
     }
   }
-  EXPECT_EQ(a.server->store().releases()[static_cast<size_t>(session::ReleaseReason::kMigrated)], 8u);
+  EXPECT_EQ(a.server->store().releases()[static_cast<size_t>(session::ReleaseReason::kMigrated)],
+            8u);
 }
 
 TEST(MigrationTest, ExportImportOverGrpcIsByteExact) {
@@ -263,8 +266,9 @@ TEST(MigrationTest, CorruptTruncatedAndOversizeImportsInstallNothing) {
   EXPECT_EQ(ImportBytes(b, wire.substr(0, wire.size() - 9), &resp).error_code(),
             grpc::StatusCode::DATA_LOSS);
   EXPECT_EQ(ImportBytes(b, "", &resp).error_code(), grpc::StatusCode::DATA_LOSS);
-  EXPECT_EQ(ImportBytes(b, wire + wire + wire + wire + wire + wire + wire, &resp, 4096).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(
+      ImportBytes(b, wire + wire + wire + wire + wire + wire + wire, &resp, 4096).error_code(),
+      grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(b.server->store().num_sessions(), 0u);
   // Another model: refused as incompatible.
   Node c = StartNode(testing::TempModel("tiny", math::DType::kF32, /*seed=*/99));
@@ -276,7 +280,8 @@ TEST(MigrationTest, CorruptTruncatedAndOversizeImportsInstallNothing) {
 // A peer that answers GetModelInfo and then dies in the middle of the import.
 class DyingPeer final : public v1::Inference::CallbackService {
  public:
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest*,
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
+                                         const v1::GetModelInfoRequest*,
                                          v1::ModelInfo* info) override {
     info->add_wire_versions(1);
     info->add_wire_versions(2);

@@ -115,7 +115,7 @@ std::string MakeBigSession(Node& n, size_t positions, bool int8) {
       for (auto& x : v) x = next();
       layer.Append(k, v);
     }
-    const absl::Status st = kv.layer(l).InstallCache(std::move(layer));
+    const absl::Status st = kv.layer(l).InstallCache(std::move(layer), start + positions);
     if (!st.ok()) {
       std::fprintf(stderr, "synthesise layer %zu: %s\n", l, std::string(st.message()).c_str());
       std::exit(1);

@@ -95,7 +95,7 @@ absl::StatusOr<model::SequenceKv> Synthesize(const model::Transformer& tf, const
       absl::Status s = cache.O1Seal(size_t(c.num_attention_heads));
       if (!s.ok()) return s;
     }
-    absl::Status s = seq.layer(l).InstallCache(std::move(cache));
+    absl::Status s = seq.layer(l).InstallCache(std::move(cache), T);
     if (!s.ok()) return s;
   }
   if (mode == "qsa") {
