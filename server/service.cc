@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -12,7 +11,6 @@
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
-#include "nlohmann/json.hpp"
 #include "server/call_util.h"
 #include "server/status_util.h"
 #include "spdlog/spdlog.h"
@@ -256,22 +254,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
 absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& config,
                                                             const model::Transformer& model,
-                                                            const std::string& model_dir) {
+                                                            const std::string& /*model_dir*/) {
   session::SessionConfig c;
   c.kv_mode = config.kv_dtype == "int8" ? kv::KvMode::kInt8 : kv::KvMode::kF32;
   const size_t layers = static_cast<size_t>(model.config().num_hidden_layers);
   // The O(1) defaults (used by requests asking for o1 without parameters and
-  // by --attention o1): flags > env > the model's hint > built-in defaults.
+  // by --attention o1): flags > env > the model's hint (parsed with its
+  // config.json) > built-in defaults.
   auto env = kv::EnvOverrides();
   if (!env.ok()) return env.status();
-  kv::O1Overrides hint;
-  std::ifstream cf(model_dir + "/config.json");
-  nlohmann::json cj = nlohmann::json::parse(cf, nullptr, /*allow_exceptions=*/false);
-  if (!cj.is_discarded()) {
-    auto h = kv::O1HintFromModelConfig(cj);
-    if (!h.ok()) return h.status();
-    hint = *h;
-  }
+  const kv::O1Overrides& hint = model.config().o1_hint;
   kv::O1Overrides flags = config.o1;
   if (!flags.layers && !env->layers && !hint.layers) flags.layers = "all";
   auto o1 = kv::ResolveO1Config({}, flags, *env, hint, layers);

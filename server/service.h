@@ -71,7 +71,10 @@ struct ServiceContext {
 // naming the field (e.g. "session_config.o1.m: 2 is below 4").
 absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionConfig& request,
                                                             const ServiceContext& ctx);
-// The server's default session configuration from its flags.
+// The server's default session configuration from its flags, the CMF_O1*
+// environment and the model's O(1) hint (model.config().o1_hint). model_dir
+// is unused (the hint is parsed with config.json by ModelConfig); kept until
+// the caller (server.cc) stops passing it.
 absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& config,
                                                             const model::Transformer& model,
                                                             const std::string& model_dir);
