@@ -3,16 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/session/request_plan.h"
 #include "core/session/session.h"
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
-#include "core/util/strings.h"
-#include "nlohmann/json.hpp"
 #include "server/call_util.h"
 #include "server/status_util.h"
 #include "spdlog/spdlog.h"
@@ -127,11 +125,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     g.sampling = SamplingFrom(req.sampling());
     g.seed_given = req.sampling().has_seed();
     g.logprobs = req.logprobs();
-    if (req.top_logprobs() > static_cast<uint32_t>(session::kMaxTopLogprobs)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "top_logprobs: ", req.top_logprobs(), " is outside [0, ", session::kMaxTopLogprobs, "]"));
-    }
-    g.top_logprobs = static_cast<int>(req.top_logprobs());
+    g.top_logprobs = req.top_logprobs();
     g.ignore_eos = req.ignore_eos();
     const auto deadline = call_->deadline();
     const auto left = deadline - std::chrono::system_clock::now();
@@ -140,33 +134,29 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     }
     prompt_tokens_ = g.prompt.size();
 
-    session::SessionStore::Lease lease;
+    // One plan, made before anything is leased or created: a bad request
+    // changes nothing. Admission reserves the plan's bytes; the engine
+    // trusts it.
+    const session::PlanLimits limits{.max_tokens = cfg.max_tokens_limit,
+                                     .max_context = ctx_->engine->max_context()};
     const auto& mcfg = ctx_->model->config();
+    session::RequestPlan plan;
+    session::SessionStore::Lease lease;
     if (!req.session_id().empty()) {
       CORTIQ_RETURN_IF_ERROR(CheckSessionId(req.session_id()));
-      // Validate what needs no session first, so a bad request never leases.
-      CORTIQ_RETURN_IF_ERROR(ctx_->engine->ValidateRequest(g, 0, cfg.max_tokens_limit));
-      auto l = ctx_->store->Acquire(req.session_id());
-      if (!l.ok()) return l.status();
-      lease = *std::move(l);
-      const size_t history = lease->tokens().size();
-      CORTIQ_RETURN_IF_ERROR(ctx_->engine->ValidateRequest(g, history, cfg.max_tokens_limit));
-      const size_t positions = history + g.prompt.size() + g.max_tokens;
-      CORTIQ_RETURN_IF_ERROR(lease.Reserve(session::ProjectedSessionBytes(
-          mcfg, lease->config(), positions, history + g.prompt.size())));
+      CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
+                              ctx_->store->Peek(req.session_id()));
+      CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, existing));
+      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Acquire(req.session_id(), plan));
     } else {
-      auto config = ResolveSessionConfig(req.session_config(), *ctx_);
-      if (!config.ok()) return config.status();
-      CORTIQ_RETURN_IF_ERROR(ctx_->engine->ValidateRequest(g, 0, cfg.max_tokens_limit));
-      const size_t projected = session::ProjectedSessionBytes(
-          mcfg, *config, g.prompt.size() + g.max_tokens, g.prompt.size());
-      auto l = ctx_->store->Create(*ctx_->model, *config, projected);
-      if (!l.ok()) return l.status();
-      lease = *std::move(l);
+      CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
+                              ResolveSessionConfig(req.session_config(), *ctx_));
+      CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, config));
+      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Create(*ctx_->model, plan));
       g.release_at_end = !req.keep_session();
     }
     session_id_ = lease->id();
-    auto job = ctx_->engine->Submit(std::move(lease), std::move(g));
+    auto job = ctx_->engine->Submit(std::move(lease), std::move(g), plan);
     if (!job.ok()) return job.status();
     job_ = *std::move(job);
     return absl::OkStatus();
@@ -254,22 +244,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
 absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& config,
                                                             const model::Transformer& model,
-                                                            const std::string& model_dir) {
+                                                            const std::string& /*model_dir*/) {
   session::SessionConfig c;
   c.kv_mode = config.kv_dtype == "int8" ? kv::KvMode::kInt8 : kv::KvMode::kF32;
   const size_t layers = static_cast<size_t>(model.config().num_hidden_layers);
   // The O(1) defaults (used by requests asking for o1 without parameters and
-  // by --attention o1): flags > env > the model's hint > built-in defaults.
+  // by --attention o1): flags > env > the model's hint (parsed with its
+  // config.json) > built-in defaults.
   auto env = kv::EnvOverrides();
   if (!env.ok()) return env.status();
-  kv::O1Overrides hint;
-  std::ifstream cf(model_dir + "/config.json");
-  nlohmann::json cj = nlohmann::json::parse(cf, nullptr, /*allow_exceptions=*/false);
-  if (!cj.is_discarded()) {
-    auto h = kv::O1HintFromModelConfig(cj);
-    if (!h.ok()) return h.status();
-    hint = *h;
-  }
+  const kv::O1Overrides& hint = model.config().o1_hint;
   kv::O1Overrides flags = config.o1;
   if (!flags.layers && !env->layers && !hint.layers) flags.layers = "all";
   auto o1 = kv::ResolveO1Config({}, flags, *env, hint, layers);
@@ -285,49 +269,8 @@ absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& 
   return c;
 }
 
-namespace {
-
-// Sizes of the active mode steer allocations (the QSA launch scratch is
-// budget × 4 bytes; the O(1) state holds m, w and sink rows): none may exceed
-// the context this server runs, so a request cannot make it allocate more
-// than a context's worth.
-absl::Status CheckModeSizes(const session::SessionConfig& c, size_t context) {
-  auto over = [&](std::string_view field, size_t v) {
-    return absl::InvalidArgumentError(absl::StrCat("session_config.", util::Sv(field), ": ", v,
-                                                   " is above the context of ", context));
-  };
-  if (c.attention == session::AttentionMode::kO1) {
-    if (c.o1.m > context) return over("o1.m", c.o1.m);
-    if (c.o1.w > context) return over("o1.window", c.o1.w);
-    if (c.o1.sink > context) return over("o1.sink", c.o1.sink);
-  }
-  if (c.attention == session::AttentionMode::kQsa) {
-    if (c.qsa.ratio > context) return over("qsa.ratio", c.qsa.ratio);
-    if (c.qsa.budget > context) return over("qsa.budget", c.qsa.budget);
-  }
-  if (c.attention == session::AttentionMode::kWindow) {
-    if (c.window.sink > context) return over("window.sink", c.window.sink);
-    if (c.window.window > context) return over("window.window", c.window.window);
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<session::SessionConfig> ResolveSessionConfigUnchecked(
-    const v1::SessionConfig& request, const ServiceContext& ctx);
-
-}  // namespace
-
 absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionConfig& request,
                                                             const ServiceContext& ctx) {
-  CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig c, ResolveSessionConfigUnchecked(request, ctx));
-  CORTIQ_RETURN_IF_ERROR(CheckModeSizes(c, ctx.engine->max_context()));
-  return c;
-}
-
-namespace {
-
-absl::StatusOr<session::SessionConfig> ResolveSessionConfigUnchecked(
-    const v1::SessionConfig& request, const ServiceContext& ctx) {
   session::SessionConfig c = ctx.default_session;
   const size_t layers = static_cast<size_t>(ctx.model->config().num_hidden_layers);
   switch (request.kv_dtype()) {
@@ -361,19 +304,10 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfigUnchecked(
         }
         c.o1.layers = *l;
       }
-      if (p.has_m()) {
-        if (p.m() < 4) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("session_config.o1.m: ", p.m(), " is below the minimum 4"));
-        }
-        c.o1.m = p.m();
-      }
-      if (p.has_window()) {
-        if (p.window() < 1) {
-          return absl::InvalidArgumentError("session_config.o1.window: 0 is below the minimum 1");
-        }
-        c.o1.w = p.window();
-      }
+      // m, window and sink are checked with the rest of the request
+      // (session::CheckSessionConfig, from PlanRequest or CreateSession).
+      if (p.has_m()) c.o1.m = p.m();
+      if (p.has_window()) c.o1.w = p.window();
       if (p.has_sink()) c.o1.sink = p.sink();
       if (p.has_rect()) {
         auto r = kv::ParseO1Rect(p.rect());
@@ -426,8 +360,6 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfigUnchecked(
   }
 }
 
-}  // namespace
-
 // ---------------------------------------------------------------------------
 // Handlers
 
@@ -445,6 +377,7 @@ grpc::ServerUnaryReactor* InferenceService::CreateSession(grpc::CallbackServerCo
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
     auto config = ResolveSessionConfig(request->config(), *ctx_);
     if (!config.ok()) return config.status();
+    CORTIQ_RETURN_IF_ERROR(session::CheckSessionConfig(*config, ctx_->engine->max_context()));
     auto lease = ctx_->store->Create(*ctx_->model, *config, /*projected_bytes=*/0);
     if (!lease.ok()) return lease.status();
     const std::string id = (*lease)->id();

@@ -68,10 +68,17 @@ struct ServiceContext {
 
 // Resolves a request's session configuration against the server's defaults
 // (request > flags > CMF_O1* env > model hint > defaults). INVALID_ARGUMENT
-// naming the field (e.g. "session_config.o1.m: 2 is below 4").
+// naming the field for what only the proto can say: an unknown enum value, a
+// bad O(1) layer spec or rectifier, a bad QSA spec / ratio / budget
+// (model::MakeQsaConfig). The sizes (the O(1) minimums, nothing above the
+// context) are checked by session::CheckSessionConfig: in PlanRequest for a
+// Generate, directly for CreateSession.
 absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionConfig& request,
                                                             const ServiceContext& ctx);
-// The server's default session configuration from its flags.
+// The server's default session configuration from its flags, the CMF_O1*
+// environment and the model's O(1) hint (model.config().o1_hint). model_dir
+// is unused (the hint is parsed with config.json by ModelConfig); kept until
+// the caller (server.cc) stops passing it.
 absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& config,
                                                             const model::Transformer& model,
                                                             const std::string& model_dir);

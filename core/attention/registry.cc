@@ -47,9 +47,7 @@ absl::Status AttentionConfig::Validate(size_t num_layers) const {
             "o1.layers: layer ", l, " is out of range; the model has ", num_layers, " layers"));
       }
     }
-    // TODO(merge): the named minimums of core/kv/o1_config.h.
-    if (o1->m < 4) return absl::InvalidArgumentError(absl::StrCat("o1.m = ", o1->m, " < 4"));
-    if (o1->w < 1) return absl::InvalidArgumentError("o1.w must be at least 1");
+    CORTIQ_RETURN_IF_ERROR(kv::CheckO1Minimums(o1->m, o1->w, "o1.m", "o1.w"));
   }
   if (qsa) CORTIQ_RETURN_IF_ERROR(qsa->Validate(num_layers));
   if (window) {

@@ -102,6 +102,17 @@ std::string O1Config::DebugString() const {
                       " sink=", sink, " rect=", O1RectName(rect));
 }
 
+absl::Status CheckO1Minimums(std::optional<size_t> m, std::optional<size_t> w,
+                             std::string_view m_field, std::string_view w_field) {
+  auto below = [](std::string_view field, size_t v, size_t minimum) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Absl(field), ": ", v, " is below the minimum ", minimum));
+  };
+  if (m && *m < kO1MinLandmarks) return below(m_field, *m, kO1MinLandmarks);
+  if (w && *w < kO1MinWindow) return below(w_field, *w, kO1MinWindow);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<size_t>> ParseLayerSpec(std::string_view spec, size_t num_layers) {
   CORTIQ_ASSIGN_OR_RETURN(LayerSpec parsed, ParseLayerSyntax(spec));
   std::vector<size_t> layers;
@@ -235,21 +246,28 @@ absl::StatusOr<O1Config> ResolveO1Config(const O1Overrides& request, const O1Ove
   struct Source {
     const char* name;
     const O1Overrides* o;
+    const char* m_field;  // how the source spells its m and w
+    const char* w_field;
   };
-  for (const Source& s : {Source{"request", &request}, Source{"server flag", &flags},
-                          Source{"CMF_O1", &env}, Source{"config.json o1_attn", &hint}}) {
+  const Source sources[] = {
+      {"request", &request, "request o1.m", "request o1.window"},
+      {"server flag", &flags, "--o1-m", "--o1-window"},
+      {"CMF_O1", &env, "CMF_O1_M", "CMF_O1_WINDOW"},
+      {"config.json o1_attn", &hint, "config.json o1_attn.m", "config.json o1_attn.w"}};
+  for (const Source& s : sources) {
+    CORTIQ_RETURN_IF_ERROR(CheckO1Minimums(s.o->m, s.o->w, s.m_field, s.w_field));
+  }
+  for (const Source& s : sources) {
     if (!s.o->layers.has_value()) continue;
     absl::StatusOr<std::vector<size_t>> layers = ParseLayerSpec(*s.o->layers, num_layers);
     if (!layers.ok()) return WithSource(layers.status(), s.name);
     cfg.layers = *std::move(layers);
     break;
   }
-  // The kernel requires m ≥ 4 and w ≥ 1: clamp rather than fail deep in the
-  // first prefill (as the seed does).
-  cfg.m = std::max<size_t>(
-      First<size_t>({&request.m, &flags.m, &env.m, &hint.m}).value_or(kO1DefaultM), 4);
-  cfg.w = std::max<size_t>(
-      First<size_t>({&request.w, &flags.w, &env.w, &hint.w}).value_or(kO1DefaultW), 1);
+  // Checked above: the seed clamped m to ≥ 4 and w to ≥ 1 here, so a typo
+  // in an operator's setting changed the kernel unnoticed.
+  cfg.m = First<size_t>({&request.m, &flags.m, &env.m, &hint.m}).value_or(kO1DefaultM);
+  cfg.w = First<size_t>({&request.w, &flags.w, &env.w, &hint.w}).value_or(kO1DefaultW);
   cfg.sink =
       First<size_t>({&request.sink, &flags.sink, &env.sink, &hint.sink}).value_or(kO1DefaultSink);
   // hint.rect deliberately absent: the file cannot pin the rectifier.

@@ -7,8 +7,10 @@
 //
 //   request field > server flag > environment (CMF_O1*) > model hint > default
 //
-// Defaults are the validated setting m=32, w=128, sink=4, Aggregate. m is
-// clamped to ≥ 4 and w to ≥ 1 (the kernel's invariants) instead of failing.
+// Defaults are the validated setting m=32, w=128, sink=4, Aggregate. Every
+// source's m and w are checked against the kernel's minimums
+// (kO1MinLandmarks, kO1MinWindow): a value below is an InvalidArgument error
+// naming the field and the minimum, never raised silently.
 // A layer spec of `off` at any level disables the kernel even if a lower
 // source (typically the model hint) enables it. The model hint cannot pin
 // the rectifier: it is a property of the kernel, not of the weights.
@@ -52,6 +54,12 @@ inline constexpr size_t kO1DefaultM = 32;
 inline constexpr size_t kO1DefaultW = 128;
 inline constexpr size_t kO1DefaultSink = 4;
 
+// The kernel's minimums (NystromState's invariants): the landmark budget m
+// needs 4 segments for a well-posed skeleton, the exact window w at least one
+// key. The one definition every check of an O(1) setting compares against.
+inline constexpr size_t kO1MinLandmarks = 4;
+inline constexpr size_t kO1MinWindow = 1;
+
 // One source's say. Unset fields fall through to the next source.
 struct O1Overrides {
   std::optional<std::string> layers;  // raw layer spec, checked by ResolveO1Config
@@ -59,6 +67,8 @@ struct O1Overrides {
   std::optional<size_t> w;            // exact-window width
   std::optional<size_t> sink;         // permanent exact sink keys
   std::optional<O1Rect> rect;         // ignored when it comes from the model hint
+
+  bool operator==(const O1Overrides&) const = default;
 };
 
 // The resolved setting for one model.
@@ -76,6 +86,13 @@ struct O1Config {
   std::string DebugString() const;
 };
 
+// InvalidArgument "<m_field>: 2 is below the minimum 4" (resp. w_field and
+// kO1MinWindow) unless m ≥ kO1MinLandmarks and w ≥ kO1MinWindow; an unset
+// value passes. The field names are the caller's (a request field, a flag,
+// an environment variable).
+absl::Status CheckO1Minimums(std::optional<size_t> m, std::optional<size_t> w,
+                             std::string_view m_field, std::string_view w_field);
+
 // Parses a layer spec against a model of num_layers layers: the sorted,
 // unique indices (empty for off), or InvalidArgument naming the spec.
 absl::StatusOr<std::vector<size_t>> ParseLayerSpec(std::string_view spec, size_t num_layers);
@@ -86,7 +103,8 @@ absl::StatusOr<O1Rect> ParseO1Rect(std::string_view spec);
 // Reads CMF_O1 (layer spec; set-but-empty means off), CMF_O1_M,
 // CMF_O1_WINDOW, CMF_O1_SINK (non-negative integers) and CMF_O1_RECT through
 // `getenv` (nullptr = unset). Malformed values are InvalidArgument naming the
-// variable; the layer spec's syntax is checked here, its range at resolve.
+// variable; the layer spec's syntax is checked here, its range and the
+// minimums of CMF_O1_M / CMF_O1_WINDOW at resolve.
 absl::StatusOr<O1Overrides> EnvOverrides(absl::FunctionRef<const char*(const char*)> getenv);
 // Same, from the process environment.
 absl::StatusOr<O1Overrides> EnvOverrides();
@@ -94,12 +112,16 @@ absl::StatusOr<O1Overrides> EnvOverrides();
 // The hint in a model's config.json: an optional top-level object
 //   "o1_attn": {"layers": "all" | "deepN" | "i,j,k" | "off" | [i, j, ...],
 //               "m": N, "w": N, "sink": N}
-// No "o1_attn" key gives empty overrides; a malformed one is InvalidArgument.
+// No "o1_attn" key gives empty overrides; a malformed one is InvalidArgument
+// (m and w are checked against the minimums at resolve).
 // A "rect" key is ignored (with a warning): the file cannot pin the
 // rectifier. Other keys are ignored.
 absl::StatusOr<O1Overrides> O1HintFromModelConfig(const nlohmann::json& config);
 
-// Resolves the four sources field by field (see the banner).
+// Resolves the four sources field by field (see the banner). The m and w of
+// every source, winning or not, are checked against the minimums:
+// InvalidArgument naming the field as its source spells it ("CMF_O1_M: 2 is
+// below the minimum 4", "--o1-window: ...", "config.json o1_attn.m: ...").
 absl::StatusOr<O1Config> ResolveO1Config(const O1Overrides& request, const O1Overrides& flags,
                                          const O1Overrides& env, const O1Overrides& hint,
                                          size_t num_layers);

@@ -276,6 +276,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text, std::st
   }
   CORTIQ_RETURN_IF_ERROR(r.OptInt("sliding_window", &c.sliding_window));
 
+  // The O(1) hint: its errors say "config.json o1_attn"; prefixed with the
+  // path like every other key's.
+  if (absl::StatusOr<kv::O1Overrides> hint = kv::O1HintFromModelConfig(root); hint.ok()) {
+    c.o1_hint = *std::move(hint);
+  } else {
+    return absl::Status(hint.status().code(), absl::StrCat(apath, ": ", hint.status().message()));
+  }
+
   // Refuse what the engine would silently get wrong.
   if (const Json* v = r.Find("rope_scaling")) {
     return r.Unsupported(
@@ -331,6 +339,14 @@ std::string ModelConfig::ToJson() const {
   if (!torch_dtype.empty()) j["torch_dtype"] = torch_dtype;
   j["use_sliding_window"] = use_sliding_window;
   j["sliding_window"] = sliding_window ? Json(*sliding_window) : Json(nullptr);
+  if (o1_hint != kv::O1Overrides{}) {
+    Json h = Json::object();
+    if (o1_hint.layers) h["layers"] = *o1_hint.layers;
+    if (o1_hint.m) h["m"] = *o1_hint.m;
+    if (o1_hint.w) h["w"] = *o1_hint.w;
+    if (o1_hint.sink) h["sink"] = *o1_hint.sink;
+    j["o1_attn"] = std::move(h);
+  }
   // Strings came through our own parser or the caller; replace (never throw
   // on) invalid UTF-8.
   return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";

@@ -10,6 +10,9 @@
 // Features the engine does not implement are refused by name, never silently
 // ignored: `rope_scaling` other than null, `use_sliding_window: true`,
 // `mlp_bias: true`, `hidden_act` other than "silu".
+// The optional O(1)-attention hint `o1_attn` (kv::O1HintFromModelConfig) is
+// parsed here, once, into o1_hint; its m and w are checked against the
+// kernel's minimums where the sources are resolved (kv::ResolveO1Config).
 //
 // Errors (absl::Status), each message naming the file and the key:
 //   malformed JSON, missing required key, wrong type, invalid value
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/kv/o1_config.h"
 
 namespace cortiq::model {
 
@@ -59,6 +63,7 @@ struct ModelConfig {
   std::string torch_dtype;                // as written ("bfloat16", ...); may be empty
   bool use_sliding_window = false;        // always false once parsed (true is refused)
   std::optional<int64_t> sliding_window;  // carried for round trips; unused
+  kv::O1Overrides o1_hint;                // "o1_attn": the model's O(1) suggestion; rect never set
 
   // Parses and validates `json`. `path` only labels error messages.
   static absl::StatusOr<ModelConfig> FromJson(std::string_view json, std::string_view path);

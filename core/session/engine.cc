@@ -63,11 +63,12 @@ absl::StatusOr<model::Sampler> SamplerFor(std::optional<model::Sampler>& previou
 // ---------------------------------------------------------------------------
 // Job
 
-Job::Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request)
+Job::Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request, size_t positions)
     : engine_(engine),
       lease_(std::move(lease)),
       session_id_(lease_->id()),
-      request_(std::move(request)) {}
+      request_(std::move(request)),
+      positions_(positions) {}
 
 bool Job::Pop(GenerationEvent* event) {
   bool was_full;
@@ -207,51 +208,31 @@ void Engine::Wake() {
   cv_.notify_all();
 }
 
-absl::Status Engine::ValidateRequest(const GenerationRequest& r, size_t history,
-                                     size_t max_tokens_limit) const {
-  const auto vocab = static_cast<int64_t>(model_.config().vocab_size);
-  if (r.prompt.empty()) {
-    return absl::InvalidArgumentError("prompt: empty; give prompt text or prompt_tokens");
-  }
-  for (size_t i = 0; i < r.prompt.size(); ++i) {
-    if (r.prompt[i] < 0 || r.prompt[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_tokens[", i, "]: id ", r.prompt[i],
-                                                     " is outside the vocabulary [0, ", vocab,
-                                                     ")"));
-    }
-  }
-  if (r.max_tokens < 1 || r.max_tokens > max_tokens_limit) {
-    return absl::InvalidArgumentError(absl::StrCat("max_tokens: ", r.max_tokens,
-                                                   " is outside [1, ", max_tokens_limit, "]"));
-  }
-  if (absl::Status s = r.sampling.Validate(); !s.ok()) return s;
-  if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("top_logprobs: ", r.top_logprobs,
-                                                   " is outside [0, ", kMaxTopLogprobs, "]"));
-  }
-  if (r.stop.size() > kMaxStopSequences) {
-    return absl::InvalidArgumentError(absl::StrCat("stop: ", r.stop.size(),
-                                                   " sequences, at most ", kMaxStopSequences));
-  }
-  for (size_t i = 0; i < r.stop.size(); ++i) {
-    if (r.stop[i].empty() || r.stop[i].size() > kMaxStopBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: ", r.stop[i].size(),
-                                                     " bytes, must be 1 .. ", kMaxStopBytes));
-    }
-  }
-  const size_t need = history + r.prompt.size() + r.max_tokens;
-  if (need > max_context_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt: ", r.prompt.size(), " prompt tokens + max_tokens ", r.max_tokens, " + ", history,
-        " session tokens = ", need, " positions, beyond the context of ", max_context_));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
                                                     GenerationRequest request) {
   if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
-  std::shared_ptr<Job> job(new Job(this, std::move(lease), std::move(request)));
+  const PlanLimits limits{.max_tokens = max_context_, .max_context = max_context_};
+  const ExistingSession session{lease->tokens().size(), lease->config()};
+  absl::StatusOr<RequestPlan> plan = PlanRequest(request, limits, model_.config(), session);
+  if (!plan.ok()) return plan.status();
+  return Submit(std::move(lease), std::move(request), *plan);
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
+                                                    GenerationRequest request,
+                                                    const RequestPlan& plan) {
+  if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
+  // Programmer invariants: the plan is this request's, on this session as
+  // leased (the lease keeps its history still until the job ends).
+  if (plan.prompt != request.prompt.size() || plan.max_tokens != request.max_tokens ||
+      plan.history != lease->tokens().size() ||
+      plan.total != plan.history + plan.prompt + plan.max_tokens) {
+    return absl::InternalError(
+        absl::StrCat("Submit: the plan (", plan.history, " + ", plan.prompt, " + ", plan.max_tokens,
+                     " positions) is not this request's (", lease->tokens().size(), " + ",
+                     request.prompt.size(), " + ", request.max_tokens, ")"));
+  }
+  std::shared_ptr<Job> job(new Job(this, std::move(lease), std::move(request), plan.total));
   job->submitted_ = Clock::now();
   std::weak_ptr<Job> weak = job;
   job->lease_.SetCanceller([weak] {
@@ -271,8 +252,8 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
 bool Engine::Admit(Job& job) {
   Session& s = *job.lease_;
   const GenerationRequest& r = job.request_;
-  absl::Status st = ValidateRequest(r, s.tokens().size(), r.max_tokens);
-  if (st.ok() && s.kv().position() > s.tokens().size()) {
+  absl::Status st = absl::OkStatus();
+  if (s.kv().position() > s.tokens().size()) {
     st = absl::InternalError("session: cache holds more positions than its history");
   }
   absl::StatusOr<model::Sampler> sampler =
@@ -287,8 +268,9 @@ bool Engine::Admit(Job& job) {
   s.tokens().insert(s.tokens().end(), r.prompt.begin(), r.prompt.end());
   job.pending_.assign(s.tokens().begin() + static_cast<std::ptrdiff_t>(s.kv().position()),
                       s.tokens().end());
-  // One reservation for the whole call: no reallocation while decoding.
-  s.kv().Reserve(s.tokens().size() + r.max_tokens);
+  // One reservation for the whole call (the plan's positions): no
+  // reallocation while decoding.
+  s.kv().Reserve(job.positions_);
   s.PublishMemory();
   job.phase_ = Job::Phase::kPrefill;
   return true;
@@ -333,7 +315,7 @@ void Engine::OnLogits(Job& job, const float* logits) {
   ev.token_id = t;
   if (r.logprobs || r.top_logprobs > 0) {
     absl::StatusOr<model::Logprobs> lp =
-        model::ComputeLogprobs(row, r.sampling.temperature, t, r.top_logprobs);
+        model::ComputeLogprobs(row, r.sampling.temperature, t, static_cast<int>(r.top_logprobs));
     if (lp.ok()) ev.logprobs = *std::move(lp);
   }
   s.tokens().push_back(t);

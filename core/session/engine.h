@@ -18,9 +18,12 @@
 // itself. Cancel(), the deadline and a release of the session take effect at
 // the next step boundary.
 //
+// The engine takes requests with their RequestPlan (PlanRequest, called by
+// the front end before it leases anything) and does not check them again.
+//
 // Example:
 //   Engine engine(model, tokenizer, {});
-//   CORTIQ_ASSIGN_OR_RETURN(auto job, engine.Submit(std::move(lease), request));
+//   CORTIQ_ASSIGN_OR_RETURN(auto job, engine.Submit(std::move(lease), request, plan));
 //   GenerationEvent ev;
 //   while (job->WaitPop(&ev)) { std::cout << ev.text; }
 //   const GenerationResult& r = job->result();
@@ -43,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
+#include "core/session/request_plan.h"
 #include "core/session/session.h"
 #include "core/session/session_store.h"
 #include "core/tokenizer/detokenizer.h"
@@ -52,27 +56,6 @@ namespace cortiq::session {
 
 enum class FinishReason : uint8_t { kNone = 0, kLength, kStop, kEos, kCancelled };
 std::string_view FinishReasonName(FinishReason reason);  // "length" | "stop" | "eos" | "cancelled"
-
-// What a caller asks the engine to do with a leased session. Validated by
-// ValidateRequest (the server does it before leasing anything).
-struct GenerationRequest {
-  std::vector<int32_t> prompt;       // appended to the session's history; non-empty
-  size_t max_tokens = 16;            // >= 1
-  std::vector<std::string> stop;     // stop sequences (text)
-  model::SamplingParams sampling;
-  bool seed_given = true;            // false: a continued session keeps its RNG
-  bool logprobs = false;
-  int top_logprobs = 0;              // 0..kMaxTopLogprobs
-  bool ignore_eos = false;
-  // Release the session when the job ends (a one-shot session): reason
-  // cancelled when the job was cancelled, oneshot otherwise.
-  bool release_at_end = false;
-  Clock::time_point deadline = Clock::time_point::max();
-};
-
-inline constexpr int kMaxTopLogprobs = 20;
-inline constexpr size_t kMaxStopSequences = 16;
-inline constexpr size_t kMaxStopBytes = 256;
 
 // One sampled token.
 struct GenerationEvent {
@@ -139,7 +122,7 @@ class Job {
 
  private:
   friend class Engine;
-  Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request);
+  Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request, size_t positions);
 
   // engine side
   bool QueueHasRoom() const;
@@ -151,6 +134,7 @@ class Job {
   SessionStore::Lease lease_;
   const std::string session_id_;
   GenerationRequest request_;
+  const size_t positions_;  // RequestPlan::total: what the session's caches reserve
   std::atomic<bool> cancelled_{false};
 
   // engine-thread state
@@ -180,15 +164,17 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Checks a request against the model and the limits, without touching any
-  // state: INVALID_ARGUMENT naming the field and the limit. `history` is the
-  // length of the session's token history (0 for a new session).
-  absl::Status ValidateRequest(const GenerationRequest& request, size_t history,
-                               size_t max_tokens_limit) const;
-
   // Takes the lease and queues the job. The session's state belongs to the
   // engine until the job finishes; the lease returns when both the engine and
-  // the consumer have dropped the job. UNAVAILABLE after Shutdown.
+  // the consumer have dropped the job. `plan` is PlanRequest's for this
+  // request on this session: not checked again (INTERNAL when it was made for
+  // another request or another history: a bug). UNAVAILABLE after Shutdown.
+  absl::StatusOr<std::shared_ptr<Job>> Submit(SessionStore::Lease lease, GenerationRequest request,
+                                              const RequestPlan& plan);
+  // For callers without a front end (tests, benchmarks, tools): plans the
+  // request on the leased session against the engine's own limits
+  // (max_tokens and the session's positions up to max_context()), then
+  // Submit(lease, request, plan). INVALID_ARGUMENT from PlanRequest.
   absl::StatusOr<std::shared_ptr<Job>> Submit(SessionStore::Lease lease,
                                               GenerationRequest request);
 

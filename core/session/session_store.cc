@@ -104,8 +104,12 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transforme
   return Lease(this, e.session.get());
 }
 
-absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id) {
-  std::unique_lock lock(mu_);
+absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transformer& model,
+                                                         const RequestPlan& plan) {
+  return Create(model, plan.config, plan.projected.total());
+}
+
+absl::Status SessionStore::CheckLeasableLocked(const std::string& id) const {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "' on this node"));
@@ -114,9 +118,41 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id)
     return absl::AbortedError(
         absl::StrCat("session busy: '", id, "' is in use by another call"));
   }
-  it->second.leased = true;
-  it->second.last_used = Clock::now();
-  return Lease(this, it->second.session.get());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id) {
+  std::unique_lock lock(mu_);
+  CORTIQ_RETURN_IF_ERROR(CheckLeasableLocked(id));
+  Entry& e = sessions_.at(id);
+  e.leased = true;
+  e.last_used = Clock::now();
+  return Lease(this, e.session.get());
+}
+
+absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id) const {
+  std::unique_lock lock(mu_);
+  CORTIQ_RETURN_IF_ERROR(CheckLeasableLocked(id));
+  // Unleased: no call mutates the history while mu_ is held.
+  const Session& s = *sessions_.at(id).session;
+  return ExistingSession{s.tokens().size(), s.config()};
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
+                                                          const RequestPlan& plan) {
+  std::unique_lock lock(mu_);
+  CORTIQ_RETURN_IF_ERROR(CheckLeasableLocked(id));
+  Entry& e = sessions_.at(id);
+  const size_t history = e.session->tokens().size();
+  if (history != plan.history) {
+    return absl::AbortedError(
+        absl::StrCat("session busy: '", id, "' ran another call while this one was planned (",
+                     plan.history, " tokens then, ", history, " now); retry"));
+  }
+  CORTIQ_RETURN_IF_ERROR(ReserveLocked(e, plan.projected.total()));
+  e.leased = true;
+  e.last_used = Clock::now();
+  return Lease(this, e.session.get());
 }
 
 std::unique_ptr<Session> SessionStore::EraseLocked(std::map<std::string, Entry>::iterator it,
@@ -280,14 +316,11 @@ SessionStore::Lease& SessionStore::Lease::operator=(Lease&& o) noexcept {
   return *this;
 }
 
-absl::Status SessionStore::Lease::Reserve(size_t projected_bytes) {
-  SessionStore& st = *store_;
-  std::unique_lock lock(st.mu_);
-  Entry& e = st.sessions_.at(session_->id());
-  const size_t budget = st.options_.memory_budget_bytes;
+absl::Status SessionStore::ReserveLocked(Entry& e, size_t projected_bytes) {
+  const size_t budget = options_.memory_budget_bytes;
   if (budget > 0 && projected_bytes > e.reservation) {
     const size_t mine = std::max(e.session->Memory().total(), e.reservation);
-    const size_t others = st.CommittedLocked() - mine;
+    const size_t others = CommittedLocked() - mine;
     if (others + std::max(mine, projected_bytes) > budget) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "memory budget: this request projects the session to ", projected_bytes, " bytes, ",
@@ -297,6 +330,11 @@ absl::Status SessionStore::Lease::Reserve(size_t projected_bytes) {
   }
   e.reservation = std::max(e.reservation, projected_bytes);
   return absl::OkStatus();
+}
+
+absl::Status SessionStore::Lease::Reserve(size_t projected_bytes) {
+  std::unique_lock lock(store_->mu_);
+  return store_->ReserveLocked(store_->sessions_.at(session_->id()), projected_bytes);
 }
 
 void SessionStore::Lease::SetCanceller(std::function<void()> cancel) {

@@ -13,10 +13,13 @@
 // of the running call), so two admitted calls can never together exceed the
 // budget.
 //
+// Admission takes a RequestPlan's bytes (PlanRequest projects them once):
+// Create(model, plan) for a new session; Peek → PlanRequest → Acquire(id,
+// plan) for a continuation, so a request that fails its plan never leases.
+//
 // Example:
 //   SessionStore store({.max_sessions = 64, .memory_budget_bytes = 8 << 30});
-//   CORTIQ_ASSIGN_OR_RETURN(SessionStore::Lease lease,
-//                           store.Create(model, config, projected_bytes));
+//   CORTIQ_ASSIGN_OR_RETURN(SessionStore::Lease lease, store.Create(model, plan));
 //   lease.SetCanceller([job] { job->Cancel(); });  // ReleaseSession stops it
 //   ...                                             // lease returns on scope exit
 #pragma once
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/session/request_plan.h"
 #include "core/session/session.h"
 
 namespace cortiq::session {
@@ -81,6 +85,9 @@ class SessionStore {
   // not fit the budget; INVALID_ARGUMENT from Session::Create.
   absl::StatusOr<Lease> Create(const model::Transformer& model, const SessionConfig& config,
                                size_t projected_bytes);
+  // Create(model, plan.config, plan.projected.total()): the session a plan
+  // for a new session (PlanRequest with a SessionConfig) was made for.
+  absl::StatusOr<Lease> Create(const model::Transformer& model, const RequestPlan& plan);
   // Installs a session built outside the store (an import) and leases it.
   // RESOURCE_EXHAUSTED (the session is destroyed, nothing installed) when the
   // cap is reached or its bytes do not fit the budget; ALREADY_EXISTS on an
@@ -91,6 +98,16 @@ class SessionStore {
   // Leases an existing session. NOT_FOUND for an unknown id; ABORTED when
   // another call holds it ("session busy").
   absl::StatusOr<Lease> Acquire(const std::string& id);
+  // What a continuation is planned against (PlanRequest): the session's
+  // history length and config, without leasing it or touching it. NOT_FOUND
+  // / ABORTED as Acquire would answer now.
+  absl::StatusOr<ExistingSession> Peek(const std::string& id) const;
+  // Leases the session `plan` was made for (from Peek) and reserves
+  // plan.projected.total() bytes for the call, in one step: nothing changes
+  // on an error. NOT_FOUND / ABORTED as Acquire; ABORTED ("session busy")
+  // also when its history is no longer plan.history (another call ran since
+  // the Peek: plan again); RESOURCE_EXHAUSTED as Lease::Reserve.
+  absl::StatusOr<Lease> Acquire(const std::string& id, const RequestPlan& plan);
 
   // Frees a session. Idempotent: unknown / already released → released=false.
   // A leased session has its canceller called, is marked for release, and
@@ -173,6 +190,10 @@ class SessionStore {
   // RESOURCE_EXHAUSTED (with the numbers) unless one more session holding
   // `bytes` fits the cap and the budget; `what` names the bytes in the message.
   absl::Status AdmitLocked(size_t bytes, std::string_view what) const;
+  // NOT_FOUND / ABORTED ("session busy") unless `id` names an unleased session.
+  absl::Status CheckLeasableLocked(const std::string& id) const;
+  // Lease::Reserve with mu_ held.
+  absl::Status ReserveLocked(Entry& e, size_t projected_bytes);
   SessionSnapshot SnapshotLocked(const Entry& e, Clock::time_point now) const;
   // Erases the entry and returns the session to free outside the lock.
   std::unique_ptr<Session> EraseLocked(std::map<std::string, Entry>::iterator it,

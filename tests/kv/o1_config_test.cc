@@ -251,15 +251,49 @@ TEST(O1ResolveTest, OffDisablesAHint) {
   EXPECT_THAT(c->layers, ElementsAre(27));
 }
 
-TEST(O1ResolveTest, ClampsMAndWInsteadOfFailing) {
-  O1Overrides flags;
-  flags.layers = "all";
-  flags.m = 1;
-  flags.w = 0;
-  absl::StatusOr<O1Config> c = ResolveO1Config({}, flags, {}, {}, 2);
-  ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->m, 4u);
-  EXPECT_EQ(c->w, 1u);
+// m and w below the kernel's minimums are refused, naming the field as the
+// source spells it, whichever source sets them and whether or not it wins
+// (they used to be raised silently to 4 and 1).
+TEST(O1ResolveTest, RejectsMAndWBelowTheMinimumsNamingTheField) {
+  // By source: 0 request, 1 flags, 2 env, 3 hint.
+  const char* m_fields[] = {"request o1.m", "--o1-m", "CMF_O1_M", "config.json o1_attn.m"};
+  const char* w_fields[] = {"request o1.window", "--o1-window", "CMF_O1_WINDOW",
+                            "config.json o1_attn.w"};
+  for (int source = 0; source < 4; ++source) {
+    SCOPED_TRACE(m_fields[source]);
+    O1Overrides o[4];
+    o[0].m = 64;  // the request wins, yet a lower source's bad value is still an error
+    o[source].layers = "all";
+    o[source].m = kO1MinLandmarks;
+    o[source].w = kO1MinWindow;
+    absl::StatusOr<O1Config> c = ResolveO1Config(o[0], o[1], o[2], o[3], 2);
+    ASSERT_TRUE(c.ok()) << c.status();  // at the minimums
+    EXPECT_EQ(c->w, kO1MinWindow);
+    o[source].m = kO1MinLandmarks - 1;
+    c = ResolveO1Config(o[0], o[1], o[2], o[3], 2);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.status().message(), std::string(m_fields[source]) + ": 3 is below the minimum 4");
+    o[source].m = kO1MinLandmarks;
+    o[source].w = kO1MinWindow - 1;
+    c = ResolveO1Config(o[0], o[1], o[2], o[3], 2);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().message(), std::string(w_fields[source]) + ": 0 is below the minimum 1");
+  }
+}
+
+TEST(O1ResolveTest, EnvironmentBelowTheMinimumsIsRefusedAtResolve) {
+  absl::StatusOr<O1Overrides> env = FakeEnv(EnvMap{{"CMF_O1_M", "2"}}).Read();
+  ASSERT_TRUE(env.ok()) << env.status();  // well-formed: the minimum is a resolve check
+  absl::StatusOr<O1Config> c = ResolveO1Config({}, {}, *env, {}, 6);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("CMF_O1_M: 2 is below the minimum 4"));
+  env = FakeEnv(EnvMap{{"CMF_O1_WINDOW", "0"}}).Read();
+  ASSERT_TRUE(env.ok()) << env.status();
+  c = ResolveO1Config({}, {}, *env, {}, 6);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("CMF_O1_WINDOW: 0 is below the minimum 1"));
 }
 
 TEST(O1ResolveTest, BadWinningSpecNamesItsSource) {
@@ -282,10 +316,16 @@ TEST(O1ResolveTest, EndToEndFromEnvironmentAndHint) {
       nlohmann::json::parse(R"({"o1_attn": {"layers": "deep2", "w": 256, "m": 2}})"));
   ASSERT_TRUE(env.ok() && hint.ok());
   absl::StatusOr<O1Config> c = ResolveO1Config({}, {}, *env, *hint, 6);
-  ASSERT_TRUE(c.ok());
+  // The hint's m = 2 is below the kernel's minimum: refused, not raised to 4.
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("config.json o1_attn.m: 2 is below the minimum 4"));
+  hint->m = kO1MinLandmarks;
+  c = ResolveO1Config({}, {}, *env, *hint, 6);
+  ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_THAT(c->layers, ElementsAre(4, 5));
   EXPECT_EQ(c->w, 32u);  // the operator's knob beats the file's suggestion
-  EXPECT_EQ(c->m, 4u);   // hint's 2, clamped
+  EXPECT_EQ(c->m, 4u);   // the hint's
   // The resolved values build a kernel state without tripping its invariants.
   NystromState st = NystromState::New(c->m, c->w, c->sink).WithRect(c->rect);
   EXPECT_EQ(st.NumQHeads(), 1u);

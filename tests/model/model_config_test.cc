@@ -255,6 +255,37 @@ TEST(ModelConfigTest, RoundTripsNonTrivialDoubles) {
   EXPECT_EQ(a->rms_norm_eps, b->rms_norm_eps);
 }
 
+// The O(1) hint is parsed once, here, and read from ModelConfig (the server
+// no longer opens config.json a second time for it).
+TEST(ModelConfigTest, ParsesAndRoundTripsTheO1Hint) {
+  auto none = Parse(Qwen3Json());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->o1_hint, kv::O1Overrides{});
+  EXPECT_FALSE(Json::parse(none->ToJson()).contains("o1_attn"));
+
+  Json j = Qwen3Json();
+  j["o1_attn"] = Json::parse(R"({"layers": [5, 1], "m": 16, "w": 64, "sink": 2})");
+  auto a = Parse(j);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->o1_hint.layers, "5,1");
+  EXPECT_EQ(a->o1_hint.m, 16u);
+  EXPECT_EQ(a->o1_hint.w, 64u);
+  EXPECT_EQ(a->o1_hint.sink, 2u);
+  EXPECT_FALSE(a->o1_hint.rect.has_value());
+  auto b = ModelConfig::FromJson(a->ToJson(), "roundtrip");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(a->ToJson(), b->ToJson());
+}
+
+TEST(ModelConfigTest, MalformedO1HintNamesTheFileAndTheKey) {
+  Json j = Qwen3Json();
+  j["o1_attn"] = Json::parse(R"({"m": "many"})");
+  ExpectError(Parse(j), absl::StatusCode::kInvalidArgument, {kPath, "o1_attn", "m must be"});
+  j["o1_attn"] = Json::parse(R"({"layers": "deep0"})");
+  ExpectError(Parse(j), absl::StatusCode::kInvalidArgument, {kPath, "o1_attn.layers", "deep0"});
+}
+
 // ---- One test per defect ----
 
 TEST(ModelConfigTest, MalformedJson) {

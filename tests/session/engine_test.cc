@@ -266,38 +266,41 @@ TEST_F(EngineTest, ASlowReaderPausesOnlyItsOwnJob) {
   EXPECT_EQ(s.ids.size(), 50u);
 }
 
-TEST_F(EngineTest, ValidationNamesTheFieldAndTheLimit) {
+// The field-by-field checks are PlanRequest's (request_plan_test.cc). A
+// caller without a front end gets them from Submit(lease, request), against
+// the engine's own context; a plan that is not the request's is a bug.
+TEST_F(EngineTest, SubmitTakesThePlanAndChecksOnlyThatItIsTheRequests) {
+  SessionStore store({});
   auto engine = MakeEngine();
-  auto check = [&](GenerationRequest r, size_t history, std::string_view field) {
-    absl::Status s = engine->ValidateRequest(r, history, 100);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
-    EXPECT_NE(std::string(s.message()).find(field), std::string::npos) << s;
+  auto submit = [&](GenerationRequest r) {
+    auto lease = store.Create(*model_, {}, 0);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    return engine->Submit(*std::move(lease), std::move(r));
   };
-  GenerationRequest ok = Greedy({1, 2}, 10);
-  EXPECT_TRUE(engine->ValidateRequest(ok, 0, 100).ok());
-  GenerationRequest r = ok;
-  r.prompt.clear();
-  check(r, 0, "prompt");
-  r = ok;
-  r.prompt = {1, 259};
-  check(r, 0, "prompt_tokens[1]");
-  r = ok;
-  r.max_tokens = 0;
-  check(r, 0, "max_tokens");
-  r.max_tokens = 101;
-  check(r, 0, "[1, 100]");
-  r = ok;
-  r.sampling.temperature = -1;
-  check(r, 0, "temperature");
-  r.sampling.temperature = std::nanf("");
-  check(r, 0, "temperature");
-  r = ok;
-  r.sampling.top_p = 1.5f;
-  check(r, 0, "top_p");
-  r = ok;
-  r.stop = {""};
-  check(r, 0, "stop[0]");
-  check(ok, 4090, "context of 4096");
+  EXPECT_EQ(submit(Greedy({1, 259}, 4)).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::Status s = submit(Greedy({1, 2}, 4095)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("context of 4096"), std::string::npos) << s;
+
+  const GenerationRequest r = Greedy({1, 2, 3}, 5);
+  const PlanLimits limits{.max_tokens = 5, .max_context = engine->max_context()};
+  absl::StatusOr<RequestPlan> plan = PlanRequest(r, limits, model_->config(), SessionConfig{});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto lease = store.Create(*model_, *plan);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(store.committed_bytes(), plan->projected.total());
+  GenerationRequest other = r;
+  other.max_tokens = 6;
+  auto refused = engine->Submit(*std::move(lease), other, *plan);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInternal);
+
+  lease = store.Create(*model_, *plan);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto job = engine->Submit(*std::move(lease), r, *plan);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Output o = Drain(**job);
+  EXPECT_EQ(o.result.completion_tokens, 5u);
+  EXPECT_EQ(o.result.session_tokens, plan->total);  // 3 prompt + 5 sampled
 }
 
 TEST_F(EngineTest, O1AndQsaSessionsGenerateAndReportTheirKinds) {

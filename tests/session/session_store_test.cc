@@ -162,6 +162,54 @@ TEST_F(StoreTest, BudgetAdmissionCountsReservationsAndAllocatesNothingOnRefusal)
   EXPECT_TRUE(store.Create(*model_, {}, 1000).ok());
 }
 
+// A continuation: Peek (nothing changes) → plan → Acquire(id, plan), which
+// leases and reserves the plan's bytes in one step, or changes nothing.
+TEST_F(StoreTest, AcquireByPlanLeasesAndReservesInOneStep) {
+  StoreOptions o;
+  o.memory_budget_bytes = 1000;
+  SessionStore store(o);
+  EXPECT_EQ(store.Peek("0123").status().code(), absl::StatusCode::kNotFound);
+  std::string id;
+  {
+    auto lease = store.Create(*model_, {}, 0);
+    ASSERT_TRUE(lease.ok());
+    id = (*lease)->id();
+    (*lease)->tokens() = {1, 2, 3};
+    // Leased: Peek answers as Acquire would.
+    absl::StatusOr<ExistingSession> busy = store.Peek(id);
+    EXPECT_EQ(busy.status().code(), absl::StatusCode::kAborted);
+    EXPECT_NE(busy.status().message().find("busy"), std::string_view::npos);
+  }
+  absl::StatusOr<ExistingSession> existing = store.Peek(id);
+  ASSERT_TRUE(existing.ok()) << existing.status();
+  EXPECT_EQ(existing->history, 3u);
+  EXPECT_FALSE(store.Get(id)->busy);
+
+  RequestPlan plan;
+  plan.config = existing->config;
+  plan.history = existing->history;
+  plan.projected[MemoryKind::kKvF32] = 1200;  // over the budget
+  auto refused = store.Acquire(id, plan);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(store.Get(id)->busy);
+  EXPECT_EQ(store.committed_bytes(), 0u);
+
+  plan.history = 2;  // another call ran since the plan was made
+  plan.projected[MemoryKind::kKvF32] = 900;
+  auto moved = store.Acquire(id, plan);
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(moved.status().message().find("busy"), std::string_view::npos);
+  EXPECT_FALSE(store.Get(id)->busy);
+
+  plan.history = 3;
+  auto lease = store.Acquire(id, plan);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(store.committed_bytes(), 900u);
+  EXPECT_EQ(store.Acquire(id, plan).status().code(), absl::StatusCode::kAborted);
+  lease->Return();
+  EXPECT_EQ(store.committed_bytes(), 0u);
+}
+
 TEST_F(StoreTest, MemoryByKindSplitsExactlyAcrossModes) {
   SessionStore store({});
   SessionConfig int8;
