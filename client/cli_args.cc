@@ -175,12 +175,6 @@ absl::StatusOr<v1::SessionConfig> BuildSessionConfig(const SessionValues& s,
   return c;
 }
 
-// Appends `more` to `flags`.
-std::vector<Flag> Concat(std::vector<Flag> flags, std::vector<Flag> more) {
-  for (Flag& f : more) flags.push_back(std::move(f));
-  return flags;
-}
-
 }  // namespace
 
 CliEnvironment CliEnvironment::FromProcess() {
@@ -221,7 +215,7 @@ absl::StatusOr<GenerateArgs> ParseGenerateArgs(const std::vector<std::string>& a
   uint32_t top_logprobs = 0;
   std::vector<int32_t> tokens;
   SessionValues session;
-  const std::vector<Flag> flags = Concat(
+  const std::vector<Flag> flags = util::JoinFlags({
       {
           IntFlag("max-tokens", &max_tokens, {.min = 1}),
           NonEmptyStringFlag("session", r.mutable_session_id()),
@@ -239,7 +233,8 @@ absl::StatusOr<GenerateArgs> ParseGenerateArgs(const std::vector<std::string>& a
           util::IntListFlag("tokens", &tokens, "id", {.min = 0}),
           SwitchFlag("json", &g.json),
       },
-      SessionFlags(&session));
+      SessionFlags(&session),
+  });
   CORTIQ_ASSIGN_OR_RETURN(util::ParsedArgs parsed, ParseCommandFlags("generate", args, flags));
 
   r.set_max_tokens(max_tokens);

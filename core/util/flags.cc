@@ -199,6 +199,12 @@ Flag SwitchFlag(std::string name, bool* out) {
   });
 }
 
+std::vector<Flag> JoinFlags(std::initializer_list<std::vector<Flag>> tables) {
+  std::vector<Flag> all;
+  for (const std::vector<Flag>& t : tables) all.insert(all.end(), t.begin(), t.end());
+  return all;
+}
+
 bool ParsedArgs::Given(std::string_view name) const {
   for (const std::string& g : given) {
     if (g == name) return true;

@@ -63,6 +63,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -344,6 +345,10 @@ Flag IntListFlag(std::string name, std::vector<T>* out, std::string item, Range<
                      return ParseIntListFlag<T>(flag, value, item, range);
                    });
 }
+
+// One table from several (a program's shared groups of flags plus a
+// command's own), in order.
+std::vector<Flag> JoinFlags(std::initializer_list<std::vector<Flag>> tables);
 
 // ---------------------------------------------------------------------------
 // Parsing.

@@ -11,29 +11,17 @@
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/usage_error.h"
 
 namespace cortiq::client {
 namespace {
 
 namespace v1 = ::cortiq::v1;
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 
 using Args = std::vector<std::string>;
 
-// The status is INVALID_ARGUMENT and its message contains `needle`.
-template <typename T>
-void ExpectUsageError(const absl::StatusOr<T>& result, const std::string& needle) {
-  ASSERT_FALSE(result.ok()) << "expected an error naming " << needle;
-  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr(needle));
-}
-
-void ExpectUsageError(const absl::Status& status, const std::string& needle) {
-  ASSERT_FALSE(status.ok()) << "expected an error naming " << needle;
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(status.message()), HasSubstr(needle));
-}
+using ::cortiq::testing::ExpectUsageError;
 
 // ---------------------------------------------------------------------------
 // Global flags

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/usage_error.h"
 
 namespace cortiq::server {
 namespace {
@@ -55,10 +56,7 @@ class ConfigTest : public ::testing::Test {
 
   static void ExpectUsageError(const Args& args, const std::string& needle) {
     bool help = false;
-    absl::StatusOr<ServerConfig> c = ParseServerFlags(args, &help);
-    ASSERT_FALSE(c.ok()) << "expected an error naming " << needle;
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle));
+    ::cortiq::testing::ExpectUsageError(ParseServerFlags(args, &help), needle);
   }
 
   static constexpr const char* kEnv[] = {"CORTIQ_AUTH_TOKEN", "CORTIQ_PEERS", "CORTIQ_MODEL"};
@@ -268,7 +266,7 @@ TEST_F(ConfigTest, EnvironmentFallbacks) {
 }
 
 TEST_F(ConfigTest, AuthTokenFile) {
-  const std::string path = testing::TempDir() + "/config_test_token";
+  const std::string path = ::testing::TempDir() + "/config_test_token";
   {
     std::ofstream f(path);
     f << "  s3cret \n";

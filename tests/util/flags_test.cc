@@ -13,23 +13,17 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/usage_error.h"
 
 namespace cortiq::util {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 using Args = std::vector<std::string>;
 
-// The status is INVALID_ARGUMENT and its message contains `needle`.
-template <typename T>
-void ExpectUsageError(const absl::StatusOr<T>& result, const std::string& needle) {
-  ASSERT_FALSE(result.ok()) << "expected an error naming " << needle;
-  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr(needle));
-}
+using ::cortiq::testing::ExpectUsageError;
 
 // ---------------------------------------------------------------------------
 // Value parsers
@@ -329,6 +323,18 @@ TEST(ParseFlagsTest, RequiredAndRefusedFlags) {
                    "--server is a global flag");
 }
 
+TEST(ParseFlagsTest, JoinedTables) {
+  // A shared group of flags plus a command's own, as the programs build them.
+  bool keep = false;
+  size_t count = 0;
+  const std::vector<Flag> flags =
+      JoinFlags({{SwitchFlag("keep", &keep)}, {IntFlag("count", &count)}, {}});
+  ASSERT_EQ(flags.size(), 2u);
+  ASSERT_TRUE(ParseFlags(flags, {"--count=3", "--keep"}).ok());
+  EXPECT_TRUE(keep);
+  EXPECT_EQ(count, 3u);
+}
+
 TEST(ParseFlagsTest, PositionalArgumentsInterleaved) {
   Values v;
   absl::StatusOr<ParsedArgs> p = Parse(v, {"one", "--count", "2", "-", "two"});
@@ -390,9 +396,9 @@ TEST(ParseFlagsTest, ParsingIsRepeatable) {
 }
 
 TEST(ReportUsageErrorTest, ExitStatusTwo) {
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const int rc = ReportUsageError("prog", absl::InvalidArgumentError("--port: expected a number"));
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 2);
   EXPECT_EQ(rc, kExitUsage);
   EXPECT_EQ(err, "prog: --port: expected a number\nrun 'prog --help' for usage\n");
