@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/usage_error.h"
@@ -22,7 +24,6 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::IsEmpty;
 
 using Args = std::vector<std::string>;
 
@@ -63,145 +64,158 @@ class ConfigTest : public ::testing::Test {
   std::vector<std::optional<std::string>> saved_;
 };
 
+// Every flag's field as text, keyed by the flag's name ("-" = unset), so that
+// a whole configuration compares (and prints its difference) in one line.
+using Fields = std::map<std::string, std::string>;
+
+std::string Text(const std::string& v) { return v; }
+std::string Text(size_t v) { return std::to_string(v); }
+std::string Text(std::chrono::milliseconds v) { return std::to_string(v.count()) + "ms"; }
+std::string Text(kv::O1Rect v) { return kv::O1RectName(v); }
+std::string Text(const std::vector<std::string>& v) { return absl::StrJoin(v, ","); }
+template <typename T>
+std::string Text(const std::optional<T>& v) {
+  return v.has_value() ? Text(*v) : "-";
+}
+
+Fields FieldsOf(const ServerConfig& c) {
+  return {
+      {"model", Text(c.model_dir)},
+      {"listen", Text(c.listen)},
+      {"metrics-listen", Text(c.metrics_listen)},
+      {"threads", Text(c.threads)},
+      {"activations", Text(c.activations)},
+      {"max-sessions", Text(c.max_sessions)},
+      {"memory-budget", Text(c.memory_budget_bytes)},
+      {"session-ttl", Text(c.session_ttl)},
+      {"kv-dtype", Text(c.kv_dtype)},
+      {"attention", Text(c.attention)},
+      {"o1-layers", Text(c.o1.layers)},
+      {"o1-m", Text(c.o1.m)},
+      {"o1-window", Text(c.o1.w)},
+      {"o1-sink", Text(c.o1.sink)},
+      {"o1-rect", Text(c.o1.rect)},
+      {"qsa-layers", Text(c.qsa_layers)},
+      {"qsa-ratio", Text(c.qsa_ratio)},
+      {"qsa-budget", Text(c.qsa_budget)},
+      {"max-tokens", Text(c.max_tokens_limit)},
+      {"max-context", Text(c.max_context)},
+      {"max-prompt-bytes", Text(c.max_prompt_bytes)},
+      {"max-message-bytes", Text(c.max_message_bytes)},
+      {"max-import-bytes", Text(c.max_import_bytes)},
+      {"max-batch", Text(c.max_batch)},
+      {"prefill-chunk", Text(c.prefill_chunk)},
+      {"queue-capacity", Text(c.queue_capacity)},
+      {"grace", Text(c.grace)},
+      {"peers", Text(c.peers)},
+      {"peer-dns", Text(c.peer_dns)},
+      {"peer-token", Text(c.peer_token)},
+      {"auth-token", Text(c.auth_token)},
+      {"tls-cert", Text(c.tls_cert)},
+      {"tls-key", Text(c.tls_key)},
+      {"log-level", Text(c.log_level)},
+  };
+}
+
 TEST_F(ConfigTest, Defaults) {
   absl::StatusOr<ServerConfig> c = Parse({});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->model_dir, DefaultModelDir());
-  EXPECT_EQ(c->listen, "127.0.0.1:50051");
-  EXPECT_EQ(c->metrics_listen, "127.0.0.1:9464");
-  EXPECT_EQ(c->threads, 0u);
-  EXPECT_EQ(c->activations, "bf16");
-  EXPECT_EQ(c->max_sessions, 256u);
-  EXPECT_EQ(c->memory_budget_bytes, 0u);
-  EXPECT_EQ(c->session_ttl, std::chrono::milliseconds(600'000));
-  EXPECT_EQ(c->kv_dtype, "f32");
-  EXPECT_EQ(c->attention, "exact");
-  EXPECT_FALSE(c->o1.layers.has_value());
-  EXPECT_FALSE(c->o1.m.has_value());
-  EXPECT_FALSE(c->o1.w.has_value());
-  EXPECT_FALSE(c->o1.sink.has_value());
-  EXPECT_FALSE(c->o1.rect.has_value());
-  EXPECT_FALSE(c->qsa_layers.has_value());
-  EXPECT_FALSE(c->qsa_ratio.has_value());
-  EXPECT_FALSE(c->qsa_budget.has_value());
-  EXPECT_EQ(c->max_tokens_limit, 4096u);
-  EXPECT_EQ(c->max_context, 0u);
-  EXPECT_EQ(c->max_prompt_bytes, size_t{1} << 20);
-  EXPECT_EQ(c->max_message_bytes, size_t{8} << 20);
-  EXPECT_EQ(c->max_import_bytes, size_t{8} << 30);
-  EXPECT_EQ(c->max_batch, 32u);
-  EXPECT_EQ(c->prefill_chunk, 256u);
-  EXPECT_EQ(c->queue_capacity, 64u);
-  EXPECT_EQ(c->grace, std::chrono::milliseconds(10'000));
-  EXPECT_THAT(c->peers, IsEmpty());
-  EXPECT_EQ(c->peer_dns, "");
-  EXPECT_EQ(c->peer_token, "");
-  EXPECT_EQ(c->auth_token, "");
-  EXPECT_EQ(c->tls_cert, "");
-  EXPECT_EQ(c->tls_key, "");
-  EXPECT_EQ(c->log_level, "info");
+  const Fields defaults = {
+      {"model", DefaultModelDir()},
+      {"listen", "127.0.0.1:50051"},
+      {"metrics-listen", "127.0.0.1:9464"},
+      {"threads", "0"},
+      {"activations", "bf16"},
+      {"max-sessions", "256"},
+      {"memory-budget", "0"},
+      {"session-ttl", "600000ms"},
+      {"kv-dtype", "f32"},
+      {"attention", "exact"},
+      {"o1-layers", "-"},
+      {"o1-m", "-"},
+      {"o1-window", "-"},
+      {"o1-sink", "-"},
+      {"o1-rect", "-"},
+      {"qsa-layers", "-"},
+      {"qsa-ratio", "-"},
+      {"qsa-budget", "-"},
+      {"max-tokens", "4096"},
+      {"max-context", "0"},
+      {"max-prompt-bytes", std::to_string(size_t{1} << 20)},
+      {"max-message-bytes", std::to_string(size_t{8} << 20)},
+      {"max-import-bytes", std::to_string(size_t{8} << 30)},
+      {"max-batch", "32"},
+      {"prefill-chunk", "256"},
+      {"queue-capacity", "64"},
+      {"grace", "10000ms"},
+      {"peers", ""},
+      {"peer-dns", ""},
+      {"peer-token", ""},
+      {"auth-token", ""},
+      {"tls-cert", ""},
+      {"tls-key", ""},
+      {"log-level", "info"},
+  };
+  EXPECT_THAT(FieldsOf(*c), ::testing::ContainerEq(defaults));
 }
 
-TEST_F(ConfigTest, EveryFlag) {
-  absl::StatusOr<ServerConfig> c = Parse({"--model",
-                                          "/m",
-                                          "--listen=0.0.0.0:0",
-                                          "--metrics-listen",
-                                          "off",
-                                          "--threads",
-                                          "2",
-                                          "--activations=f32",
-                                          "--max-sessions",
-                                          "8",
-                                          "--memory-budget",
-                                          "1.5G",
-                                          "--session-ttl",
-                                          "2.5",
-                                          "--kv-dtype",
-                                          "int8",
-                                          "--attention",
-                                          "o1",
-                                          "--o1-layers",
-                                          "deep2",
-                                          "--o1-m",
-                                          "16",
-                                          "--o1-window",
-                                          "64",
-                                          "--o1-sink=0",
-                                          "--o1-rect",
-                                          "fm",
-                                          "--qsa-layers",
-                                          "3,5-7",
-                                          "--qsa-ratio",
-                                          "32",
-                                          "--qsa-budget",
-                                          "8",
-                                          "--max-tokens",
-                                          "100",
-                                          "--max-context",
-                                          "512",
-                                          "--max-prompt-bytes",
-                                          "2K",
-                                          "--max-message-bytes=4M",
-                                          "--max-import-bytes",
-                                          "256M",
-                                          "--max-batch",
-                                          "4",
-                                          "--prefill-chunk",
-                                          "128",
-                                          "--queue-capacity",
-                                          "16",
-                                          "--grace",
-                                          "30",
-                                          "--peers",
-                                          "a:1,b:2",
-                                          "--peer-dns",
-                                          "svc:50051",
-                                          "--peer-token",
-                                          "pt",
-                                          "--auth-token",
-                                          "at",
-                                          "--tls-cert",
-                                          "c.pem",
-                                          "--tls-key",
-                                          "k.pem",
-                                          "--log-level",
-                                          "warn"});
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->model_dir, "/m");
-  EXPECT_EQ(c->listen, "0.0.0.0:0");
-  EXPECT_EQ(c->metrics_listen, "off");
-  EXPECT_EQ(c->threads, 2u);
-  EXPECT_EQ(c->activations, "f32");
-  EXPECT_EQ(c->max_sessions, 8u);
-  EXPECT_EQ(c->memory_budget_bytes, size_t{3} << 29);
-  EXPECT_EQ(c->session_ttl, std::chrono::milliseconds(2500));
-  EXPECT_EQ(c->kv_dtype, "int8");
-  EXPECT_EQ(c->attention, "o1");
-  EXPECT_EQ(c->o1.layers, std::optional<std::string>("deep2"));
-  EXPECT_EQ(c->o1.m, std::optional<size_t>(16));
-  EXPECT_EQ(c->o1.w, std::optional<size_t>(64));
-  EXPECT_EQ(c->o1.sink, std::optional<size_t>(0));  // an explicit 0 is kept
-  EXPECT_EQ(c->o1.rect, std::optional<kv::O1Rect>(kv::O1Rect::kFm));
-  EXPECT_EQ(c->qsa_layers, std::optional<std::string>("3,5-7"));
-  EXPECT_EQ(c->qsa_ratio, std::optional<size_t>(32));
-  EXPECT_EQ(c->qsa_budget, std::optional<size_t>(8));
-  EXPECT_EQ(c->max_tokens_limit, 100u);
-  EXPECT_EQ(c->max_context, 512u);
-  EXPECT_EQ(c->max_prompt_bytes, 2048u);
-  EXPECT_EQ(c->max_message_bytes, size_t{4} << 20);
-  EXPECT_EQ(c->max_import_bytes, size_t{256} << 20);
-  EXPECT_EQ(c->max_batch, 4u);
-  EXPECT_EQ(c->prefill_chunk, 128u);
-  EXPECT_EQ(c->queue_capacity, 16u);
-  EXPECT_EQ(c->grace, std::chrono::milliseconds(30'000));
-  EXPECT_THAT(c->peers, ElementsAre("a:1", "b:2"));
-  EXPECT_EQ(c->peer_dns, "svc:50051");
-  EXPECT_EQ(c->peer_token, "pt");
-  EXPECT_EQ(c->auth_token, "at");
-  EXPECT_EQ(c->tls_cert, "c.pem");
-  EXPECT_EQ(c->tls_key, "k.pem");
-  EXPECT_EQ(c->log_level, "warn");
+TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
+  struct Given {
+    std::string flag, value, field;  // --flag value -> the field's text
+  };
+  const std::vector<Given> given = {
+      {"model", "/m", "/m"},
+      {"listen", "0.0.0.0:0", "0.0.0.0:0"},
+      {"metrics-listen", "off", "off"},
+      {"threads", "2", "2"},
+      {"activations", "f32", "f32"},
+      {"max-sessions", "8", "8"},
+      {"memory-budget", "1.5G", std::to_string(size_t{3} << 29)},
+      {"session-ttl", "2.5", "2500ms"},
+      {"kv-dtype", "int8", "int8"},
+      {"attention", "o1", "o1"},
+      {"o1-layers", "deep2", "deep2"},
+      {"o1-m", "16", "16"},
+      {"o1-window", "64", "64"},
+      {"o1-sink", "0", "0"},  // an explicit 0 is kept
+      {"o1-rect", "fm", kv::O1RectName(kv::O1Rect::kFm)},
+      {"qsa-layers", "3,5-7", "3,5-7"},
+      {"qsa-ratio", "32", "32"},
+      {"qsa-budget", "8", "8"},
+      {"max-tokens", "100", "100"},
+      {"max-context", "512", "512"},
+      {"max-prompt-bytes", "2K", "2048"},
+      {"max-message-bytes", "4M", std::to_string(size_t{4} << 20)},
+      {"max-import-bytes", "256M", std::to_string(size_t{256} << 20)},
+      {"max-batch", "4", "4"},
+      {"prefill-chunk", "128", "128"},
+      {"queue-capacity", "16", "16"},
+      {"grace", "30", "30000ms"},
+      {"peers", "a:1,b:2", "a:1,b:2"},
+      {"peer-dns", "svc:50051", "svc:50051"},
+      {"peer-token", "pt", "pt"},
+      {"auth-token", "at", "at"},
+      {"tls-cert", "c.pem", "c.pem"},
+      {"tls-key", "k.pem", "k.pem"},
+      {"log-level", "warn", "warn"},
+  };
+  for (bool inline_values : {false, true}) {
+    Args args;
+    Fields want;
+    for (const Given& g : given) {
+      if (inline_values) {
+        args.push_back("--" + g.flag + "=" + g.value);
+      } else {
+        args.push_back("--" + g.flag);
+        args.push_back(g.value);
+      }
+      want[g.flag] = g.field;
+    }
+    absl::StatusOr<ServerConfig> c = Parse(args);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_THAT(FieldsOf(*c), ::testing::ContainerEq(want))
+        << (inline_values ? "--flag=value" : "--flag value");
+  }
 }
 
 TEST_F(ConfigTest, O1RectAcceptsWhatTheEnvironmentAccepts) {
