@@ -3,8 +3,11 @@
 // its arguments (never the process environment or stdin) and returns either
 // the parsed values or INVALID_ARGUMENT with a message that names the flag.
 //
-// Flags take their value as the next argument or after `=` (`--top-k 40`,
-// `--top-k=40`); `--` ends the flags (a prompt that starts with `-`).
+// The syntax is the shared parser's (core/util/flags.h): flags take their
+// value as the next argument or after `=` (`--top-k 40`, `--top-k=40`),
+// switches take none (`--keep`), `--` ends the flags (a prompt that starts
+// with `-`). Each command's flags are one table of typed bindings; the global
+// flags given after the command are refused with a hint.
 //
 // Example:
 //   absl::StatusOr<CommandLine> cl = ParseCommandLine(argv, CliEnvironment::FromProcess());
@@ -13,8 +16,6 @@
 //   }
 #pragma once
 
-#include <chrono>
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,6 +51,8 @@ struct CommandLine {
 
 // argv without the program name. Global flags (--server, --token, --tls,
 // --tls-ca (implies --tls), --timeout SECONDS) come before the command.
+// --help / -h anywhere before `--` sets `help` and nothing else is checked;
+// the Parse*Args functions below expect that case handled by the caller.
 absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& argv,
                                              const CliEnvironment& env);
 
@@ -99,20 +102,5 @@ absl::StatusOr<std::string> ParseHealthArgs(const std::vector<std::string>& args
 
 // Commands without arguments (`sessions`, `model`).
 absl::Status ParseNoArgs(absl::string_view command, const std::vector<std::string>& args);
-
-// Strict number parsing: the whole value, no whitespace, no sign on unsigned
-// values; errors name `flag` and quote the value.
-absl::StatusOr<uint32_t> ParseUint32Flag(absl::string_view flag, absl::string_view value);
-absl::StatusOr<uint64_t> ParseUint64Flag(absl::string_view flag, absl::string_view value);
-// An int32 proto field whose valid values are >= 0 (top_k, token ids).
-absl::StatusOr<int32_t> ParseNonNegativeInt32Flag(absl::string_view flag, absl::string_view value);
-// A finite float (range checks are the server's: it names the field and limit).
-absl::StatusOr<float> ParseFloatFlag(absl::string_view flag, absl::string_view value);
-// Non-negative decimal seconds, e.g. "2.5" -> 2500 ms.
-absl::StatusOr<std::chrono::milliseconds> ParseSecondsFlag(absl::string_view flag,
-                                                           absl::string_view value);
-// "1,2,3" (whitespace around ids allowed): a non-empty list of ids >= 0.
-absl::StatusOr<std::vector<int32_t>> ParseTokenIdsFlag(absl::string_view flag,
-                                                       absl::string_view value);
 
 }  // namespace cortiq::client

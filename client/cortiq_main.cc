@@ -27,6 +27,7 @@
 #include "absl/strings/strip.h"
 #include "client/cli_args.h"
 #include "client/client.h"
+#include "core/util/flags.h"
 #include "nlohmann/json.hpp"
 
 namespace cortiq::client {
@@ -36,12 +37,10 @@ namespace v1 = ::cortiq::v1;
 
 constexpr int kExitOk = 0;
 constexpr int kExitError = 1;
-constexpr int kExitUsage = 2;
+constexpr int kExitUsage = util::kExitUsage;
 
-int UsageError(const absl::Status& status) {
-  std::cerr << "cortiq: " << status.message() << "\nrun 'cortiq --help' for usage\n";
-  return kExitUsage;
-}
+// The message and a hint on stderr, exit status 2 (the same in every program).
+int UsageError(const absl::Status& status) { return util::ReportUsageError("cortiq", status); }
 
 int RuntimeError(const absl::Status& status) {
   std::cerr << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message()

@@ -2,19 +2,15 @@
 
 #include <unistd.h>
 
-#include <cerrno>
-#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <map>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/util/flags.h"
 #include "core/util/strings.h"
 
 #ifndef CORTIQ_DEFAULT_MODEL_DIR
@@ -25,56 +21,33 @@ namespace cortiq::server {
 
 namespace {
 
-absl::Status FlagError(std::string_view flag, std::string_view value, std::string_view want) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", util::Sv(flag), ": '", util::Sv(value), "' is not ", util::Sv(want)));
-}
-
-absl::StatusOr<size_t> ParseCount(std::string_view flag, std::string_view v) {
-  uint64_t n;
-  if (v.empty() || v[0] == '-' || !absl::SimpleAtoi(absl::string_view(v.data(), v.size()), &n)) {
-    return FlagError(flag, v, "a non-negative integer");
-  }
-  return static_cast<size_t>(n);
-}
-
-absl::StatusOr<size_t> ParseBytes(std::string_view flag, std::string_view v) {
-  std::string s(v);
-  uint64_t mult = 1;
-  if (!s.empty()) {
-    switch (absl::ascii_toupper(s.back())) {
-      case 'K': mult = 1ull << 10; break;
-      case 'M': mult = 1ull << 20; break;
-      case 'G': mult = 1ull << 30; break;
-      case 'T': mult = 1ull << 40; break;
-      default: break;
+// --peers H:P[,H:P...]: every item names a port; "" is no peers.
+absl::StatusOr<std::vector<std::string>> ParsePeerList(std::string_view v) {
+  std::vector<std::string> peers;
+  for (absl::string_view p : absl::StrSplit(util::Sv(v), ',', absl::SkipEmpty())) {
+    if (p.find(':') == absl::string_view::npos) {
+      return absl::InvalidArgumentError("expected HOST:PORT[,HOST:PORT...]");
     }
-    if (mult != 1) s.pop_back();
+    peers.emplace_back(p);
   }
-  double d;
-  if (s.empty() || s[0] == '-' || !absl::SimpleAtod(s, &d) || !std::isfinite(d) || d < 0 ||
-      d * static_cast<double>(mult) > 1e18) {
-    return FlagError(flag, v, "a byte size (e.g. 512M, 8G)");
-  }
-  return static_cast<size_t>(d * static_cast<double>(mult));
+  return peers;
 }
 
-absl::StatusOr<std::chrono::milliseconds> ParseSeconds(std::string_view flag, std::string_view v) {
-  double d;
-  if (v.empty() || !absl::SimpleAtod(absl::string_view(v.data(), v.size()), &d) ||
-      !std::isfinite(d) || d < 0 || d > 1e9) {
-    return FlagError(flag, v, "a duration in seconds");
-  }
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(d * 1000.0)));
+absl::StatusOr<std::string> ParsePeerDns(std::string_view v) {
+  if (v.find(':') == std::string_view::npos)
+    return absl::InvalidArgumentError("expected NAME:PORT");
+  return std::string(v);
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   std::ifstream f(path);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("--auth-token-file: cannot read '", path, "'"));
+  if (!f)
+    return absl::InvalidArgumentError(absl::StrCat("--auth-token-file: cannot read '", path, "'"));
   std::stringstream ss;
   ss << f.rdbuf();
   std::string t(absl::StripAsciiWhitespace(ss.str()));
-  if (t.empty()) return absl::InvalidArgumentError(absl::StrCat("--auth-token-file: '", path, "' is empty"));
+  if (t.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--auth-token-file: '", path, "' is empty"));
   return t;
 }
 
@@ -116,152 +89,61 @@ std::string ServerUsage() {
   --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key
   --log-level L           trace | debug | info | warn | error | off (default info)
   --help                  this text
+
+Flags are --name value or --name=value; a usage error exits with status 2.
 )";
 }
 
 absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& args, bool* help) {
+  using util::IntFlag;
+  using util::StringFlag;
   ServerConfig c;
   *help = false;
   std::string token_file;
-  using Setter = std::function<absl::Status(std::string_view flag, std::string_view v)>;
-  auto count = [](size_t* out) -> Setter {
-    return [out](std::string_view f, std::string_view v) -> absl::Status {
-      auto n = ParseCount(f, v);
-      if (!n.ok()) return n.status();
-      *out = *n;
-      return absl::OkStatus();
-    };
+  const std::vector<util::Flag> flags = {
+      StringFlag("model", &c.model_dir),
+      StringFlag("listen", &c.listen),
+      StringFlag("metrics-listen", &c.metrics_listen),
+      IntFlag("threads", &c.threads),
+      IntFlag("max-sessions", &c.max_sessions, {.min = 1}),
+      util::BytesFlag("memory-budget", &c.memory_budget_bytes),
+      util::SecondsFlag("session-ttl", &c.session_ttl),
+      util::ChoiceFlag("kv-dtype", &c.kv_dtype, {"f32", "int8"}),
+      util::ChoiceFlag("activations", &c.activations, {"bf16", "f32"}),
+      util::ChoiceFlag("attention", &c.attention, {"exact", "o1", "qsa"}),
+      StringFlag("o1-layers", &c.o1.layers),
+      IntFlag("o1-m", &c.o1.m),
+      IntFlag("o1-window", &c.o1.w),
+      IntFlag("o1-sink", &c.o1.sink),
+      util::ParsedFlag("o1-rect", &c.o1.rect, kv::ParseO1Rect),
+      StringFlag("qsa-layers", &c.qsa_layers),
+      IntFlag("qsa-ratio", &c.qsa_ratio),
+      IntFlag("qsa-budget", &c.qsa_budget),
+      IntFlag("max-tokens", &c.max_tokens_limit, {.min = 1}),
+      IntFlag("max-context", &c.max_context),
+      util::BytesFlag("max-prompt-bytes", &c.max_prompt_bytes),
+      util::BytesFlag("max-message-bytes", &c.max_message_bytes),
+      util::BytesFlag("max-import-bytes", &c.max_import_bytes),
+      IntFlag("max-batch", &c.max_batch, {.min = 1}),
+      IntFlag("prefill-chunk", &c.prefill_chunk, {.min = 1}),
+      IntFlag("queue-capacity", &c.queue_capacity, {.min = 1}),
+      util::SecondsFlag("grace", &c.grace),
+      util::ParsedFlag("peers", &c.peers, ParsePeerList),
+      util::ParsedFlag("peer-dns", &c.peer_dns, ParsePeerDns),
+      StringFlag("peer-token", &c.peer_token),
+      StringFlag("auth-token", &c.auth_token),
+      StringFlag("auth-token-file", &token_file),
+      StringFlag("tls-cert", &c.tls_cert),
+      StringFlag("tls-key", &c.tls_key),
+      util::ChoiceFlag("log-level", &c.log_level,
+                       {"trace", "debug", "info", "warn", "error", "off"}),
   };
-  auto opt_count = [](std::optional<size_t>* out) -> Setter {
-    return [out](std::string_view f, std::string_view v) -> absl::Status {
-      auto n = ParseCount(f, v);
-      if (!n.ok()) return n.status();
-      *out = *n;
-      return absl::OkStatus();
-    };
-  };
-  auto bytes = [](size_t* out) -> Setter {
-    return [out](std::string_view f, std::string_view v) -> absl::Status {
-      auto n = ParseBytes(f, v);
-      if (!n.ok()) return n.status();
-      *out = *n;
-      return absl::OkStatus();
-    };
-  };
-  auto seconds = [](std::chrono::milliseconds* out) -> Setter {
-    return [out](std::string_view f, std::string_view v) -> absl::Status {
-      auto n = ParseSeconds(f, v);
-      if (!n.ok()) return n.status();
-      *out = *n;
-      return absl::OkStatus();
-    };
-  };
-  auto str = [](std::string* out) -> Setter {
-    return [out](std::string_view, std::string_view v) {
-      *out = std::string(v);
-      return absl::OkStatus();
-    };
-  };
-  auto choice = [](std::string* out, std::vector<std::string> allowed) -> Setter {
-    return [out, allowed](std::string_view f, std::string_view v) -> absl::Status {
-      for (const auto& a : allowed) {
-        if (v == a) {
-          *out = a;
-          return absl::OkStatus();
-        }
-      }
-      std::string list;
-      for (const auto& a : allowed) absl::StrAppend(&list, list.empty() ? "" : " | ", a);
-      return FlagError(f, v, list);
-    };
-  };
-  std::map<std::string, Setter, std::less<>> flags = {
-      {"model", str(&c.model_dir)},
-      {"listen", str(&c.listen)},
-      {"metrics-listen", str(&c.metrics_listen)},
-      {"threads", count(&c.threads)},
-      {"max-sessions", count(&c.max_sessions)},
-      {"memory-budget", bytes(&c.memory_budget_bytes)},
-      {"session-ttl", seconds(&c.session_ttl)},
-      {"kv-dtype", choice(&c.kv_dtype, {"f32", "int8"})},
-      {"activations", choice(&c.activations, {"bf16", "f32"})},
-      {"attention", choice(&c.attention, {"exact", "o1", "qsa"})},
-      {"o1-layers", [&c](std::string_view, std::string_view v) {
-         c.o1.layers = std::string(v);
-         return absl::OkStatus();
-       }},
-      {"o1-m", opt_count(&c.o1.m)},
-      {"o1-window", opt_count(&c.o1.w)},
-      {"o1-sink", opt_count(&c.o1.sink)},
-      {"o1-rect", [&c](std::string_view f, std::string_view v) -> absl::Status {
-         auto r = kv::ParseO1Rect(v);
-         if (!r.ok()) return FlagError(f, v, "agg | fm");
-         c.o1.rect = *r;
-         return absl::OkStatus();
-       }},
-      {"qsa-layers", [&c](std::string_view, std::string_view v) {
-         c.qsa_layers = std::string(v);
-         return absl::OkStatus();
-       }},
-      {"qsa-ratio", opt_count(&c.qsa_ratio)},
-      {"qsa-budget", opt_count(&c.qsa_budget)},
-      {"max-tokens", count(&c.max_tokens_limit)},
-      {"max-context", count(&c.max_context)},
-      {"max-prompt-bytes", bytes(&c.max_prompt_bytes)},
-      {"max-message-bytes", bytes(&c.max_message_bytes)},
-      {"max-import-bytes", bytes(&c.max_import_bytes)},
-      {"max-batch", count(&c.max_batch)},
-      {"prefill-chunk", count(&c.prefill_chunk)},
-      {"queue-capacity", count(&c.queue_capacity)},
-      {"grace", seconds(&c.grace)},
-      {"peers", [&c](std::string_view f, std::string_view v) -> absl::Status {
-         c.peers.clear();
-         for (absl::string_view p : absl::StrSplit(util::Sv(v), ',', absl::SkipEmpty())) {
-           if (p.find(':') == absl::string_view::npos) return FlagError(f, v, "HOST:PORT[,HOST:PORT...]");
-           c.peers.emplace_back(p);
-         }
-         return absl::OkStatus();
-       }},
-      {"peer-dns", [&c](std::string_view f, std::string_view v) -> absl::Status {
-         if (v.find(':') == std::string_view::npos) return FlagError(f, v, "NAME:PORT");
-         c.peer_dns = std::string(v);
-         return absl::OkStatus();
-       }},
-      {"peer-token", str(&c.peer_token)},
-      {"auth-token", str(&c.auth_token)},
-      {"auth-token-file", str(&token_file)},
-      {"tls-cert", str(&c.tls_cert)},
-      {"tls-key", str(&c.tls_key)},
-      {"log-level", choice(&c.log_level, {"trace", "debug", "info", "warn", "error", "off"})},
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string_view a = args[i];
-    if (a == "--help" || a == "-h") {
-      *help = true;
-      return c;
-    }
-    if (a.substr(0, 2) != "--") {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", util::Sv(a), "' (flags are --name value)"));
-    }
-    a.remove_prefix(2);
-    std::string_view name = a, value;
-    bool has_value = false;
-    if (size_t eq = a.find('='); eq != std::string_view::npos) {
-      name = a.substr(0, eq);
-      value = a.substr(eq + 1);
-      has_value = true;
-    }
-    auto it = flags.find(name);
-    if (it == flags.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", util::Sv(name), " (see --help)"));
-    }
-    if (!has_value) {
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("--", util::Sv(name), ": missing value"));
-      }
-      value = args[++i];
-    }
-    if (absl::Status s = it->second(name, value); !s.ok()) return s;
+  absl::StatusOr<util::ParsedArgs> parsed =
+      util::ParseFlags(flags, args, {.positionals = util::Positionals::kNone});
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->help) {
+    *help = true;
+    return c;
   }
   if (!token_file.empty()) {
     auto t = ReadTokenFile(token_file);
@@ -273,18 +155,14 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   }
   if (c.peers.empty()) {
     if (const char* env = std::getenv("CORTIQ_PEERS"); env != nullptr) {
-      for (absl::string_view p : absl::StrSplit(env, ',', absl::SkipEmpty())) c.peers.emplace_back(p);
+      for (absl::string_view p : absl::StrSplit(env, ',', absl::SkipEmpty()))
+        c.peers.emplace_back(p);
     }
   }
   if (c.peer_token.empty()) c.peer_token = c.auth_token;
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
   }
-  if (c.max_sessions == 0) return absl::InvalidArgumentError("--max-sessions: must be >= 1");
-  if (c.max_batch == 0) return absl::InvalidArgumentError("--max-batch: must be >= 1");
-  if (c.prefill_chunk == 0) return absl::InvalidArgumentError("--prefill-chunk: must be >= 1");
-  if (c.queue_capacity == 0) return absl::InvalidArgumentError("--queue-capacity: must be >= 1");
-  if (c.max_tokens_limit == 0) return absl::InvalidArgumentError("--max-tokens: must be >= 1");
   if (c.model_dir.empty()) c.model_dir = DefaultModelDir();
   return c;
 }

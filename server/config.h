@@ -1,9 +1,13 @@
 // cortiq-server's configuration: flags, their defaults, and parsing.
 //
-// Every flag is `--name value` or `--name=value`. Parsing is strict: an
-// unknown flag, a missing value or a malformed number is an InvalidArgument
-// error naming the flag; nothing is guessed. Sizes accept K/M/G/T suffixes
-// (powers of 1024); durations are seconds (fractions allowed).
+// The flags are one table of typed bindings parsed by the shared parser
+// (core/util/flags.h): `--name value` or `--name=value`, no positional
+// arguments. Parsing is strict: an unknown flag, a missing value, a malformed
+// number or one outside its range (--max-sessions, --max-tokens, --max-batch,
+// --prefill-chunk and --queue-capacity are >= 1) is an InvalidArgument error
+// naming the flag; nothing is guessed. Sizes accept K/M/G/T suffixes (powers
+// of 1024); durations are seconds (fractions allowed; a positive one is at
+// least 1 ms).
 #pragma once
 
 #include <chrono>
@@ -18,13 +22,13 @@
 namespace cortiq::server {
 
 struct ServerConfig {
-  std::string model_dir;                      // empty: the embedded default model
-  std::string listen = "127.0.0.1:50051";     // gRPC; port 0 = any free port
+  std::string model_dir;                          // empty: the embedded default model
+  std::string listen = "127.0.0.1:50051";         // gRPC; port 0 = any free port
   std::string metrics_listen = "127.0.0.1:9464";  // "" or "off" disables /metrics
-  size_t threads = 0;                         // math threads; 0 = every core
-  std::string activations = "bf16";           // bf16 weights: bf16 | f32 activations
+  size_t threads = 0;                             // math threads; 0 = every core
+  std::string activations = "bf16";               // bf16 weights: bf16 | f32 activations
   size_t max_sessions = 256;
-  size_t memory_budget_bytes = 0;             // 0 = unlimited
+  size_t memory_budget_bytes = 0;  // 0 = unlimited
   std::chrono::milliseconds session_ttl{600'000};
   std::string kv_dtype = "f32";               // default for new sessions: f32 | int8
   std::string attention = "exact";            // default mode: exact | o1 | qsa
@@ -40,18 +44,19 @@ struct ServerConfig {
   size_t max_batch = 32;
   size_t prefill_chunk = 256;
   size_t queue_capacity = 64;
-  std::chrono::milliseconds grace{10'000};    // shutdown: streams get this long to finish
-  std::vector<std::string> peers;             // --peers H:P,H:P or CORTIQ_PEERS: drain targets
-  std::string peer_dns;                       // --peer-dns NAME:PORT (every A record is a peer)
-  std::string peer_token;                     // --peer-token (default: the auth token)
-  std::string auth_token;                     // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
-  std::string tls_cert, tls_key;              // PEM files; both or neither
-  std::string log_level = "info";             // trace | debug | info | warn | error | off
+  std::chrono::milliseconds grace{10'000};  // shutdown: streams get this long to finish
+  std::vector<std::string> peers;           // --peers H:P,H:P or CORTIQ_PEERS: drain targets
+  std::string peer_dns;                     // --peer-dns NAME:PORT (every A record is a peer)
+  std::string peer_token;                   // --peer-token (default: the auth token)
+  std::string auth_token;                   // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
+  std::string tls_cert, tls_key;            // PEM files; both or neither
+  std::string log_level = "info";           // trace | debug | info | warn | error | off
 };
 
-// Parses argv[1..]; env CORTIQ_AUTH_TOKEN and CORTIQ_MODEL fill the token and
-// the model when the flags do not. Returns nullopt-equivalent via `help`
-// when --help was given (the caller prints Usage()).
+// Parses argv[1..]; env CORTIQ_AUTH_TOKEN, CORTIQ_PEERS and CORTIQ_MODEL fill
+// the token, the peers and the model when the flags do not. Sets *help (and
+// checks nothing else) when --help or -h was given: the caller prints
+// ServerUsage() and exits 0; on an error it exits util::kExitUsage.
 absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& args, bool* help);
 
 // The flag reference printed by --help.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/math/kernels.h"
+#include "core/util/flags.h"
 #include "server/config.h"
 #include "server/server.h"
 #include "spdlog/spdlog.h"
@@ -23,10 +24,7 @@ int main(int argc, char** argv) {
     std::fputs(cortiq::server::ServerUsage().c_str(), stdout);
     return 0;
   }
-  if (!config.ok()) {
-    std::fprintf(stderr, "cortiq-server: %s\n", std::string(config.status().message()).c_str());
-    return 2;
-  }
+  if (!config.ok()) return cortiq::util::ReportUsageError("cortiq-server", config.status());
   spdlog::set_level(spdlog::level::from_str(config->log_level));
 
   // Signals are taken synchronously by this thread: block them before any

@@ -11,29 +11,17 @@
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/usage_error.h"
 
 namespace cortiq::client {
 namespace {
 
 namespace v1 = ::cortiq::v1;
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 
 using Args = std::vector<std::string>;
 
-// The status is INVALID_ARGUMENT and its message contains `needle`.
-template <typename T>
-void ExpectUsageError(const absl::StatusOr<T>& result, const std::string& needle) {
-  ASSERT_FALSE(result.ok()) << "expected an error naming " << needle;
-  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr(needle));
-}
-
-void ExpectUsageError(const absl::Status& status, const std::string& needle) {
-  ASSERT_FALSE(status.ok()) << "expected an error naming " << needle;
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(status.message()), HasSubstr(needle));
-}
+using ::cortiq::testing::ExpectUsageError;
 
 // ---------------------------------------------------------------------------
 // Global flags
@@ -128,54 +116,8 @@ TEST(CommandLineTest, GlobalFlagAfterTheCommandIsExplained) {
   ExpectUsageError(ParseGenerateArgs(cl->args), "--server is a global flag");
 }
 
-// ---------------------------------------------------------------------------
-// Numbers
-
-TEST(NumberFlagTest, StrictUnsigned) {
-  EXPECT_EQ(*ParseUint32Flag("--n", "0"), 0u);
-  EXPECT_EQ(*ParseUint32Flag("--n", "4294967295"), 4294967295u);
-  EXPECT_EQ(*ParseUint64Flag("--seed", "18446744073709551615"), 18446744073709551615ull);
-  ExpectUsageError(ParseUint32Flag("--n", "4294967296"), "--n: out of range");
-  ExpectUsageError(ParseUint32Flag("--n", "-1"), "--n: must not be negative");
-  ExpectUsageError(ParseUint32Flag("--n", "12abc"), "--n: expected a non-negative integer");
-  ExpectUsageError(ParseUint32Flag("--n", " 12"), "--n");
-  ExpectUsageError(ParseUint32Flag("--n", "12 "), "--n");
-  ExpectUsageError(ParseUint32Flag("--n", ""), "--n");
-  ExpectUsageError(ParseUint32Flag("--n", "+3"), "--n");
-  ExpectUsageError(ParseUint32Flag("--n", "0x10"), "--n");
-  ExpectUsageError(ParseUint64Flag("--seed", "-5"), "--seed: must not be negative");
-  ExpectUsageError(ParseNonNegativeInt32Flag("--k", "2147483648"), "--k: out of range");
-  EXPECT_EQ(*ParseNonNegativeInt32Flag("--k", "2147483647"), 2147483647);
-}
-
-TEST(NumberFlagTest, StrictFloat) {
-  EXPECT_FLOAT_EQ(*ParseFloatFlag("--t", "0.7"), 0.7f);
-  EXPECT_FLOAT_EQ(*ParseFloatFlag("--t", "1e-3"), 1e-3f);
-  EXPECT_FLOAT_EQ(*ParseFloatFlag("--t", "-2"), -2.0f);  // range checks are the server's
-  ExpectUsageError(ParseFloatFlag("--t", "0.7x"), "--t: expected a number");
-  ExpectUsageError(ParseFloatFlag("--t", "inf"), "--t: must be a finite number");
-  ExpectUsageError(ParseFloatFlag("--t", "nan"), "--t");
-  ExpectUsageError(ParseFloatFlag("--t", "1e39"), "--t: out of range");
-  ExpectUsageError(ParseFloatFlag("--t", ""), "--t");
-}
-
-TEST(NumberFlagTest, Seconds) {
-  EXPECT_EQ(*ParseSecondsFlag("--timeout", "1"), std::chrono::milliseconds(1000));
-  EXPECT_EQ(*ParseSecondsFlag("--timeout", "0.0001"), std::chrono::milliseconds(1));
-  EXPECT_EQ(*ParseSecondsFlag("--timeout", "0"), std::chrono::milliseconds(0));
-  ExpectUsageError(ParseSecondsFlag("--timeout", "1e10"), "--timeout: out of range");
-}
-
-TEST(NumberFlagTest, TokenIds) {
-  EXPECT_THAT(*ParseTokenIdsFlag("--tokens", "1,2,3"), ElementsAre(1, 2, 3));
-  EXPECT_THAT(*ParseTokenIdsFlag("--tokens", " 7, 0 ,151643"), ElementsAre(7, 0, 151643));
-  EXPECT_THAT(*ParseTokenIdsFlag("--tokens", "42"), ElementsAre(42));
-  ExpectUsageError(ParseTokenIdsFlag("--tokens", ""), "--tokens: empty id at position 1");
-  ExpectUsageError(ParseTokenIdsFlag("--tokens", "1,,2"), "--tokens: empty id at position 2");
-  ExpectUsageError(ParseTokenIdsFlag("--tokens", "1,2,"), "--tokens: empty id at position 3");
-  ExpectUsageError(ParseTokenIdsFlag("--tokens", "1,-2"), "--tokens: must not be negative");
-  ExpectUsageError(ParseTokenIdsFlag("--tokens", "1,x"), "--tokens");
-}
+// (The number parsers' tests, NumberFlagTest, moved to tests/util/flags_test.cc
+// with the parsers: core/util/flags.h.)
 
 // ---------------------------------------------------------------------------
 // generate

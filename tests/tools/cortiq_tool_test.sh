@@ -70,4 +70,39 @@ ERR="$("$TOOL" logits --model "$WORK/m" --ids 1,999 --out "$WORK/x" 2>&1)"; RC=$
 [ $RC -eq 1 ] || fail "bad token id should exit 1"
 grep -q "tokens\[1\]" <<<"$ERR" || fail "error should name tokens[1]: $ERR"
 set -e
+
+# The shared flag syntax (core/util/flags.h): --name=value is --name value;
+# --help (anywhere, any command) prints the usage and exits 0; a usage error
+# prints the message naming the flag and a hint on stderr and exits 2.
+"$TOOL" mkmodel tiny "$WORK/m3" --seed=3 2>/dev/null
+cmp -s "$WORK/m/model.safetensors" "$WORK/m3/model.safetensors" || fail "--seed=3 differs from --seed 3"
+"$TOOL" --help | grep -q '^usage:' || fail "--help"
+"$TOOL" ppl --help | grep -q '^usage:' || fail "ppl --help"
+"$TOOL" help | grep -q '^usage:' || fail "help"
+usage_error() {  # usage_error NEEDLE ARGS...: exit 2, NEEDLE and the hint on stderr
+  local needle="$1" err rc
+  shift
+  set +e
+  err="$("$TOOL" "$@" 2>&1 >/dev/null)"; rc=$?
+  set -e
+  [ $rc -eq 2 ] || fail "$* should exit 2 (got $rc)"
+  grep -qF -- "$needle" <<<"$err" || fail "$* should say '$needle': $err"
+  grep -qF "run 'cortiq-tool --help' for usage" <<<"$err" || fail "$* should print the hint: $err"
+}
+usage_error "unknown flag --port" --port abc
+usage_error "unknown command 'frobnicate'" frobnicate
+usage_error "--window: expected a non-negative integer" ppl --model "$WORK/m" --file "$WORK/text.txt" --window abc
+usage_error "--window: must not be negative" ppl --model "$WORK/m" --file "$WORK/text.txt" --window=-1
+usage_error "--qsa-budget: must be at least 2" ppl --model "$WORK/m" --file "$WORK/text.txt" --qsa-budget 1
+usage_error "--kv: expected f32 or int8" logits --model "$WORK/m" --ids 1 --out "$WORK/x" --kv f16
+usage_error "--activations: expected bf16 or f32" generate --model "$WORK/m" --prompt hi --activations f16
+usage_error "--max-tokens: must be at least 1" generate --model "$WORK/m" --prompt hi --max-tokens 0
+usage_error "--ids: must not be negative" logits --model "$WORK/m" --ids 1,-2 --out "$WORK/x"
+usage_error "--file is required" ppl --model "$WORK/m"
+usage_error "--seed needs a value" mkmodel tiny "$WORK/m4" --seed
+usage_error "--dtype: expected f32, bf16 or f16" mkmodel tiny "$WORK/m4" --dtype f8
+usage_error "--batches: must be at least 1" bench --batches 1,0
+usage_error "--modes: each mode is one of exact, int8, o1, qsa" bench-context --modes exact,fast
+usage_error "unexpected argument 'extra'" tokenize --tokenizer "$WORK/m/tokenizer.json" extra
+usage_error "unknown flag --o1-rect for bench-context" bench-context --o1-rect fm
 echo "cortiq-tool: all checks passed"

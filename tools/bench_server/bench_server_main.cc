@@ -20,9 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "core/model/random_checkpoint.h"
+#include "core/util/flags.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/server.h"
@@ -37,8 +36,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 struct StreamResult {
   size_t tokens = 0;
-  double ttft = 0;         // call start → first token
-  double decode_tps = 0;   // (tokens - 1) / (last - first)
+  double ttft = 0;        // call start → first token
+  double decode_tps = 0;  // (tokens - 1) / (last - first)
   bool ok = false;
 };
 
@@ -69,41 +68,38 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-int Usage() {
-  std::fprintf(stderr,
-               "usage: cortiq-bench-server [--shape S] [--dtype f32|bf16] [--model DIR]\n"
-               "         [--streams 1,4,8,16] [--max-tokens N] [--prompt-tokens N] [--rounds R]"
-               " [--threads N]\n");
-  return 2;
-}
+constexpr const char* kUsage =
+    "usage: cortiq-bench-server [--shape S] [--dtype f32|bf16] [--model DIR]\n"
+    "         [--streams 1,4,8,16] [--max-tokens N] [--prompt-tokens N] [--rounds R]"
+    " [--threads N]\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape = "qwen3-0.6b", dtype = "bf16", model_dir, streams_arg = "1,4,8,16";
+  std::string shape = "qwen3-0.6b", dtype = "bf16", model_dir;
+  std::vector<size_t> levels = {1, 4, 8, 16};
   size_t max_tokens = 64, prompt_tokens = 32, rounds = 2, threads = 0;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i + 1 >= argc) return Usage();
-    std::string v = argv[++i];
-    size_t n = 0;
-    const bool num = absl::SimpleAtoi(v, &n);
-    if (a == "--shape") shape = v;
-    else if (a == "--dtype") dtype = v;
-    else if (a == "--model") model_dir = v;
-    else if (a == "--streams") streams_arg = v;
-    else if (a == "--max-tokens" && num) max_tokens = n;
-    else if (a == "--prompt-tokens" && num) prompt_tokens = n;
-    else if (a == "--rounds" && num) rounds = std::max<size_t>(n, 1);
-    else if (a == "--threads" && num) threads = n;
-    else return Usage();
+  using cortiq::util::IntFlag;
+  using cortiq::util::StringFlag;
+  absl::StatusOr<cortiq::util::ParsedArgs> parsed = cortiq::util::ParseFlags(
+      {
+          StringFlag("shape", &shape),
+          StringFlag("dtype", &dtype),
+          StringFlag("model", &model_dir),
+          cortiq::util::IntListFlag("streams", &levels, "stream count", {.min = 1}),
+          IntFlag("max-tokens", &max_tokens),
+          IntFlag("prompt-tokens", &prompt_tokens),
+          IntFlag("rounds", &rounds),
+          IntFlag("threads", &threads),
+      },
+      std::vector<std::string>(argv + 1, argv + argc),
+      {.positionals = cortiq::util::Positionals::kNone});
+  if (!parsed.ok()) return cortiq::util::ReportUsageError("cortiq-bench-server", parsed.status());
+  if (parsed->help) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
-  std::vector<size_t> levels;
-  for (auto s : absl::StrSplit(streams_arg, ',')) {
-    size_t n;
-    if (!absl::SimpleAtoi(s, &n) || n == 0) return Usage();
-    levels.push_back(n);
-  }
+  rounds = std::max<size_t>(rounds, 1);
   spdlog::set_level(spdlog::level::warn);
   if (model_dir.empty()) {
     model_dir = "/tmp/cortiq-bench-" + shape + "-" + dtype;

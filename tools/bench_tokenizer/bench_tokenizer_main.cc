@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/flags.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -50,21 +50,23 @@ int main(int argc, char** argv) {
   std::string text_path;
   double megabytes = 2.0;
   int rounds = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--tokenizer") {
-      tokenizer_path = argv[i + 1];
-    } else if (flag == "--text") {
-      text_path = argv[i + 1];
-    } else if (flag == "--mb") {
-      megabytes = std::atof(argv[i + 1]);
-    } else if (flag == "--rounds") {
-      rounds = std::max(1, std::atoi(argv[i + 1]));
-    } else {
-      std::cerr << "unknown flag " << flag << "\n";
-      return 2;
-    }
+  absl::StatusOr<cortiq::util::ParsedArgs> parsed = cortiq::util::ParseFlags(
+      {
+          cortiq::util::StringFlag("tokenizer", &tokenizer_path),
+          cortiq::util::StringFlag("text", &text_path),
+          cortiq::util::NumberFlag("mb", &megabytes, {.min = 0}),
+          cortiq::util::IntFlag("rounds", &rounds),
+      },
+      std::vector<std::string>(argv + 1, argv + argc),
+      {.positionals = cortiq::util::Positionals::kNone});
+  if (!parsed.ok())
+    return cortiq::util::ReportUsageError("cortiq-bench-tokenizer", parsed.status());
+  if (parsed->help) {
+    std::cout << "usage: cortiq-bench-tokenizer [--tokenizer PATH] [--text PATH] [--mb N] "
+                 "[--rounds N]\n";
+    return 0;
   }
+  rounds = std::max(1, rounds);
   auto tokenizer = cortiq::tokenizer::Tokenizer::FromFile(tokenizer_path);
   if (!tokenizer.ok()) {
     std::cerr << tokenizer.status() << "\n";

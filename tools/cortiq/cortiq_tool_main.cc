@@ -15,16 +15,19 @@
 //   cortiq-tool bench-context [--shape NAME] [--contexts 1024,...] [--modes exact,int8,o1,qsa]
 //                             [--steps N] [--qsa SPEC --qsa-ratio R --qsa-budget K]
 //
-// Exit status: 0 success, 1 runtime error, 2 usage error.
-#include <cmath>
+// Flags are `--name value` or `--name=value` (core/util/flags.h); each command
+// declares its flags once, as a table of typed bindings, and parses them before
+// anything runs. --help anywhere (before `--`) prints the usage.
+// Exit status: 0 success, 1 runtime error, 2 usage error (the message and a
+// hint on stderr).
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <map>
-#include <sstream>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -35,6 +38,8 @@
 #include "core/model/transformer.h"
 #include "core/tokenizer/detokenizer.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/flags.h"
+#include "core/util/status_macros.h"
 #include "tools/cortiq/bench.h"
 #include "tools/cortiq/ppl.h"
 
@@ -63,130 +68,175 @@ shapes: tiny, tiny-gqa, tiny-qwen2, tiny-llama, qwen3-0.6b
 logits, ppl, generate and bench take --activations bf16|f32 (default bf16): with bf16
 weights, projections round their inputs to bf16 (exact products, f32 sums); f32 keeps
 them in f32. No effect on f32 or f16 weights.
+Flags are --name value or --name=value; --help prints this text. Exit status: 0 success,
+1 runtime error, 2 usage error.
 )";
 
-struct UsageError {
-  std::string message;
-};
+using util::Flag;
+using util::IntFlag;
+using util::StringFlag;
 
-// Flags are --name value; positional arguments are collected in order.
-struct Args {
-  std::vector<std::string> positional;
-  std::map<std::string, std::string> flags;
-
-  static Args Parse(int argc, char** argv, int start) {
-    Args a;
-    for (int i = start; i < argc; ++i) {
-      std::string s = argv[i];
-      if (s.rfind("--", 0) == 0) {
-        if (i + 1 >= argc) throw UsageError{absl::StrCat(s, " needs a value")};
-        a.flags[s.substr(2)] = argv[++i];
-      } else {
-        a.positional.push_back(std::move(s));
-      }
-    }
-    return a;
-  }
-  bool Has(const std::string& k) const { return flags.count(k) > 0; }
-  std::string Str(const std::string& k, const std::string& def = "") const {
-    auto it = flags.find(k);
-    return it == flags.end() ? def : it->second;
-  }
-  std::string Required(const std::string& k) const {
-    if (!Has(k)) throw UsageError{absl::StrCat("--", k, " is required")};
-    return flags.at(k);
-  }
-  int64_t Int(const std::string& k, int64_t def) const {
-    if (!Has(k)) return def;
-    int64_t v;
-    if (!absl::SimpleAtoi(flags.at(k), &v))
-      throw UsageError{absl::StrCat("--", k, ": not an integer")};
-    return v;
-  }
-  double Float(const std::string& k, double def) const {
-    if (!Has(k)) return def;
-    double v;
-    if (!absl::SimpleAtod(flags.at(k), &v))
-      throw UsageError{absl::StrCat("--", k, ": not a number")};
-    return v;
-  }
-  void AllowOnly(std::initializer_list<const char*> names) const {
-    for (const auto& [k, v] : flags) {
-      bool ok = false;
-      for (const char* n : names) ok = ok || k == n;
-      if (!ok) throw UsageError{absl::StrCat("unknown flag --", k)};
-    }
-  }
-};
+int UsageError(const absl::Status& s) { return util::ReportUsageError("cortiq-tool", s); }
 
 int Fail(const absl::Status& s) {
   std::cerr << "cortiq-tool: " << s << "\n";
   return 1;
 }
 
-kv::KvMode ParseKv(const Args& a) {
-  std::string kv = a.Str("kv", "f32");
-  if (kv == "f32") return kv::KvMode::kF32;
-  if (kv == "int8") return kv::KvMode::kInt8;
-  throw UsageError{"--kv must be f32 or int8"};
+// A command's flags; `positionals` says whether it takes positional arguments.
+absl::StatusOr<util::ParsedArgs> ParseCommandFlags(
+    std::string_view command, const std::vector<std::string>& args, const std::vector<Flag>& flags,
+    util::Positionals positionals = util::Positionals::kNone) {
+  return util::ParseFlags(flags, args, {.command = command, .positionals = positionals});
+}
+
+// Flags several commands share.
+Flag KvFlag(kv::KvMode* out) {
+  return util::EnumFlag("kv", out, {{"f32", kv::KvMode::kF32}, {"int8", kv::KvMode::kInt8}});
 }
 
 // --activations bf16|f32 (default bf16): model::LoadOptions::bf16_activations.
-bool ParseBf16Activations(const Args& a) {
-  std::string act = a.Str("activations", "bf16");
-  if (act == "bf16") return true;
-  if (act == "f32") return false;
-  throw UsageError{"--activations must be bf16 or f32"};
+Flag ActivationsFlag(bool* bf16) {
+  return util::EnumFlag("activations", bf16, {{"bf16", true}, {"f32", false}});
 }
 
-absl::StatusOr<std::unique_ptr<model::Transformer>> LoadModel(const Args& a,
-                                                              const std::string& dir) {
-  model::LoadOptions lo;
-  lo.bf16_activations = ParseBf16Activations(a);
-  return model::Transformer::Load(dir, lo);
+// --o1 SPEC --o1-m M --o1-w W --o1-sink S: request-level O(1) overrides.
+std::vector<Flag> O1Flags(kv::O1Overrides* o1) {
+  return {StringFlag("o1", &o1->layers), IntFlag("o1-m", &o1->m), IntFlag("o1-w", &o1->w),
+          IntFlag("o1-sink", &o1->sink)};
 }
 
-std::vector<int32_t> ParseIds(std::string_view text) {
-  std::vector<int32_t> ids;
-  for (absl::string_view piece : absl::StrSplit(absl::string_view(text.data(), text.size()),
-                                                absl::ByAnyChar(", \n\t\r"), absl::SkipEmpty())) {
-    int32_t id;
-    if (!absl::SimpleAtoi(piece, &id))
-      throw UsageError{absl::StrCat("not a token id: '", piece, "'")};
-    ids.push_back(id);
-  }
-  return ids;
+// --qsa SPEC --qsa-ratio R (>= 1) --qsa-budget K (>= 2).
+template <typename Layers>
+std::vector<Flag> QsaFlags(Layers* layers, size_t* ratio, size_t* budget) {
+  return {StringFlag("qsa", layers), IntFlag("qsa-ratio", ratio, {.min = 1}),
+          IntFlag("qsa-budget", budget, {.min = 2})};
 }
 
 absl::StatusOr<tokenizer::Tokenizer> ModelTokenizer(const std::string& dir) {
   return tokenizer::Tokenizer::FromFile(dir + "/tokenizer.json");
 }
 
-int MkModel(const Args& a) {
-  a.AllowOnly({"dtype", "seed"});
-  if (a.positional.size() != 2) throw UsageError{"mkmodel needs SHAPE and DIR"};
-  auto config = model::NamedShape(a.positional[0]);
+// What logits and generate share: --model DIR (required), the prompt as
+// --ids 1,2,3 or --prompt TEXT (exactly one), --kv and --activations.
+struct PromptRunArgs {
+  std::string model_dir;
+  std::vector<int32_t> ids;
+  std::optional<std::string> prompt;
+  kv::KvMode kv = kv::KvMode::kF32;
+  bool bf16_activations = true;
+};
+
+// Parses `command`'s own `flags` and the shared ones into `p`.
+absl::Status ParsePromptRunArgs(std::string_view command, const std::vector<std::string>& args,
+                                std::vector<Flag> flags, PromptRunArgs* p) {
+  CORTIQ_ASSIGN_OR_RETURN(
+      util::ParsedArgs parsed,
+      ParseCommandFlags(command, args,
+                        util::JoinFlags({std::move(flags),
+                                         {
+                                             StringFlag("model", &p->model_dir).Required(),
+                                             util::IntListFlag("ids", &p->ids, "id", {.min = 0}),
+                                             StringFlag("prompt", &p->prompt),
+                                             KvFlag(&p->kv),
+                                             ActivationsFlag(&p->bf16_activations),
+                                         }})));
+  if (parsed.Given("ids") == parsed.Given("prompt")) {
+    return absl::InvalidArgumentError("give exactly one of --ids and --prompt");
+  }
+  return absl::OkStatus();
+}
+
+// The model and the prompt's ids (--prompt tokenized with the model's tokenizer).
+struct PromptRun {
+  std::unique_ptr<model::Transformer> model;
+  std::vector<int32_t> ids;
+};
+
+absl::StatusOr<PromptRun> LoadPromptRun(const PromptRunArgs& p) {
+  PromptRun run;
+  if (p.prompt.has_value()) {
+    CORTIQ_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, ModelTokenizer(p.model_dir));
+    run.ids = tok.Encode(*p.prompt);
+  } else {
+    run.ids = p.ids;
+  }
+  model::LoadOptions lo;
+  lo.bf16_activations = p.bf16_activations;
+  CORTIQ_ASSIGN_OR_RETURN(run.model, model::Transformer::Load(p.model_dir, lo));
+  return run;
+}
+
+// Token ids on stdin: integers separated by commas or whitespace.
+absl::StatusOr<std::vector<int32_t>> ParseStdinIds(std::string_view text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view piece : absl::StrSplit(absl::string_view(text.data(), text.size()),
+                                                absl::ByAnyChar(", \n\t\r"), absl::SkipEmpty())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("not a token id: '", piece, "'"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+// ---------------------------------------------------------------------------
+// mkmodel SHAPE DIR [--dtype f32|bf16|f16] [--seed N]
+
+struct MkModelArgs {
+  std::string shape, dir;
+  std::string dtype = "f32";
+  uint64_t seed = 1;
+};
+
+absl::StatusOr<MkModelArgs> ParseMkModelArgs(const std::vector<std::string>& args) {
+  MkModelArgs a;
+  CORTIQ_ASSIGN_OR_RETURN(
+      util::ParsedArgs parsed,
+      ParseCommandFlags(
+          "mkmodel", args,
+          {util::ChoiceFlag("dtype", &a.dtype, {"f32", "bf16", "f16"}), IntFlag("seed", &a.seed)},
+          util::Positionals::kInterleaved));
+  if (parsed.positional.size() != 2)
+    return absl::InvalidArgumentError("mkmodel needs SHAPE and DIR");
+  a.shape = parsed.positional[0];
+  a.dir = parsed.positional[1];
+  return a;
+}
+
+int MkModel(const MkModelArgs& a) {
+  auto config = model::NamedShape(a.shape);
   if (!config.ok()) return Fail(config.status());
   model::RandomCheckpointOptions opt;
-  const std::string dtype = a.Str("dtype", "f32");
-  if (dtype == "f32")
-    opt.dtype = math::DType::kF32;
-  else if (dtype == "bf16")
-    opt.dtype = math::DType::kBF16;
-  else if (dtype == "f16")
-    opt.dtype = math::DType::kF16;
-  else
-    throw UsageError{"--dtype must be f32, bf16 or f16"};
-  opt.seed = static_cast<uint64_t>(a.Int("seed", 1));
-  absl::Status s = model::WriteRandomCheckpoint(*config, a.positional[1], opt);
+  opt.dtype = a.dtype == "bf16"  ? math::DType::kBF16
+              : a.dtype == "f16" ? math::DType::kF16
+                                 : math::DType::kF32;
+  opt.seed = a.seed;
+  absl::Status s = model::WriteRandomCheckpoint(*config, a.dir, opt);
   if (!s.ok()) return Fail(s);
-  std::cerr << "wrote " << a.positional[0] << " (" << dtype << ") to " << a.positional[1] << "\n";
+  std::cerr << "wrote " << a.shape << " (" << a.dtype << ") to " << a.dir << "\n";
   return 0;
 }
 
-int Tokenize(const Args& a) {
-  a.AllowOnly({"tokenizer"});
-  auto tok = tokenizer::Tokenizer::FromFile(a.Required("tokenizer"));
+// ---------------------------------------------------------------------------
+// tokenize / detokenize --tokenizer FILE
+
+struct TokenizerArgs {
+  std::string tokenizer;
+};
+
+absl::StatusOr<TokenizerArgs> ParseTokenizerArgs(std::string_view command,
+                                                 const std::vector<std::string>& args) {
+  TokenizerArgs a;
+  CORTIQ_RETURN_IF_ERROR(
+      ParseCommandFlags(command, args, {StringFlag("tokenizer", &a.tokenizer).Required()})
+          .status());
+  return a;
+}
+
+int Tokenize(const TokenizerArgs& a) {
+  auto tok = tokenizer::Tokenizer::FromFile(a.tokenizer);
   if (!tok.ok()) return Fail(tok.status());
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   std::vector<int32_t> ids = tok->Encode(text);
@@ -195,111 +245,133 @@ int Tokenize(const Args& a) {
   return 0;
 }
 
-int Detokenize(const Args& a) {
-  a.AllowOnly({"tokenizer"});
-  auto tok = tokenizer::Tokenizer::FromFile(a.Required("tokenizer"));
+int Detokenize(const TokenizerArgs& a) {
+  auto tok = tokenizer::Tokenizer::FromFile(a.tokenizer);
   if (!tok.ok()) return Fail(tok.status());
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  std::cout << tok->Decode(ParseIds(text));
+  absl::StatusOr<std::vector<int32_t>> ids = ParseStdinIds(text);
+  if (!ids.ok()) return UsageError(ids.status());
+  std::cout << tok->Decode(*ids);
   return 0;
 }
 
-// Ids from --ids or --prompt (tokenized with the model's tokenizer).
-absl::StatusOr<std::vector<int32_t>> PromptIds(const Args& a, const std::string& model_dir) {
-  if (a.Has("ids") == a.Has("prompt")) throw UsageError{"give exactly one of --ids and --prompt"};
-  if (a.Has("ids")) return ParseIds(a.Str("ids"));
-  auto tok = ModelTokenizer(model_dir);
-  if (!tok.ok()) return tok.status();
-  return tok->Encode(a.Str("prompt"));
+// ---------------------------------------------------------------------------
+// logits --model DIR (--ids 1,2,3 | --prompt TEXT) --out FILE [--kv] [--activations]
+
+struct LogitsArgs {
+  PromptRunArgs run;
+  std::string out_path;
+};
+
+absl::StatusOr<LogitsArgs> ParseLogitsArgs(const std::vector<std::string>& args) {
+  LogitsArgs a;
+  CORTIQ_RETURN_IF_ERROR(
+      ParsePromptRunArgs("logits", args, {StringFlag("out", &a.out_path).Required()}, &a.run));
+  return a;
 }
 
-int Logits(const Args& a) {
-  a.AllowOnly({"model", "ids", "prompt", "out", "kv", "activations"});
-  const std::string dir = a.Required("model");
-  const std::string out_path = a.Required("out");
-  auto ids = PromptIds(a, dir);
-  if (!ids.ok()) return Fail(ids.status());
-  auto tf = LoadModel(a, dir);
-  if (!tf.ok()) return Fail(tf.status());
-  model::SequenceKv kv((*tf)->config(), ParseKv(a));
+int Logits(const LogitsArgs& a) {
+  absl::StatusOr<PromptRun> run = LoadPromptRun(a.run);
+  if (!run.ok()) return Fail(run.status());
+  const std::unique_ptr<model::Transformer>& tf = run->model;
+  const std::vector<int32_t>& ids = run->ids;
+  model::SequenceKv kv(tf->config(), a.run.kv);
   model::ForwardScratch scratch;
-  std::vector<float> logits((*tf)->config().vocab_size);
-  absl::Status s = (*tf)->Prefill(*ids, kv, scratch, logits.data());
+  std::vector<float> logits(tf->config().vocab_size);
+  absl::Status s = tf->Prefill(ids, kv, scratch, logits.data());
   if (!s.ok()) return Fail(s);
-  std::ofstream f(out_path, std::ios::binary | std::ios::trunc);
+  std::ofstream f(a.out_path, std::ios::binary | std::ios::trunc);
   // Little-endian f32 (every supported target is little-endian).
   f.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * 4));
-  if (!f) return Fail(absl::InternalError(absl::StrCat(out_path, ": write failed")));
+  if (!f) return Fail(absl::InternalError(absl::StrCat(a.out_path, ": write failed")));
   return 0;
 }
 
-int Ppl(const Args& a) {
-  a.AllowOnly({"model", "file", "window", "prefill", "kv", "max-windows", "baseline", "o1", "o1-m",
-               "o1-w", "o1-sink", "o1-rect", "qsa", "qsa-ratio", "qsa-budget", "activations"});
+// ---------------------------------------------------------------------------
+// ppl: see ppl.h
+
+absl::StatusOr<PplOptions> ParsePplArgs(const std::vector<std::string>& args) {
   PplOptions o;
-  o.bf16_activations = ParseBf16Activations(a);
-  o.model_dir = a.Required("model");
-  o.text_file = a.Required("file");
-  o.window = static_cast<size_t>(a.Int("window", 512));
-  o.prefill = static_cast<size_t>(a.Int("prefill", int64_t(o.window / 2)));
-  o.max_windows = static_cast<long>(a.Int("max-windows", -1));
-  o.kv_mode = ParseKv(a);
-  o.baseline = a.Int("baseline", 1) != 0;
-  if (a.Has("o1") || a.Has("o1-m") || a.Has("o1-w") || a.Has("o1-sink") || a.Has("o1-rect")) {
-    kv::O1Overrides req;
-    if (a.Has("o1")) req.layers = a.Str("o1");
-    if (a.Has("o1-m")) req.m = static_cast<size_t>(a.Int("o1-m", 32));
-    if (a.Has("o1-w")) req.w = static_cast<size_t>(a.Int("o1-w", 128));
-    if (a.Has("o1-sink")) req.sink = static_cast<size_t>(a.Int("o1-sink", 4));
-    if (a.Has("o1-rect")) {
-      auto r = kv::ParseO1Rect(a.Str("o1-rect"));
-      if (!r.ok()) throw UsageError{std::string(r.status().message())};
-      req.rect = *r;
-    }
-    if (!req.layers.has_value()) req.layers = "all";
-    o.o1 = req;
+  std::optional<size_t> prefill;  // default: half the window
+  int64_t baseline = 1;
+  kv::O1Overrides o1;
+  std::vector<Flag> flags = util::JoinFlags({
+      {
+          StringFlag("model", &o.model_dir).Required(),
+          StringFlag("file", &o.text_file).Required(),
+          IntFlag("window", &o.window),
+          IntFlag("prefill", &prefill),
+          KvFlag(&o.kv_mode),
+          IntFlag("max-windows", &o.max_windows),
+          IntFlag("baseline", &baseline),
+          util::ParsedFlag("o1-rect", &o1.rect, kv::ParseO1Rect),
+          ActivationsFlag(&o.bf16_activations),
+      },
+      O1Flags(&o1),
+      QsaFlags(&o.qsa, &o.qsa_ratio, &o.qsa_budget),
+  });
+  CORTIQ_ASSIGN_OR_RETURN(util::ParsedArgs parsed, ParseCommandFlags("ppl", args, flags));
+  o.prefill = prefill.value_or(o.window / 2);
+  o.baseline = baseline != 0;
+  // Any O(1) flag runs the O(1) mode (on every layer unless --o1 says).
+  if (o1.layers || o1.m || o1.w || o1.sink || o1.rect) {
+    if (!o1.layers.has_value()) o1.layers = "all";
+    o.o1 = o1;
   }
-  if (a.Has("qsa") || a.Has("qsa-ratio") || a.Has("qsa-budget")) {
-    o.qsa = a.Str("qsa", "all");
-    o.qsa_ratio = static_cast<size_t>(a.Int("qsa-ratio", 64));
-    o.qsa_budget = static_cast<size_t>(a.Int("qsa-budget", 16));
-    if (a.Int("qsa-ratio", 64) < 1) throw UsageError{"--qsa-ratio must be at least 1"};
-    if (a.Int("qsa-budget", 16) < 2) throw UsageError{"--qsa-budget must be at least 2"};
+  // Any QSA flag runs QSA (on every layer unless --qsa says).
+  if (!o.qsa.has_value() && (parsed.Given("qsa-ratio") || parsed.Given("qsa-budget"))) {
+    o.qsa = "all";
   }
-  return RunPpl(o);
+  return o;
 }
 
-int Generate(const Args& a) {
-  a.AllowOnly({"model", "prompt", "ids", "max-tokens", "temperature", "top-k", "top-p", "min-p",
-               "repetition-penalty", "seed", "kv", "activations"});
-  const std::string dir = a.Required("model");
-  auto tok = ModelTokenizer(dir);
-  if (!tok.ok()) return Fail(tok.status());
-  auto ids = PromptIds(a, dir);
-  if (!ids.ok()) return Fail(ids.status());
-  auto tf = LoadModel(a, dir);
-  if (!tf.ok()) return Fail(tf.status());
-  model::SamplingParams sp;
-  sp.temperature = static_cast<float>(a.Float("temperature", 1.0));
-  sp.top_k = static_cast<int32_t>(a.Int("top-k", 0));
-  sp.top_p = static_cast<float>(a.Float("top-p", 1.0));
-  sp.min_p = static_cast<float>(a.Float("min-p", 0.0));
-  sp.repetition_penalty = static_cast<float>(a.Float("repetition-penalty", 1.0));
-  sp.seed = static_cast<uint64_t>(a.Int("seed", 0));
-  auto sampler = model::Sampler::Create(sp);
-  if (!sampler.ok()) return Fail(sampler.status());
-  const int64_t max_tokens = a.Int("max-tokens", 64);
-  if (max_tokens < 1) throw UsageError{"--max-tokens must be at least 1"};
+// ---------------------------------------------------------------------------
+// generate --model DIR (--prompt TEXT | --ids 1,2,3) [sampling] [--max-tokens N] [--kv]
 
-  const model::ModelConfig& c = (*tf)->config();
-  model::SequenceKv kv(c, ParseKv(a));
-  kv.Reserve(ids->size() + size_t(max_tokens));
+struct GenerateArgs {
+  PromptRunArgs run;
+  int64_t max_tokens = 64;
+  model::SamplingParams sampling;  // validated by Sampler::Create
+};
+
+absl::StatusOr<GenerateArgs> ParseGenerateArgs(const std::vector<std::string>& args) {
+  GenerateArgs a;
+  model::SamplingParams& sp = a.sampling;
+  CORTIQ_RETURN_IF_ERROR(
+      ParsePromptRunArgs("generate", args,
+                         {
+                             IntFlag("max-tokens", &a.max_tokens, {.min = 1}),
+                             util::NumberFlag("temperature", &sp.temperature),
+                             IntFlag("top-k", &sp.top_k),
+                             util::NumberFlag("top-p", &sp.top_p),
+                             util::NumberFlag("min-p", &sp.min_p),
+                             util::NumberFlag("repetition-penalty", &sp.repetition_penalty),
+                             IntFlag("seed", &sp.seed),
+                         },
+                         &a.run));
+  return a;
+}
+
+int Generate(const GenerateArgs& a) {
+  auto tok = ModelTokenizer(a.run.model_dir);
+  if (!tok.ok()) return Fail(tok.status());
+  absl::StatusOr<PromptRun> run = LoadPromptRun(a.run);
+  if (!run.ok()) return Fail(run.status());
+  const std::unique_ptr<model::Transformer>& tf = run->model;
+  const std::vector<int32_t>& ids = run->ids;
+  auto sampler = model::Sampler::Create(a.sampling);
+  if (!sampler.ok()) return Fail(sampler.status());
+  const int64_t max_tokens = a.max_tokens;
+
+  const model::ModelConfig& c = tf->config();
+  model::SequenceKv kv(c, a.run.kv);
+  kv.Reserve(ids.size() + size_t(max_tokens));
   model::ForwardScratch scratch;
   std::vector<float> logits(c.vocab_size);
-  std::vector<int32_t> history = *ids;
+  std::vector<int32_t> history = ids;
   tokenizer::IncrementalDetokenizer detok(*tok);
-  std::cout << tok->Decode(*ids) << std::flush;
-  absl::Status s = (*tf)->Prefill(*ids, kv, scratch, logits.data());
+  std::cout << tok->Decode(ids) << std::flush;
+  absl::Status s = tf->Prefill(ids, kv, scratch, logits.data());
   if (!s.ok()) return Fail(s);
   for (int64_t n = 0; n < max_tokens; ++n) {
     const int32_t next = sampler->Sample(logits, history);
@@ -309,97 +381,108 @@ int Generate(const Args& a) {
     std::cout << detok.Push(next) << std::flush;
     if (n + 1 == max_tokens) break;
     model::SequenceKv* seqs[1] = {&kv};
-    s = (*tf)->DecodeBatch(std::span<const int32_t>(&next, 1), seqs, scratch, logits.data());
+    s = tf->DecodeBatch(std::span<const int32_t>(&next, 1), seqs, scratch, logits.data());
     if (!s.ok()) return Fail(s);
   }
   std::cout << detok.Flush() << "\n";
   return 0;
 }
 
-int BenchContext(const Args& a) {
-  a.AllowOnly({"shape", "dtype", "contexts", "modes", "steps", "max-state-gb", "threads", "o1",
-               "o1-m", "o1-w", "o1-sink", "qsa", "qsa-ratio", "qsa-budget"});
-  BenchContextOptions o;
-  o.shape = a.Str("shape", o.shape);
-  o.dtype = a.Str("dtype", o.dtype);
-  o.steps = static_cast<size_t>(a.Int("steps", int64_t(o.steps)));
-  o.max_state_gb = a.Float("max-state-gb", o.max_state_gb);
-  o.threads = static_cast<size_t>(a.Int("threads", 0));
-  if (a.Has("contexts")) {
-    o.contexts.clear();
-    for (int32_t t : ParseIds(a.Str("contexts"))) {
-      if (t < 1) throw UsageError{"--contexts: each context must be at least 1"};
-      o.contexts.push_back(size_t(t));
+// ---------------------------------------------------------------------------
+// bench-context and bench: see bench.h
+
+// --modes exact,int8,o1,qsa
+absl::StatusOr<std::vector<std::string>> ParseModes(std::string_view value) {
+  std::vector<std::string> modes;
+  for (absl::string_view m :
+       absl::StrSplit(absl::string_view(value.data(), value.size()), ',', absl::SkipEmpty())) {
+    if (m != "exact" && m != "int8" && m != "o1" && m != "qsa") {
+      return absl::InvalidArgumentError("each mode is one of exact, int8, o1, qsa");
     }
+    modes.emplace_back(m);
   }
-  if (a.Has("modes")) {
-    o.modes.clear();
-    for (absl::string_view m : absl::StrSplit(a.Str("modes"), ',', absl::SkipEmpty())) {
-      if (m != "exact" && m != "int8" && m != "o1" && m != "qsa") {
-        throw UsageError{"--modes: each mode is one of exact, int8, o1, qsa"};
-      }
-      o.modes.emplace_back(m);
-    }
-  }
-  o.o1.layers = a.Str("o1", "all");
-  if (a.Has("o1-m")) o.o1.m = static_cast<size_t>(a.Int("o1-m", 32));
-  if (a.Has("o1-w")) o.o1.w = static_cast<size_t>(a.Int("o1-w", 128));
-  if (a.Has("o1-sink")) o.o1.sink = static_cast<size_t>(a.Int("o1-sink", 4));
-  o.qsa = a.Str("qsa", o.qsa);
-  if (a.Int("qsa-ratio", 64) < 1) throw UsageError{"--qsa-ratio must be at least 1"};
-  if (a.Int("qsa-budget", 16) < 2) throw UsageError{"--qsa-budget must be at least 2"};
-  o.qsa_ratio = static_cast<size_t>(a.Int("qsa-ratio", 64));
-  o.qsa_budget = static_cast<size_t>(a.Int("qsa-budget", 16));
-  return RunBenchContext(o);
+  return modes;
 }
 
-int Bench(const Args& a) {
-  a.AllowOnly(
-      {"model", "shape", "dtype", "context", "batches", "steps", "bandwidth-gb", "threads", "kv",
-       "activations"});
+absl::StatusOr<BenchContextOptions> ParseBenchContextArgs(const std::vector<std::string>& args) {
+  BenchContextOptions o;
+  std::vector<Flag> flags = util::JoinFlags({
+      {
+          StringFlag("shape", &o.shape),
+          StringFlag("dtype", &o.dtype),
+          util::IntListFlag("contexts", &o.contexts, "context", {.min = 1}),
+          util::ParsedFlag("modes", &o.modes, ParseModes),
+          IntFlag("steps", &o.steps),
+          util::NumberFlag("max-state-gb", &o.max_state_gb),
+          IntFlag("threads", &o.threads),
+      },
+      O1Flags(&o.o1),
+      QsaFlags(&o.qsa, &o.qsa_ratio, &o.qsa_budget),
+  });
+  CORTIQ_RETURN_IF_ERROR(ParseCommandFlags("bench-context", args, flags).status());
+  if (!o.o1.layers.has_value()) o.o1.layers = "all";
+  return o;
+}
+
+absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args) {
   BenchOptions o;
-  o.bf16_activations = ParseBf16Activations(a);
-  o.model_dir = a.Str("model");
-  o.shape = a.Str("shape", o.shape);
-  o.dtype = a.Str("dtype", o.dtype);
-  o.kv = a.Str("kv", o.kv);
-  o.context = static_cast<size_t>(a.Int("context", int64_t(o.context)));
-  o.decode_steps = static_cast<size_t>(a.Int("steps", int64_t(o.decode_steps)));
-  o.bandwidth_bytes = static_cast<size_t>(a.Float("bandwidth-gb", 2.0) * double(1 << 30));
-  o.threads = static_cast<size_t>(a.Int("threads", 0));
-  if (a.Has("batches")) {
-    o.batches.clear();
-    for (int32_t b : ParseIds(a.Str("batches"))) {
-      if (b < 1) throw UsageError{"--batches: each batch size must be at least 1"};
-      o.batches.push_back(size_t(b));
-    }
+  double bandwidth_gb = 2.0;
+  CORTIQ_RETURN_IF_ERROR(
+      ParseCommandFlags("bench", args,
+                        {
+                            StringFlag("model", &o.model_dir),
+                            StringFlag("shape", &o.shape),
+                            StringFlag("dtype", &o.dtype),
+                            util::ChoiceFlag("kv", &o.kv, {"f32", "int8"}),
+                            IntFlag("context", &o.context),
+                            util::IntListFlag("batches", &o.batches, "batch size", {.min = 1}),
+                            IntFlag("steps", &o.decode_steps),
+                            util::NumberFlag("bandwidth-gb", &bandwidth_gb, {.min = 0}),
+                            IntFlag("threads", &o.threads),
+                            ActivationsFlag(&o.bf16_activations),
+                        })
+          .status());
+  o.bandwidth_bytes = static_cast<size_t>(bandwidth_gb * double(1 << 30));
+  return o;
+}
+
+// Usage errors exit 2 before anything runs; `run` returns the exit status.
+template <typename Options>
+int ParseThenRun(const absl::StatusOr<Options>& options, int (*run)(const Options&)) {
+  if (!options.ok()) return UsageError(options.status());
+  return run(*options);
+}
+
+int Main(const std::vector<std::string>& argv) {
+  // No global flags: the command comes first, its flags after it.
+  absl::StatusOr<util::ParsedArgs> global =
+      util::ParseFlags({}, argv, {.positionals = util::Positionals::kCommand});
+  if (!global.ok()) return UsageError(global.status());
+  const std::vector<std::string>& positional = global->positional;
+  if (global->help || (!positional.empty() && positional[0] == "help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
-  return RunBench(o);
+  if (positional.empty()) {
+    std::fputs(kUsage, stderr);
+    return util::kExitUsage;
+  }
+  const std::string& cmd = positional[0];
+  const std::vector<std::string> args(positional.begin() + 1, positional.end());
+  if (cmd == "mkmodel") return ParseThenRun(ParseMkModelArgs(args), MkModel);
+  if (cmd == "tokenize") return ParseThenRun(ParseTokenizerArgs(cmd, args), Tokenize);
+  if (cmd == "detokenize") return ParseThenRun(ParseTokenizerArgs(cmd, args), Detokenize);
+  if (cmd == "logits") return ParseThenRun(ParseLogitsArgs(args), Logits);
+  if (cmd == "ppl") return ParseThenRun(ParsePplArgs(args), RunPpl);
+  if (cmd == "generate") return ParseThenRun(ParseGenerateArgs(args), Generate);
+  if (cmd == "bench") return ParseThenRun(ParseBenchArgs(args), RunBench);
+  if (cmd == "bench-context") return ParseThenRun(ParseBenchContextArgs(args), RunBenchContext);
+  return UsageError(absl::InvalidArgumentError(absl::StrCat("unknown command '", cmd, "'")));
 }
 
 }  // namespace
 }  // namespace cortiq::tools
 
 int main(int argc, char** argv) {
-  using namespace cortiq::tools;
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
-    std::fputs(kUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string cmd = argv[1];
-  try {
-    Args a = Args::Parse(argc, argv, 2);
-    if (cmd == "mkmodel") return MkModel(a);
-    if (cmd == "tokenize") return Tokenize(a);
-    if (cmd == "detokenize") return Detokenize(a);
-    if (cmd == "logits") return Logits(a);
-    if (cmd == "ppl") return Ppl(a);
-    if (cmd == "generate") return Generate(a);
-    if (cmd == "bench") return Bench(a);
-    if (cmd == "bench-context") return BenchContext(a);
-    throw UsageError{absl::StrCat("unknown command '", cmd, "'")};
-  } catch (const UsageError& e) {
-    std::cerr << "cortiq-tool: " << e.message << "\n" << kUsage;
-    return 2;
-  }
+  return cortiq::tools::Main(std::vector<std::string>(argv + 1, argv + argc));
 }

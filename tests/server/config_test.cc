@@ -1,0 +1,298 @@
+// cortiq-server's flags (server/config.h): the defaults, every flag in both
+// syntaxes, the ranges, the environment fallbacks (CORTIQ_AUTH_TOKEN,
+// CORTIQ_PEERS, CORTIQ_MODEL) and errors that name the flag. No server.
+#include "server/config.h"
+
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/usage_error.h"
+
+namespace cortiq::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+using Args = std::vector<std::string>;
+
+// Unsets the variables the parser reads for the test's duration, restoring
+// them after (ctest may run with any environment).
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : kEnv) {
+      const char* v = getenv(name);
+      saved_.push_back(v == nullptr ? std::nullopt : std::optional<std::string>(v));
+      unsetenv(name);
+    }
+  }
+  void TearDown() override {
+    for (size_t i = 0; i < std::size(kEnv); ++i) {
+      if (saved_[i].has_value()) {
+        setenv(kEnv[i], saved_[i]->c_str(), 1);
+      } else {
+        unsetenv(kEnv[i]);
+      }
+    }
+  }
+
+  static absl::StatusOr<ServerConfig> Parse(const Args& args) {
+    bool help = true;
+    absl::StatusOr<ServerConfig> c = ParseServerFlags(args, &help);
+    EXPECT_FALSE(help);
+    return c;
+  }
+
+  static void ExpectUsageError(const Args& args, const std::string& needle) {
+    bool help = false;
+    ::cortiq::testing::ExpectUsageError(ParseServerFlags(args, &help), needle);
+  }
+
+  static constexpr const char* kEnv[] = {"CORTIQ_AUTH_TOKEN", "CORTIQ_PEERS", "CORTIQ_MODEL"};
+  std::vector<std::optional<std::string>> saved_;
+};
+
+// Every flag's field as text, keyed by the flag's name ("-" = unset), so that
+// a whole configuration compares (and prints its difference) in one line.
+using Fields = std::map<std::string, std::string>;
+
+std::string Text(const std::string& v) { return v; }
+std::string Text(size_t v) { return std::to_string(v); }
+std::string Text(std::chrono::milliseconds v) { return std::to_string(v.count()) + "ms"; }
+std::string Text(kv::O1Rect v) { return kv::O1RectName(v); }
+std::string Text(const std::vector<std::string>& v) { return absl::StrJoin(v, ","); }
+template <typename T>
+std::string Text(const std::optional<T>& v) {
+  return v.has_value() ? Text(*v) : "-";
+}
+
+Fields FieldsOf(const ServerConfig& c) {
+  return {
+      {"model", Text(c.model_dir)},
+      {"listen", Text(c.listen)},
+      {"metrics-listen", Text(c.metrics_listen)},
+      {"threads", Text(c.threads)},
+      {"activations", Text(c.activations)},
+      {"max-sessions", Text(c.max_sessions)},
+      {"memory-budget", Text(c.memory_budget_bytes)},
+      {"session-ttl", Text(c.session_ttl)},
+      {"kv-dtype", Text(c.kv_dtype)},
+      {"attention", Text(c.attention)},
+      {"o1-layers", Text(c.o1.layers)},
+      {"o1-m", Text(c.o1.m)},
+      {"o1-window", Text(c.o1.w)},
+      {"o1-sink", Text(c.o1.sink)},
+      {"o1-rect", Text(c.o1.rect)},
+      {"qsa-layers", Text(c.qsa_layers)},
+      {"qsa-ratio", Text(c.qsa_ratio)},
+      {"qsa-budget", Text(c.qsa_budget)},
+      {"max-tokens", Text(c.max_tokens_limit)},
+      {"max-context", Text(c.max_context)},
+      {"max-prompt-bytes", Text(c.max_prompt_bytes)},
+      {"max-message-bytes", Text(c.max_message_bytes)},
+      {"max-import-bytes", Text(c.max_import_bytes)},
+      {"max-batch", Text(c.max_batch)},
+      {"prefill-chunk", Text(c.prefill_chunk)},
+      {"queue-capacity", Text(c.queue_capacity)},
+      {"grace", Text(c.grace)},
+      {"peers", Text(c.peers)},
+      {"peer-dns", Text(c.peer_dns)},
+      {"peer-token", Text(c.peer_token)},
+      {"auth-token", Text(c.auth_token)},
+      {"tls-cert", Text(c.tls_cert)},
+      {"tls-key", Text(c.tls_key)},
+      {"log-level", Text(c.log_level)},
+  };
+}
+
+TEST_F(ConfigTest, Defaults) {
+  absl::StatusOr<ServerConfig> c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Fields defaults = {
+      {"model", DefaultModelDir()},
+      {"listen", "127.0.0.1:50051"},
+      {"metrics-listen", "127.0.0.1:9464"},
+      {"threads", "0"},
+      {"activations", "bf16"},
+      {"max-sessions", "256"},
+      {"memory-budget", "0"},
+      {"session-ttl", "600000ms"},
+      {"kv-dtype", "f32"},
+      {"attention", "exact"},
+      {"o1-layers", "-"},
+      {"o1-m", "-"},
+      {"o1-window", "-"},
+      {"o1-sink", "-"},
+      {"o1-rect", "-"},
+      {"qsa-layers", "-"},
+      {"qsa-ratio", "-"},
+      {"qsa-budget", "-"},
+      {"max-tokens", "4096"},
+      {"max-context", "0"},
+      {"max-prompt-bytes", std::to_string(size_t{1} << 20)},
+      {"max-message-bytes", std::to_string(size_t{8} << 20)},
+      {"max-import-bytes", std::to_string(size_t{8} << 30)},
+      {"max-batch", "32"},
+      {"prefill-chunk", "256"},
+      {"queue-capacity", "64"},
+      {"grace", "10000ms"},
+      {"peers", ""},
+      {"peer-dns", ""},
+      {"peer-token", ""},
+      {"auth-token", ""},
+      {"tls-cert", ""},
+      {"tls-key", ""},
+      {"log-level", "info"},
+  };
+  EXPECT_THAT(FieldsOf(*c), ::testing::ContainerEq(defaults));
+}
+
+TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
+  struct Given {
+    std::string flag, value, field;  // --flag value -> the field's text
+  };
+  const std::vector<Given> given = {
+      {"model", "/m", "/m"},
+      {"listen", "0.0.0.0:0", "0.0.0.0:0"},
+      {"metrics-listen", "off", "off"},
+      {"threads", "2", "2"},
+      {"activations", "f32", "f32"},
+      {"max-sessions", "8", "8"},
+      {"memory-budget", "1.5G", std::to_string(size_t{3} << 29)},
+      {"session-ttl", "2.5", "2500ms"},
+      {"kv-dtype", "int8", "int8"},
+      {"attention", "o1", "o1"},
+      {"o1-layers", "deep2", "deep2"},
+      {"o1-m", "16", "16"},
+      {"o1-window", "64", "64"},
+      {"o1-sink", "0", "0"},  // an explicit 0 is kept
+      {"o1-rect", "fm", kv::O1RectName(kv::O1Rect::kFm)},
+      {"qsa-layers", "3,5-7", "3,5-7"},
+      {"qsa-ratio", "32", "32"},
+      {"qsa-budget", "8", "8"},
+      {"max-tokens", "100", "100"},
+      {"max-context", "512", "512"},
+      {"max-prompt-bytes", "2K", "2048"},
+      {"max-message-bytes", "4M", std::to_string(size_t{4} << 20)},
+      {"max-import-bytes", "256M", std::to_string(size_t{256} << 20)},
+      {"max-batch", "4", "4"},
+      {"prefill-chunk", "128", "128"},
+      {"queue-capacity", "16", "16"},
+      {"grace", "30", "30000ms"},
+      {"peers", "a:1,b:2", "a:1,b:2"},
+      {"peer-dns", "svc:50051", "svc:50051"},
+      {"peer-token", "pt", "pt"},
+      {"auth-token", "at", "at"},
+      {"tls-cert", "c.pem", "c.pem"},
+      {"tls-key", "k.pem", "k.pem"},
+      {"log-level", "warn", "warn"},
+  };
+  for (bool inline_values : {false, true}) {
+    Args args;
+    Fields want;
+    for (const Given& g : given) {
+      if (inline_values) {
+        args.push_back("--" + g.flag + "=" + g.value);
+      } else {
+        args.push_back("--" + g.flag);
+        args.push_back(g.value);
+      }
+      want[g.flag] = g.field;
+    }
+    absl::StatusOr<ServerConfig> c = Parse(args);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_THAT(FieldsOf(*c), ::testing::ContainerEq(want))
+        << (inline_values ? "--flag=value" : "--flag value");
+  }
+}
+
+TEST_F(ConfigTest, O1RectAcceptsWhatTheEnvironmentAccepts) {
+  absl::StatusOr<ServerConfig> c = Parse({"--o1-rect", "aggregate"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->o1.rect, std::optional<kv::O1Rect>(kv::O1Rect::kAggregate));
+}
+
+TEST_F(ConfigTest, Help) {
+  for (const Args& args : {Args{"--help"}, Args{"-h"}, Args{"--threads", "x", "--help"}}) {
+    bool help = false;
+    absl::StatusOr<ServerConfig> c = ParseServerFlags(args, &help);
+    EXPECT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(help) << args[0];
+  }
+  EXPECT_THAT(ServerUsage(), HasSubstr("--max-import-bytes"));
+}
+
+TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
+  ExpectUsageError({"--port", "1"}, "unknown flag --port");
+  ExpectUsageError({"serve"}, "unexpected argument 'serve'");
+  ExpectUsageError({"--listen"}, "--listen needs a value");
+  ExpectUsageError({"--threads", "abc"}, "--threads: expected a non-negative integer");
+  ExpectUsageError({"--threads", "-1"}, "--threads: must not be negative");
+  ExpectUsageError({"--max-sessions", "0"}, "--max-sessions: must be at least 1");
+  ExpectUsageError({"--max-batch=0"}, "--max-batch: must be at least 1");
+  ExpectUsageError({"--prefill-chunk", "0"}, "--prefill-chunk: must be at least 1");
+  ExpectUsageError({"--queue-capacity", "0"}, "--queue-capacity: must be at least 1");
+  ExpectUsageError({"--max-tokens", "0"}, "--max-tokens: must be at least 1 (got \"0\")");
+  ExpectUsageError({"--memory-budget", "8GB"}, "--memory-budget: expected a byte size");
+  ExpectUsageError({"--session-ttl", "-1"}, "--session-ttl");
+  ExpectUsageError({"--grace", "soon"}, "--grace: expected a number");
+  ExpectUsageError({"--kv-dtype", "f16"}, "--kv-dtype: expected f32 or int8");
+  ExpectUsageError({"--attention", "sparse"}, "--attention: expected exact, o1 or qsa");
+  ExpectUsageError({"--activations", "f16"}, "--activations: expected bf16 or f32");
+  ExpectUsageError({"--log-level", "loud"},
+                   "--log-level: expected trace, debug, info, warn, error or off");
+  ExpectUsageError({"--o1-rect", "max"}, "--o1-rect");
+  ExpectUsageError({"--peers", "a:1,b"}, "--peers: expected HOST:PORT");
+  ExpectUsageError({"--peer-dns", "svc"}, "--peer-dns: expected NAME:PORT");
+  ExpectUsageError({"--tls-cert", "c.pem"}, "--tls-cert and --tls-key");
+  ExpectUsageError({"--auth-token-file", "/nonexistent/token"}, "--auth-token-file: cannot read");
+}
+
+TEST_F(ConfigTest, EnvironmentFallbacks) {
+  setenv("CORTIQ_AUTH_TOKEN", "envtok", 1);
+  setenv("CORTIQ_PEERS", "p:1,,q:2", 1);
+  setenv("CORTIQ_MODEL", "/env/model", 1);
+  absl::StatusOr<ServerConfig> c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->auth_token, "envtok");
+  EXPECT_EQ(c->peer_token, "envtok");  // the peers get the auth token by default
+  EXPECT_THAT(c->peers, ElementsAre("p:1", "q:2"));
+  EXPECT_EQ(c->model_dir, "/env/model");
+
+  // Flags win over the environment.
+  c = Parse({"--auth-token", "flagtok", "--peers", "r:3", "--model", "/flag/model"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->auth_token, "flagtok");
+  EXPECT_THAT(c->peers, ElementsAre("r:3"));
+  EXPECT_EQ(c->model_dir, "/flag/model");
+}
+
+TEST_F(ConfigTest, AuthTokenFile) {
+  const std::string path = ::testing::TempDir() + "/config_test_token";
+  {
+    std::ofstream f(path);
+    f << "  s3cret \n";
+  }
+  setenv("CORTIQ_AUTH_TOKEN", "envtok", 1);
+  absl::StatusOr<ServerConfig> c = Parse({"--auth-token-file", path});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->auth_token, "s3cret");
+  { std::ofstream f(path, std::ios::trunc); }
+  ExpectUsageError({"--auth-token-file", path}, "is empty");
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace cortiq::server
