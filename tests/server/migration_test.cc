@@ -64,6 +64,11 @@ std::string Open(Node& n, int mode, bool sampled) {
     c->mutable_qsa()->set_ratio(16);
     c->mutable_qsa()->set_budget(4);
   }
+  if (mode == 4) {
+    c->set_attention(v1::ATTENTION_MODE_WINDOW);
+    c->mutable_window()->set_sink(2);
+    c->mutable_window()->set_window(16);
+  }
   Out o = Generate(n, r);
   EXPECT_TRUE(o.status.ok()) << o.status.error_message();
   return o.session;
@@ -109,7 +114,7 @@ grpc::Status ImportBytes(Node& n, const std::string& wire, v1::ImportSessionResp
 TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
   const std::string model = testing::TempModel("tiny");
   Node a = StartNode(model), b = StartNode(model);
-  for (int mode = 0; mode < 4; ++mode) {
+  for (int mode = 0; mode < 5; ++mode) {
     for (bool sampled : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
       // Reference: the whole conversation on A without a move.
@@ -133,7 +138,7 @@ TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
     }
   }
   EXPECT_EQ(a.server->store().releases()[static_cast<size_t>(session::ReleaseReason::kMigrated)],
-            8u);
+            10u);  // 5 modes, greedy and sampled
 }
 
 TEST(MigrationTest, ExportImportOverGrpcIsByteExact) {

@@ -49,6 +49,12 @@ class SessionWireTest : public ::testing::Test {
       EXPECT_TRUE(q.ok());
       c.qsa = *q;
     }
+    if (mode == 4) {  // sink + window, small enough that rows are dropped
+      c.attention = AttentionMode::kWindow;
+      auto w = attention::MakeWindowConfig("all", 2, 8, 2);
+      EXPECT_TRUE(w.ok());
+      c.window = *w;
+    }
     return c;
   }
 
@@ -164,6 +170,14 @@ TEST_F(SessionWireTest, VersionOneRefusesWhatItCannotDescribe) {
     EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
     EXPECT_TRUE(Export(store, id, {.version = 2}).ok());
   }
+  // Sink + window needs version 3: versions 1 and 2 refuse, naming it.
+  const std::string window = MakeSession(store, 4, false);
+  for (uint32_t v : {1u, 2u}) {
+    auto w = Export(store, window, {.version = v});
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
+    EXPECT_NE(w.status().message().find("version 3"), std::string::npos) << w.status();
+  }
+  EXPECT_TRUE(Export(store, window, {.version = 3}).ok());
   EXPECT_EQ(Export(store, exact, {.version = kSessionWireMaxVersion + 1}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(*NegotiateWireVersion({1, 2, 7}), 2u);
@@ -216,7 +230,7 @@ TEST_F(SessionWireTest, EveryFlippedByteAndEveryTruncationIsRefused) {
 // Its empty token list once reached memcpy(nullptr, ..., 0) in ByteReader.
 TEST_F(SessionWireTest, FreshSessionRoundTrips) {
   SessionStore store({});
-  for (int mode = 0; mode < 4; ++mode) {
+  for (int mode = 0; mode < 5; ++mode) {
     SCOPED_TRACE(::testing::Message() << "mode " << mode);
     auto lease = store.Create(*model_, Mode(mode), 0);
     ASSERT_TRUE(lease.ok());
@@ -294,13 +308,14 @@ absl::StatusOr<std::unique_ptr<Session>> WriteInPieces(const model::Transformer&
 }
 
 TEST_F(SessionWireTest, PiecesOfAnySizeGiveTheWholeStreamAndSession) {
-  for (int mode = 0; mode < 4; ++mode) {
+  for (int mode = 0; mode < 5; ++mode) {
     SCOPED_TRACE(::testing::Message() << "mode " << mode);
     SessionStore store({});
     const std::string id = MakeSession(store, mode, true);
     auto wire = Export(store, id);
     ASSERT_TRUE(wire.ok()) << wire.status();
-    auto f16 = Export(store, id, {.version = 2, .f16 = true});
+    const uint32_t f16_version = mode == 4 ? 3u : 2u;  // window sessions need 3
+    auto f16 = Export(store, id, {.version = f16_version, .f16 = true});
     ASSERT_TRUE(f16.ok()) << f16.status();
     for (size_t step : {1, 7, 4096, 1 << 20}) {
       SCOPED_TRACE(::testing::Message() << "step " << step);
@@ -308,12 +323,12 @@ TEST_F(SessionWireTest, PiecesOfAnySizeGiveTheWholeStreamAndSession) {
         auto lease = store.Acquire(id);
         ASSERT_TRUE(lease.ok());
         EXPECT_TRUE(ReadInPieces(**lease, step) == *wire);
-        EXPECT_TRUE(ReadInPieces(**lease, step, {.version = 2, .f16 = true}) == *f16);
+        EXPECT_TRUE(ReadInPieces(**lease, step, {.version = f16_version, .f16 = true}) == *f16);
       }
       for (const std::string* w : {&*wire, &*f16}) {
         auto imported = WriteInPieces(*model_, *w, step);
         ASSERT_TRUE(imported.ok()) << imported.status();
-        const uint32_t version = w == &*f16 ? 2u : kSessionWireMaxVersion;
+        const uint32_t version = w == &*f16 ? f16_version : kSessionWireMaxVersion;
         auto again =
             ExportSessionWire(**imported, kFingerprint, {.version = version, .f16 = w == &*f16});
         ASSERT_TRUE(again.ok()) << again.status();
