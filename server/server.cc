@@ -16,6 +16,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "core/math/kernels.h"
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "server/migration.h"
@@ -268,6 +269,8 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   cv_.notify_all();
   spdlog::info("server stopped");
 }
+
+const char* Server::kernel_tier() const { return math::IsaName(math::ActiveIsa()); }
 
 void Server::Wait() {
   std::unique_lock lock(mu_);

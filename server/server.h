@@ -61,6 +61,8 @@ class Server {
   session::SessionStore& store() { return *store_; }
   session::Engine& engine() { return *engine_; }
   const model::Transformer& model() const { return *model_; }
+  // The ISA tier the model's math kernels run on (e.g. "avx512bf16"), for logs.
+  const char* kernel_tier() const;
   Metrics* metrics() { return metrics_.get(); }
   const ServerConfig& config() const { return config_; }
 
