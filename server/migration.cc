@@ -30,6 +30,9 @@
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
@@ -80,17 +83,25 @@ absl::StatusOr<session::SessionWireSource> ExportSource(
   return src;
 }
 
-// A serialised WireChunk {bytes data = 1} around `data` without copying it:
-// the field's tag and length in a slice of their own, then the data slice.
+// WireChunk's data field (bytes data = 1) as protobuf frames it: the tag
+// of a length-delimited field numbered as the generated code says.
+constexpr uint32_t kChunkDataTag = google::protobuf::internal::WireFormatLite::MakeTag(
+    v1::WireChunk::kDataFieldNumber,
+    google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+static_assert(kChunkBytes <= INT32_MAX, "a chunk's length is a protobuf length (< 2^31)");
+// The most bytes before a chunk's data: the tag (a varint32, <= 5 bytes) and
+// the length (a varint, read as up to 10 bytes).
+constexpr size_t kChunkHeadMax = 5 + 10;
+
+// A serialised WireChunk around `data` without copying it: the field's tag
+// and length (protobuf's varints) in a slice of their own, then the data
+// slice as it is.
 grpc::ByteBuffer ChunkMessage(grpc::Slice data) {
-  char head[1 + 10];
-  size_t h = 0;
-  head[h++] = 0x0A;  // field 1, length-delimited
-  for (uint64_t v = data.size();; v >>= 7) {
-    head[h++] = static_cast<char>((v & 0x7F) | (v >= 0x80 ? 0x80 : 0));
-    if (v < 0x80) break;
-  }
-  grpc::Slice slices[2] = {grpc::Slice(head, h), std::move(data)};
+  using google::protobuf::io::CodedOutputStream;
+  uint8_t head[kChunkHeadMax];
+  uint8_t* end = CodedOutputStream::WriteTagToArray(kChunkDataTag, head);
+  end = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(data.size()), end);
+  grpc::Slice slices[2] = {grpc::Slice(head, static_cast<size_t>(end - head)), std::move(data)};
   return grpc::ByteBuffer(slices, 2);
 }
 
@@ -207,28 +218,17 @@ class ChunkView {
     if (!message.Dump(&slices_).ok()) return false;
     const size_t total = message.Length();
     if (total == 0) return true;
-    unsigned char head[11];  // the tag and up to a 10-byte length
+    uint8_t head[kChunkHeadMax];
     size_t h = 0;
     for (const grpc::Slice& sl : slices_) {
       for (size_t i = 0; i < sl.size() && h < sizeof(head); ++i) head[h++] = sl.begin()[i];
     }
+    google::protobuf::io::CodedInputStream in(head, static_cast<int>(h));
     uint64_t len = 0;
-    size_t at = 1;
-    bool plain = head[0] == 0x0A;
-    for (int shift = 0; plain; shift += 7, ++at) {
-      if (at >= h || shift > 63) {
-        plain = false;
-        break;
-      }
-      len |= static_cast<uint64_t>(head[at] & 0x7F) << shift;
-      if ((head[at] & 0x80) == 0) {
-        ++at;
-        break;
-      }
-    }
-    if (plain && len == total - at) {
+    if (in.ReadTag() == kChunkDataTag && in.ReadVarint64(&len) &&
+        len == total - static_cast<size_t>(in.CurrentPosition())) {
       size_ = len;
-      size_t skip = at;
+      size_t skip = static_cast<size_t>(in.CurrentPosition());
       for (const grpc::Slice& sl : slices_) {
         std::string_view v(reinterpret_cast<const char*>(sl.begin()), sl.size());
         const size_t drop = std::min(skip, v.size());
@@ -405,6 +405,27 @@ grpc::ByteBuffer NextChunkMessage(session::SessionWireSource& src, ChunkPool& po
   return ChunkMessage(grpc::Slice(b->data.get(), n, &ChunkPool::Return, b));
 }
 
+// The peer's ImportSession as a gRPC method path ("/<service>/<method>"),
+// from the generated descriptors; empty if they have no client-streaming
+// method of that name from WireChunk to ImportSessionResponse (what
+// StreamToPeer sends and reads).
+const std::string& ImportSessionPath() {
+  static const std::string path = [] {
+    const google::protobuf::ServiceDescriptor* service =
+        v1::WireChunk::descriptor()->file()->pool()->FindServiceByName(
+            v1::Inference::service_full_name());
+    const google::protobuf::MethodDescriptor* m =
+        service ? service->FindMethodByName("ImportSession") : nullptr;
+    if (m == nullptr || !m->client_streaming() || m->server_streaming() ||
+        m->input_type() != v1::WireChunk::descriptor() ||
+        m->output_type() != v1::ImportSessionResponse::descriptor()) {
+      return std::string();
+    }
+    return absl::StrCat("/", service->full_name(), "/", m->name());
+  }();
+  return path;
+}
+
 // Streams `src` to the peer's ImportSession and returns the call's status
 // (*resp on OK). The generic (byte) API lets each chunk go out from the
 // buffer it was read into, and the next chunk is read from the caches while
@@ -416,7 +437,7 @@ grpc::Status StreamToPeer(const std::shared_ptr<grpc::Channel>& channel, grpc::C
   {
     grpc::GenericStub stub(channel);
     std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-        stub.PrepareCall(&c, "/cortiq.v1.Inference/ImportSession", &cq);
+        stub.PrepareCall(&c, ImportSessionPath(), &cq);
     auto wait = [&cq] {  // one operation in flight at a time: its outcome
       void* tag = nullptr;
       bool ok = false;
@@ -490,6 +511,9 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const 
                           session::SessionWireSource::Make(*lease, ctx.wire_fingerprint, o));
   *wire_bytes = src.size();
 
+  if (ImportSessionPath().empty()) {
+    return absl::InternalError("the generated descriptors have no ImportSession(stream WireChunk)");
+  }
   grpc::ClientContext c;
   with_token(c, 600);
   v1::ImportSessionResponse resp;

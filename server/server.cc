@@ -35,7 +35,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, std::string_view f
   return ss.str();
 }
 
-constexpr const char* kServiceName = "cortiq.v1.Inference";
+constexpr const char* kServiceName = v1::Inference::service_full_name();
 
 }  // namespace
 
