@@ -12,18 +12,18 @@
 // chunk that would pass --max-import-bytes is refused with
 // RESOURCE_EXHAUSTED before it is used (the rest of a stream already known
 // to be corrupt is only counted); at the end the new session is installed
-// under the cap and the budget. Migrate runs on its own thread (it is a
-// client of the peer): lease, learn the peer's versions (GetModelInfo),
-// stream at the highest common version, reading each chunk from the caches
-// while the previous one is sent, to the peer's ImportSession, and release
-// locally (reason "migrated") only after the peer answered OK; on any
-// failure the lease is returned and the session stays as it was.
+// under the cap and the budget. Migrate runs on the server's background
+// workers (it is a blocking client of the peer): lease, learn the peer's
+// versions (GetModelInfo), stream at the highest common version, reading
+// each chunk from the caches while the previous one is sent, to the peer's
+// ImportSession, and release locally (reason "migrated") only after the
+// peer answered OK; on any failure the lease is returned and the session
+// stays as it was.
 #include "server/migration.h"
 
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -582,23 +582,26 @@ grpc::ServerUnaryReactor* FinishRefused(grpc::ServerUnaryReactor* reactor, CallL
   return reactor;
 }
 
-// Runs a blocking unary call (a client of a peer) on a thread of its own, so
-// it never holds a gRPC callback thread; Server::Shutdown waits for it
-// (migrations_in_flight). `body` returns the call's status and a log detail;
-// `then` runs after the reply is sent.
+// Runs a blocking unary call (a client of a peer) on the server's background
+// workers (ctx->background), so it never holds a gRPC callback thread.
+// `body` returns the call's status and a log detail; `then` runs after the
+// reply is sent, and the task counts as in flight (Server::Shutdown waits
+// for it) until `then` has returned. A task the workers refuse (the server
+// stops: UNAVAILABLE; too many queued: RESOURCE_EXHAUSTED) is answered at
+// once.
 template <typename Body>
-grpc::ServerUnaryReactor* RunDetached(ServiceContext* ctx, grpc::ServerUnaryReactor* reactor,
-                                      std::shared_ptr<CallLog> log, Body body,
-                                      std::function<void()> then = nullptr) {
-  ctx->migrations_in_flight.fetch_add(1);
-  std::thread([ctx, reactor, log, body = std::move(body), then = std::move(then)]() mutable {
-    const auto [status, detail] = body();
-    const grpc::Status gs = ToGrpcStatus(status);
-    log->Done(gs.error_code(), gs.error_message(), detail);
-    reactor->Finish(gs);
-    ctx->migrations_in_flight.fetch_sub(1);
-    if (then) then();
-  }).detach();
+grpc::ServerUnaryReactor* RunInBackground(ServiceContext* ctx, grpc::ServerUnaryReactor* reactor,
+                                          std::shared_ptr<CallLog> log, Body body,
+                                          std::function<void()> then = nullptr) {
+  const absl::Status queued = ctx->background->Submit(
+      [reactor, log, body = std::move(body), then = std::move(then)]() mutable {
+        const auto [status, detail] = body();
+        const grpc::Status gs = ToGrpcStatus(status);
+        log->Done(gs.error_code(), gs.error_message(), detail);
+        reactor->Finish(gs);
+        if (then) then();
+      });
+  if (!queued.ok()) return FinishRefused(reactor, *log, queued);
   return reactor;
 }
 
@@ -614,7 +617,7 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
   if (st.ok() && request->peer().empty()) st = absl::InvalidArgumentError("peer: empty (HOST:PORT)");
   if (st.ok()) st = CheckWireRequest(0, request->dtype());
   if (!st.ok()) return FinishRefused(reactor, *log, st);
-  return RunDetached(ctx_, reactor, log, [ctx = ctx_, request, response] {
+  return RunInBackground(ctx_, reactor, log, [ctx = ctx_, request, response] {
     absl::StatusOr<MigrateOutcome> out =
         MigrateOut(*ctx, request->session_id(), request->peer(), request->peer_token(),
                    request->dtype() == v1::WIRE_DTYPE_F16);
@@ -643,7 +646,7 @@ grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* c
   if (!st.ok()) return FinishRefused(reactor, *log, st);
   std::optional<double> grace;
   if (request->has_grace_seconds()) grace = request->grace_seconds();
-  return RunDetached(
+  return RunInBackground(
       ctx_, reactor, log,
       [ctx = ctx_, response, grace] {
         const DrainReport report = ctx->drain(grace);
