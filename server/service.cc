@@ -40,6 +40,12 @@ model::SamplingParams SamplingFrom(const v1::SamplingParams& p) {
 // ---------------------------------------------------------------------------
 // Generate: one reactor per call.
 
+// gRPC ends a call at its deadline by its own millisecond clock, which can
+// run up to a millisecond ahead of system_clock: a call cancelled within
+// this of its deadline is counted as DEADLINE_EXCEEDED (so is a client's
+// own cancel that close to its deadline).
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(5);
+
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(ServiceContext* ctx, grpc::CallbackServerContext* call)
@@ -72,9 +78,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   void OnCancel() override {
+    {
+      // First: a job that ends because of this cancel must not be reported
+      // by Pump as a finished (OK) call.
+      std::lock_guard lock(mu_);
+      FinishLocked(grpc::Status::CANCELLED);
+    }
     if (job_) job_->Cancel();
-    std::lock_guard lock(mu_);
-    FinishLocked(grpc::Status::CANCELLED);
   }
 
   void OnDone() override {
@@ -93,7 +103,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       }
     }
     grpc::StatusCode code = final_code_;
-    if (code == grpc::StatusCode::CANCELLED && call_->deadline() <= std::chrono::system_clock::now()) {
+    if (code == grpc::StatusCode::CANCELLED &&
+        call_->deadline() <= std::chrono::system_clock::now() + kDeadlineSlack) {
       code = grpc::StatusCode::DEADLINE_EXCEEDED;
     }
     log_.Done(code, final_message_,
