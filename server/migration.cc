@@ -12,24 +12,27 @@
 // chunk that would pass --max-import-bytes is refused with
 // RESOURCE_EXHAUSTED before it is used (the rest of a stream already known
 // to be corrupt is only counted); at the end the new session is installed
-// under the cap and the budget. Migrate runs on its own thread (it is a
-// client of the peer): lease, learn the peer's versions (GetModelInfo),
-// stream at the highest common version, reading each chunk from the caches
-// while the previous one is sent, to the peer's ImportSession, and release
-// locally (reason "migrated") only after the peer answered OK; on any
-// failure the lease is returned and the session stays as it was.
+// under the cap and the budget. Migrate runs on the server's background
+// workers (it is a blocking client of the peer): lease, learn the peer's
+// versions (GetModelInfo), stream at the highest common version, reading
+// each chunk from the caches while the previous one is sent, to the peer's
+// ImportSession, and release locally (reason "migrated") only after the
+// peer answered OK; on any failure the lease is returned and the session
+// stays as it was.
 #include "server/migration.h"
 
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
@@ -80,17 +83,25 @@ absl::StatusOr<session::SessionWireSource> ExportSource(
   return src;
 }
 
-// A serialised WireChunk {bytes data = 1} around `data` without copying it:
-// the field's tag and length in a slice of their own, then the data slice.
+// WireChunk's data field (bytes data = 1) as protobuf frames it: the tag
+// of a length-delimited field numbered as the generated code says.
+constexpr uint32_t kChunkDataTag = google::protobuf::internal::WireFormatLite::MakeTag(
+    v1::WireChunk::kDataFieldNumber,
+    google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+static_assert(kChunkBytes <= INT32_MAX, "a chunk's length is a protobuf length (< 2^31)");
+// The most bytes before a chunk's data: the tag (a varint32, <= 5 bytes) and
+// the length (a varint, read as up to 10 bytes).
+constexpr size_t kChunkHeadMax = 5 + 10;
+
+// A serialised WireChunk around `data` without copying it: the field's tag
+// and length (protobuf's varints) in a slice of their own, then the data
+// slice as it is.
 grpc::ByteBuffer ChunkMessage(grpc::Slice data) {
-  char head[1 + 10];
-  size_t h = 0;
-  head[h++] = 0x0A;  // field 1, length-delimited
-  for (uint64_t v = data.size();; v >>= 7) {
-    head[h++] = static_cast<char>((v & 0x7F) | (v >= 0x80 ? 0x80 : 0));
-    if (v < 0x80) break;
-  }
-  grpc::Slice slices[2] = {grpc::Slice(head, h), std::move(data)};
+  using google::protobuf::io::CodedOutputStream;
+  uint8_t head[kChunkHeadMax];
+  uint8_t* end = CodedOutputStream::WriteTagToArray(kChunkDataTag, head);
+  end = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(data.size()), end);
+  grpc::Slice slices[2] = {grpc::Slice(head, static_cast<size_t>(end - head)), std::move(data)};
   return grpc::ByteBuffer(slices, 2);
 }
 
@@ -207,28 +218,17 @@ class ChunkView {
     if (!message.Dump(&slices_).ok()) return false;
     const size_t total = message.Length();
     if (total == 0) return true;
-    unsigned char head[11];  // the tag and up to a 10-byte length
+    uint8_t head[kChunkHeadMax];
     size_t h = 0;
     for (const grpc::Slice& sl : slices_) {
       for (size_t i = 0; i < sl.size() && h < sizeof(head); ++i) head[h++] = sl.begin()[i];
     }
+    google::protobuf::io::CodedInputStream in(head, static_cast<int>(h));
     uint64_t len = 0;
-    size_t at = 1;
-    bool plain = head[0] == 0x0A;
-    for (int shift = 0; plain; shift += 7, ++at) {
-      if (at >= h || shift > 63) {
-        plain = false;
-        break;
-      }
-      len |= static_cast<uint64_t>(head[at] & 0x7F) << shift;
-      if ((head[at] & 0x80) == 0) {
-        ++at;
-        break;
-      }
-    }
-    if (plain && len == total - at) {
+    if (in.ReadTag() == kChunkDataTag && in.ReadVarint64(&len) &&
+        len == total - static_cast<size_t>(in.CurrentPosition())) {
       size_ = len;
-      size_t skip = at;
+      size_t skip = static_cast<size_t>(in.CurrentPosition());
       for (const grpc::Slice& sl : slices_) {
         std::string_view v(reinterpret_cast<const char*>(sl.begin()), sl.size());
         const size_t drop = std::min(skip, v.size());
@@ -405,6 +405,27 @@ grpc::ByteBuffer NextChunkMessage(session::SessionWireSource& src, ChunkPool& po
   return ChunkMessage(grpc::Slice(b->data.get(), n, &ChunkPool::Return, b));
 }
 
+// The peer's ImportSession as a gRPC method path ("/<service>/<method>"),
+// from the generated descriptors; empty if they have no client-streaming
+// method of that name from WireChunk to ImportSessionResponse (what
+// StreamToPeer sends and reads).
+const std::string& ImportSessionPath() {
+  static const std::string path = [] {
+    const google::protobuf::ServiceDescriptor* service =
+        v1::WireChunk::descriptor()->file()->pool()->FindServiceByName(
+            v1::Inference::service_full_name());
+    const google::protobuf::MethodDescriptor* m =
+        service ? service->FindMethodByName("ImportSession") : nullptr;
+    if (m == nullptr || !m->client_streaming() || m->server_streaming() ||
+        m->input_type() != v1::WireChunk::descriptor() ||
+        m->output_type() != v1::ImportSessionResponse::descriptor()) {
+      return std::string();
+    }
+    return absl::StrCat("/", service->full_name(), "/", m->name());
+  }();
+  return path;
+}
+
 // Streams `src` to the peer's ImportSession and returns the call's status
 // (*resp on OK). The generic (byte) API lets each chunk go out from the
 // buffer it was read into, and the next chunk is read from the caches while
@@ -416,7 +437,7 @@ grpc::Status StreamToPeer(const std::shared_ptr<grpc::Channel>& channel, grpc::C
   {
     grpc::GenericStub stub(channel);
     std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-        stub.PrepareCall(&c, "/cortiq.v1.Inference/ImportSession", &cq);
+        stub.PrepareCall(&c, ImportSessionPath(), &cq);
     auto wait = [&cq] {  // one operation in flight at a time: its outcome
       void* tag = nullptr;
       bool ok = false;
@@ -490,6 +511,9 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const 
                           session::SessionWireSource::Make(*lease, ctx.wire_fingerprint, o));
   *wire_bytes = src.size();
 
+  if (ImportSessionPath().empty()) {
+    return absl::InternalError("the generated descriptors have no ImportSession(stream WireChunk)");
+  }
   grpc::ClientContext c;
   with_token(c, 600);
   v1::ImportSessionResponse resp;
@@ -558,23 +582,26 @@ grpc::ServerUnaryReactor* FinishRefused(grpc::ServerUnaryReactor* reactor, CallL
   return reactor;
 }
 
-// Runs a blocking unary call (a client of a peer) on a thread of its own, so
-// it never holds a gRPC callback thread; Server::Shutdown waits for it
-// (migrations_in_flight). `body` returns the call's status and a log detail;
-// `then` runs after the reply is sent.
+// Runs a blocking unary call (a client of a peer) on the server's background
+// workers (ctx->background), so it never holds a gRPC callback thread.
+// `body` returns the call's status and a log detail; `then` runs after the
+// reply is sent, and the task counts as in flight (Server::Shutdown waits
+// for it) until `then` has returned. A task the workers refuse (the server
+// stops: UNAVAILABLE; too many queued: RESOURCE_EXHAUSTED) is answered at
+// once.
 template <typename Body>
-grpc::ServerUnaryReactor* RunDetached(ServiceContext* ctx, grpc::ServerUnaryReactor* reactor,
-                                      std::shared_ptr<CallLog> log, Body body,
-                                      std::function<void()> then = nullptr) {
-  ctx->migrations_in_flight.fetch_add(1);
-  std::thread([ctx, reactor, log, body = std::move(body), then = std::move(then)]() mutable {
-    const auto [status, detail] = body();
-    const grpc::Status gs = ToGrpcStatus(status);
-    log->Done(gs.error_code(), gs.error_message(), detail);
-    reactor->Finish(gs);
-    ctx->migrations_in_flight.fetch_sub(1);
-    if (then) then();
-  }).detach();
+grpc::ServerUnaryReactor* RunInBackground(ServiceContext* ctx, grpc::ServerUnaryReactor* reactor,
+                                          std::shared_ptr<CallLog> log, Body body,
+                                          std::function<void()> then = nullptr) {
+  const absl::Status queued = ctx->background->Submit(
+      [reactor, log, body = std::move(body), then = std::move(then)]() mutable {
+        const auto [status, detail] = body();
+        const grpc::Status gs = ToGrpcStatus(status);
+        log->Done(gs.error_code(), gs.error_message(), detail);
+        reactor->Finish(gs);
+        if (then) then();
+      });
+  if (!queued.ok()) return FinishRefused(reactor, *log, queued);
   return reactor;
 }
 
@@ -590,7 +617,7 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
   if (st.ok() && request->peer().empty()) st = absl::InvalidArgumentError("peer: empty (HOST:PORT)");
   if (st.ok()) st = CheckWireRequest(0, request->dtype());
   if (!st.ok()) return FinishRefused(reactor, *log, st);
-  return RunDetached(ctx_, reactor, log, [ctx = ctx_, request, response] {
+  return RunInBackground(ctx_, reactor, log, [ctx = ctx_, request, response] {
     absl::StatusOr<MigrateOutcome> out =
         MigrateOut(*ctx, request->session_id(), request->peer(), request->peer_token(),
                    request->dtype() == v1::WIRE_DTYPE_F16);
@@ -619,7 +646,7 @@ grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* c
   if (!st.ok()) return FinishRefused(reactor, *log, st);
   std::optional<double> grace;
   if (request->has_grace_seconds()) grace = request->grace_seconds();
-  return RunDetached(
+  return RunInBackground(
       ctx_, reactor, log,
       [ctx = ctx_, response, grace] {
         const DrainReport report = ctx->drain(grace);

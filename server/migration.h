@@ -21,7 +21,8 @@ struct MigrateOutcome {
 // ImportSession and releases the local session (reason "migrated") only
 // after the peer answered OK. On any failure the session is returned intact
 // and the status says why (UNAVAILABLE for an unreachable peer, the peer's
-// code for a refusal). Blocking: run it on a thread of its own. Counts
+// code for a refusal). Blocking: never on a gRPC callback thread (the
+// MigrateSession RPC runs it on ServiceContext::background). Counts
 // cortiq_migrations_total{direction="out"}.
 absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string& session_id,
                                           const std::string& peer, const std::string& peer_token,

@@ -16,6 +16,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "core/math/kernels.h"
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "server/migration.h"
@@ -34,7 +35,17 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, std::string_view f
   return ss.str();
 }
 
-constexpr const char* kServiceName = "cortiq.v1.Inference";
+constexpr const char* kServiceName = v1::Inference::service_full_name();
+
+// Background workers for MigrateSession and Drain calls (each blocks on a
+// peer for up to minutes; an operator runs a few at a time), and how many
+// more may wait for one before a call is refused with RESOURCE_EXHAUSTED.
+constexpr size_t kBackgroundWorkers = 4;
+constexpr size_t kBackgroundQueue = 64;
+
+// How long Quiesce waits, after cancelling, for the engine to finish the
+// cancelled jobs (it does at its next step).
+constexpr auto kCancelWait = std::chrono::seconds(5);
 
 }  // namespace
 
@@ -98,6 +109,8 @@ absl::Status Server::Init() {
   ctx_->fingerprint = absl::StrFormat("%016x", ctx_->wire_fingerprint);
   CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session,
                           DefaultSessionConfig(c, *model_, c.model_dir));
+  background_ = std::make_unique<util::TaskRunner>(kBackgroundWorkers, kBackgroundQueue);
+  ctx_->background = background_.get();
   ctx_->drain = [this](std::optional<double> grace_s) {
     const auto grace = grace_s ? std::chrono::milliseconds(static_cast<int64_t>(*grace_s * 1000))
                                : config_.grace;
@@ -153,22 +166,14 @@ void Server::Quiesce(std::chrono::milliseconds grace) {
   health->SetServingStatus(false);
   health->SetServingStatus(kServiceName, false);
   ctx_->draining.store(true);
-  // Streams in flight get the grace period to finish ...
-  const auto until = session::Clock::now() + grace;
-  auto busy = [&] {
-    return ctx_->streams_in_flight.load() > 0 || engine_->active_jobs() > 0 ||
-           engine_->queued_jobs() > 0;
-  };
-  while (session::Clock::now() < until && busy()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  // Streams in flight get the grace period to finish (no new one gets a job
+  // now) ...
+  const auto until = std::chrono::steady_clock::now() + grace;
+  if (ctx_->streams_in_flight.WaitIdleUntil(until)) ctx_->jobs_in_flight.WaitIdleUntil(until);
   // ... then the rest are cancelled (their streams end with finish reason
   // cancelled) and the engine lets go of their sessions.
   store_->CancelAll();
-  const auto hard = session::Clock::now() + std::chrono::seconds(5);
-  while (session::Clock::now() < hard && (engine_->active_jobs() > 0 || engine_->queued_jobs() > 0)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  ctx_->jobs_in_flight.WaitIdleUntil(std::chrono::steady_clock::now() + kCancelWait);
 }
 
 std::vector<std::string> Server::ResolvePeers() const {
@@ -255,9 +260,10 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   if (reaper_.joinable()) reaper_.join();
   if (grpc_server_) {
     Quiesce(grace);
-    while (ctx_->migrations_in_flight.load() > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    // Migrations and drains already accepted finish (each is bounded by its
+    // calls' deadlines) and answer their callers before the gRPC server
+    // stops; new ones are refused from here on.
+    background_->Shutdown();
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
   if (engine_) engine_->Shutdown();
@@ -268,6 +274,8 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   cv_.notify_all();
   spdlog::info("server stopped");
 }
+
+const char* Server::kernel_tier() const { return math::IsaName(math::ActiveIsa()); }
 
 void Server::Wait() {
   std::unique_lock lock(mu_);

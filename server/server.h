@@ -5,7 +5,10 @@
 // Lifetime: Start() loads and binds everything (errors name the file or the
 // address); Shutdown() drains: health goes NOT_SERVING, new generations get
 // UNAVAILABLE, streams in flight get `grace` to finish, then the rest are
-// cancelled, the gRPC server stops and the engine joins. Thread-safe.
+// cancelled; migrations and drains still running on the background workers
+// finish (new ones get UNAVAILABLE) and the workers are joined; the gRPC
+// server stops and the engine joins. Every wait is on a condition variable
+// (util::InFlight), none polls. Thread-safe.
 //
 // Example:
 //   CORTIQ_ASSIGN_OR_RETURN(auto server, Server::Start(config));
@@ -27,6 +30,7 @@
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/task_runner.h"
 #include "core/util/thread_pool.h"
 #include "grpcpp/server.h"
 #include "server/config.h"
@@ -61,6 +65,8 @@ class Server {
   session::SessionStore& store() { return *store_; }
   session::Engine& engine() { return *engine_; }
   const model::Transformer& model() const { return *model_; }
+  // The ISA tier the model's math kernels run on (e.g. "avx512bf16"), for logs.
+  const char* kernel_tier() const;
   Metrics* metrics() { return metrics_.get(); }
   const ServerConfig& config() const { return config_; }
 
@@ -81,6 +87,9 @@ class Server {
   std::unique_ptr<session::Engine> engine_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<ServiceContext> ctx_;
+  // MigrateSession and Drain bodies (ctx_->background); declared after ctx_,
+  // which its tasks use. Shutdown drains and joins it.
+  std::unique_ptr<util::TaskRunner> background_;
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

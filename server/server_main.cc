@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "core/math/kernels.h"
 #include "core/util/flags.h"
 #include "server/config.h"
 #include "server/server.h"
@@ -47,7 +46,7 @@ int main(int argc, char** argv) {
                (*server)->metrics_port()
                    ? host + ":" + std::to_string((*server)->metrics_port()) + "/metrics"
                    : std::string("off"),
-               cortiq::math::IsaName(cortiq::math::ActiveIsa()),
+               (*server)->kernel_tier(),
                (*server)->model().bf16_activations() ? "bf16" : "f32");
   // A machine-readable line for scripts and tests.
   std::printf("listening on %s:%d metrics %d\n", host.c_str(), (*server)->port(),

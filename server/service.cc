@@ -38,12 +38,16 @@ model::SamplingParams SamplingFrom(const v1::SamplingParams& p) {
 // ---------------------------------------------------------------------------
 // Generate: one reactor per call.
 
+// gRPC ends a call at its deadline by its own millisecond clock, which can
+// run up to a millisecond ahead of system_clock: a call cancelled within
+// this of its deadline is counted as DEADLINE_EXCEEDED (so is a client's
+// own cancel that close to its deadline).
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(5);
+
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(ServiceContext* ctx, grpc::CallbackServerContext* call)
-      : ctx_(ctx), call_(call), log_(ctx, "Generate") {
-    ctx_->streams_in_flight.fetch_add(1);
-  }
+      : ctx_(ctx), call_(call), log_(ctx, "Generate"), stream_(ctx->streams_in_flight.Enter()) {}
 
   // Runs in the handler, before gRPC calls any reaction.
   void Start(const v1::GenerateRequest& request) {
@@ -53,6 +57,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       FinishLocked(ToGrpcStatus(st));
       return;
     }
+    job_in_flight_ = std::make_shared<util::InFlight::Token>(ctx_->jobs_in_flight.Enter());
     job_->SetNotify([this] { Pump(); });
     Pump();
   }
@@ -71,28 +76,40 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   void OnCancel() override {
+    {
+      // First: a job that ends because of this cancel must not be reported
+      // by Pump as a finished (OK) call.
+      std::lock_guard lock(mu_);
+      FinishLocked(grpc::Status::CANCELLED);
+    }
     if (job_) job_->Cancel();
-    std::lock_guard lock(mu_);
-    FinishLocked(grpc::Status::CANCELLED);
   }
 
   void OnDone() override {
     size_t completion = 0;
     if (job_) {
       job_->ClearNotify();  // no engine callback can reach this object after this
-      job_->Cancel();       // no-op when finished; a disconnected client stops here
-      if (job_->finished()) completion = job_->result().completion_tokens;
+      // The job stays in jobs_in_flight until the engine has finished it
+      // (at its next step): the token rides on the job's notify from here.
+      job_->SetNotify([job = job_.get(), token = job_in_flight_] {
+        if (job->finished()) token->Release();
+      });
+      job_->Cancel();  // no-op when finished; a disconnected client stops here
+      if (job_->finished()) {
+        job_in_flight_->Release();
+        completion = job_->result().completion_tokens;
+      }
     }
     grpc::StatusCode code = final_code_;
     if (code == grpc::StatusCode::CANCELLED &&
-        call_->deadline() <= std::chrono::system_clock::now()) {
+        call_->deadline() <= std::chrono::system_clock::now() + kDeadlineSlack) {
       code = grpc::StatusCode::DEADLINE_EXCEEDED;
     }
     log_.Done(code, final_message_,
               absl::StrFormat("session=%s prompt_tokens=%d completion_tokens=%d finish=%s",
                               session_id_.empty() ? "-" : session_id_, prompt_tokens_, completion,
                               finish_reason_));
-    ctx_->streams_in_flight.fetch_sub(1);
+    stream_.Release();
     delete this;
   }
 
@@ -167,6 +184,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   // OnWriteDone and from Start; one write in flight at a time.
   void Pump() {
     std::lock_guard lock(mu_);
+    if (job_->finished()) job_in_flight_->Release();  // the engine is done with it
     if (writing_ || finished_) return;
     session::GenerationEvent ev;
     if (job_->Pop(&ev)) {
@@ -224,7 +242,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   ServiceContext* ctx_;
   grpc::CallbackServerContext* call_;
   CallLog log_;
+  util::InFlight::Token stream_;  // in ctx_->streams_in_flight until OnDone
   std::shared_ptr<session::Job> job_;
+  // In ctx_->jobs_in_flight from Submit until the engine has finished the
+  // job (shared with the job's notify once this reactor is gone).
+  std::shared_ptr<util::InFlight::Token> job_in_flight_;
   std::string session_id_;
   size_t prompt_tokens_ = 0;
   std::string finish_reason_ = "-";

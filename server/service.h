@@ -26,6 +26,8 @@
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/in_flight.h"
+#include "core/util/task_runner.h"
 #include "server/config.h"
 #include "server/metrics.h"
 
@@ -56,8 +58,15 @@ struct ServiceContext {
   session::SessionConfig default_session;  // resolved from the flags
   std::atomic<bool> draining{false};  // new generations / sessions → UNAVAILABLE
   std::atomic<uint64_t> next_request_id{1};
-  std::atomic<int> streams_in_flight{0};
-  std::atomic<int> migrations_in_flight{0};  // MigrateSession threads still running
+  // Generate calls whose reactor has not finished (OnDone not yet run).
+  util::InFlight streams_in_flight;
+  // Generate calls whose engine job has not finished; the engine returns the
+  // session's lease before a job counts as finished, so zero here means no
+  // session is held by a generation.
+  util::InFlight jobs_in_flight;
+  // Blocking work kept off the gRPC threads (MigrateSession, Drain); owned
+  // by Server, whose Shutdown runs what is queued and joins it.
+  util::TaskRunner* background = nullptr;
   // Set by Server: drains the node (grace in seconds; nullopt = --grace) and
   // reports; idempotent. Blocking.
   std::function<DrainReport(std::optional<double>)> drain;

@@ -177,6 +177,15 @@ absl::StatusOr<Sampler> Sampler::Create(const SamplingParams& params) {
   return Sampler(params);
 }
 
+absl::StatusOr<Sampler> Sampler::WithParams(const SamplingParams& params) const {
+  if (absl::Status s = params.Validate(); !s.ok()) return s;
+  Sampler out(params);
+  out.params_.seed = params_.seed;
+  out.rng_ = rng_;
+  out.samples_drawn_ = samples_drawn_;
+  return out;
+}
+
 void Sampler::EnsureScratch(size_t vocab) {
   if (x_.size() == vocab) return;
   x_.assign(vocab, 0.0f);

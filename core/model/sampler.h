@@ -119,6 +119,15 @@ class Sampler {
   // ids outside the vocabulary are ignored.
   int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
 
+  // A copy of this sampler with new parameters and the same random stream:
+  // the RNG words and samples_drawn() carry over, so the copy draws exactly
+  // the words this sampler would have drawn next (a continued conversation
+  // that changes its temperature keeps its stream). The seed stays the one
+  // the stream started from (params.seed is ignored). INVALID_ARGUMENT, as
+  // from Create, when params.Validate() fails. O(1); the copy's scratch is
+  // allocated by its first Sample.
+  absl::StatusOr<Sampler> WithParams(const SamplingParams& params) const;
+
   const SamplingParams& params() const { return params_; }
   uint64_t samples_drawn() const { return samples_drawn_; }
   const Rng& rng() const { return rng_; }

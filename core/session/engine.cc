@@ -43,19 +43,11 @@ size_t HeldSuffix(std::string_view text, const std::vector<std::string>& stops) 
 
 // The sampler for a call: a new one when the request names a seed (or the
 // session has none), otherwise the session's RNG continued under the
-// request's parameters (the state blob's parameter fields are replaced; see
-// Sampler::SerializeState for the layout).
-absl::StatusOr<model::Sampler> SamplerFor(std::optional<model::Sampler>& previous,
+// request's parameters (Sampler::WithParams).
+absl::StatusOr<model::Sampler> SamplerFor(const std::optional<model::Sampler>& previous,
                                           const model::SamplingParams& params, bool seed_given) {
   if (seed_given || !previous.has_value()) return model::Sampler::Create(params);
-  std::string blob = previous->SerializeState();
-  auto put32 = [&](size_t off, const void* v) { std::memcpy(blob.data() + off, v, 4); };
-  put32(8, &params.temperature);
-  put32(12, &params.top_k);
-  put32(16, &params.top_p);
-  put32(20, &params.min_p);
-  put32(24, &params.repetition_penalty);
-  return model::Sampler::Deserialize(blob);
+  return previous->WithParams(params);
 }
 
 }  // namespace

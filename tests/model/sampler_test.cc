@@ -293,6 +293,60 @@ TEST(SamplerTest, SerializeMidSequenceContinuesIdentically) {
   EXPECT_EQ(got, expected);
 }
 
+// A continued conversation that changes its parameters: the copy draws the
+// very RNG words the original would have drawn next, under the new params.
+TEST(SamplerTest, WithParamsKeepsTheRandomStreamAndChangesTheParams) {
+  Sampler first = Make(kRich);
+  const std::vector<int32_t> head = RunSteps(first, 40);
+  SamplingParams changed = {.temperature = 1.3f, .top_k = 0, .top_p = 0.95f, .seed = 777};
+  auto next = first.WithParams(changed);
+  ASSERT_TRUE(next.ok()) << next.status();
+  // The new parameters, the stream's seed, the RNG words and the count carry over.
+  changed.seed = kRich.seed;
+  EXPECT_EQ(next->params(), changed);
+  EXPECT_EQ(next->rng().state(), first.rng().state());
+  EXPECT_EQ(next->samples_drawn(), 40u);
+  EXPECT_EQ(first.params(), kRich);  // the original is untouched
+
+  // Reference: a sampler created with the new parameters whose RNG has
+  // advanced by the same 40 words (each non-greedy Sample draws one).
+  Sampler ref = Make(changed);
+  const std::vector<float> flat(300, 0.0f);
+  for (int i = 0; i < 40; ++i) ref.Sample(flat, {});
+  ASSERT_EQ(ref.rng().state(), next->rng().state());
+  std::vector<int32_t> a = head, b = head;
+  for (int i = 40; i < 120; ++i) {
+    const std::vector<float> logits = RandomLogits(300, 1000 + i);
+    a.push_back(next->Sample(logits, a));
+    b.push_back(ref.Sample(logits, b));
+  }
+  EXPECT_EQ(a, b);
+  // ... and it is not the stream a fresh sampler with those parameters draws.
+  Sampler fresh = Make(changed);
+  std::vector<int32_t> c = head;
+  for (int i = 40; i < 120; ++i) {
+    const std::vector<float> logits = RandomLogits(300, 1000 + i);
+    c.push_back(fresh.Sample(logits, c));
+  }
+  EXPECT_NE(a, c);
+}
+
+TEST(SamplerTest, WithParamsRejectsWhatCreateRejects) {
+  Sampler s = Make(kRich);
+  s.Sample(RandomLogits(300, 1), {});
+  SamplingParams bad = kRich;
+  bad.top_p = 0.0f;
+  auto refused = s.WithParams(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status(), Sampler::Create(bad).status());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("top_p"));
+  bad = kRich;
+  bad.temperature = -1.0f;
+  EXPECT_EQ(s.WithParams(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.samples_drawn(), 1u);  // nothing changed
+}
+
 TEST(SamplerTest, SerializedLayoutIsLittleEndianAndVersioned) {
   Sampler s = Make(kRich);
   const std::string b = s.SerializeState();

@@ -108,6 +108,22 @@ class E2eTest : public ::testing::Test {
     return false;
   }
 
+  // Scrapes until the server has counted `n` finished `rpc` calls, whatever
+  // their code (up to 5 s), and returns that scrape. A call is counted when
+  // its reactor is done, which can be after the client has its status and
+  // after its session was freed.
+  testing::Exposition ScrapeOnceCounted(const std::string& rpc, double n) {
+    testing::Exposition e;
+    for (int i = 0; i < 500; ++i) {
+      e = Scrape();
+      double total = 0;
+      for (const auto* s : e.All("cortiq_requests_total", {{"rpc", rpc}})) total += s->value;
+      if (total >= n) break;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return e;
+  }
+
   std::unique_ptr<Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Inference::Stub> stub_;
@@ -371,7 +387,7 @@ TEST_F(E2eTest, CancelMidStreamFreesTheOneShotSessionAndTheGaugesReturnToBaselin
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_LT(s.ids.size(), 3000u);
   ASSERT_TRUE(WaitNoSessions());
-  const auto after = Scrape();
+  const auto after = ScrapeOnceCounted("Generate", 1);
   EXPECT_EQ(MemoryGauge(after), 0.0);
   EXPECT_EQ(after.Get("cortiq_sessions_active"), 0.0);
   EXPECT_EQ(after.Get("cortiq_session_releases_total", {{"reason", "cancelled"}}), 1.0);
@@ -385,6 +401,34 @@ TEST_F(E2eTest, DeadlineEndsTheStreamWithDeadlineExceeded) {
   ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(200));
   Stream s = Generate(Greedy("slow", 4000), &ctx);
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(WaitNoSessions());
+}
+
+// The request counter tells a deadline from a client's cancel: gRPC's
+// deadline timer runs on its own clock, slightly ahead of system_clock, and a
+// cancel races the engine finishing the cancelled job.
+TEST_F(E2eTest, DeadlinesAndClientCancelsAreCountedApart) {
+  StartServer();
+  constexpr int kDeadlineCalls = 8;
+  for (int i = 0; i < kDeadlineCalls; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(200));
+    EXPECT_EQ(Generate(Greedy("slow", 4000), &ctx).status.error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  grpc::ClientContext ctx;
+  int seen = 0;
+  Stream s = Generate(Greedy("cancel me", 3000), &ctx, [&](const v1::GeneratedToken&) {
+    if (++seen == 3) ctx.TryCancel();
+  });
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::CANCELLED);
+  const auto e = ScrapeOnceCounted("Generate", kDeadlineCalls + 1);
+  EXPECT_EQ(e.Get("cortiq_requests_total", {{"rpc", "Generate"}, {"code", "DEADLINE_EXCEEDED"}})
+                .value_or(0),
+            kDeadlineCalls);
+  EXPECT_EQ(
+      e.Get("cortiq_requests_total", {{"rpc", "Generate"}, {"code", "CANCELLED"}}).value_or(0),
+      1.0);
   ASSERT_TRUE(WaitNoSessions());
 }
 
