@@ -54,6 +54,7 @@ constexpr const char* kUsage = R"(usage:
   cortiq-tool ppl --model DIR --file TEXT [--window 512] [--prefill 256] [--kv f32|int8]
                   [--o1 all|deepN|i,j,k] [--o1-m 32] [--o1-w 128] [--o1-sink 4] [--o1-rect agg|fm]
                   [--qsa all|deepN|i,j,k] [--qsa-ratio 64] [--qsa-budget 16]
+                  [--sink-window all|deepN|i,j,k] [--sw-sink 4] [--sw-window 128]
                   [--max-windows N] [--baseline 1]
   cortiq-tool generate --model DIR --prompt TEXT [--max-tokens 64] [--temperature 1]
                        [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1]
@@ -309,6 +310,11 @@ absl::StatusOr<PplOptions> ParsePplArgs(const std::vector<std::string>& args) {
       },
       O1Flags(&o1),
       QsaFlags(&o.qsa, &o.qsa_ratio, &o.qsa_budget),
+      {
+          StringFlag("sink-window", &o.sink_window),
+          IntFlag("sw-sink", &o.sw_sink),
+          IntFlag("sw-window", &o.sw_window, {.min = 1}),
+      },
   });
   CORTIQ_ASSIGN_OR_RETURN(util::ParsedArgs parsed, ParseCommandFlags("ppl", args, flags));
   o.prefill = prefill.value_or(o.window / 2);
@@ -321,6 +327,11 @@ absl::StatusOr<PplOptions> ParsePplArgs(const std::vector<std::string>& args) {
   // Any QSA flag runs QSA (on every layer unless --qsa says).
   if (!o.qsa.has_value() && (parsed.Given("qsa-ratio") || parsed.Given("qsa-budget"))) {
     o.qsa = "all";
+  }
+  // Either sink + window size runs the mode (on every layer unless
+  // --sink-window says).
+  if (!o.sink_window.has_value() && (parsed.Given("sw-sink") || parsed.Given("sw-window"))) {
+    o.sink_window = "all";
   }
   return o;
 }

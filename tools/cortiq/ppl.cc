@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/model/transformer.h"
 #include "core/tokenizer/tokenizer.h"
-#include "nlohmann/json.hpp"
 
 namespace cortiq::tools {
 namespace {
@@ -37,8 +36,7 @@ double Nll(const float* row, size_t vocab, int32_t target) {
 
 absl::StatusOr<Score> Run(const model::Transformer& tf, const tokenizer::Tokenizer& tok,
                           const std::vector<int32_t>& ids, const PplOptions& o, kv::KvMode mode,
-                          const std::optional<kv::O1Config>& o1,
-                          const std::optional<model::QsaConfig>& qsa) {
+                          const attention::AttentionConfig& modes) {
   const size_t vocab = tf.config().vocab_size;
   std::vector<float> logits(vocab);
   model::ForwardScratch scratch;
@@ -49,12 +47,16 @@ absl::StatusOr<Score> Run(const model::Transformer& tf, const tokenizer::Tokeniz
     if (n <= o.prefill) break;  // nothing left to score in this window
     const int32_t* w = ids.data() + start;
     model::SequenceKv kv(tf.config(), mode);
-    if (o1.has_value()) {
-      absl::Status st = kv.EnableO1(*o1);
+    if (modes.o1.has_value()) {
+      absl::Status st = kv.EnableO1(*modes.o1);
       if (!st.ok()) return st;
     }
-    if (qsa.has_value()) {
-      absl::Status st = kv.EnableQsa(*qsa);
+    if (modes.qsa.has_value()) {
+      absl::Status st = kv.EnableQsa(*modes.qsa);
+      if (!st.ok()) return st;
+    }
+    if (modes.window.has_value()) {
+      absl::Status st = kv.EnableWindow(*modes.window);
       if (!st.ok()) return st;
     }
     kv.Reserve(n);
@@ -110,15 +112,8 @@ int RunPpl(const PplOptions& o) {
   if (o.o1.has_value()) {
     auto env = kv::EnvOverrides();
     if (!env.ok()) return Fail(env.status());
-    kv::O1Overrides hint;
-    std::ifstream cf(o.model_dir + "/config.json");
-    nlohmann::json cj = nlohmann::json::parse(cf, nullptr, /*allow_exceptions=*/false);
-    if (!cj.is_discarded()) {
-      auto h = kv::O1HintFromModelConfig(cj);
-      if (!h.ok()) return Fail(h.status());
-      hint = *h;
-    }
-    auto resolved = kv::ResolveO1Config(*o.o1, {}, *env, hint, (*tf)->config().num_hidden_layers);
+    auto resolved = kv::ResolveO1Config(*o.o1, {}, *env, (*tf)->config().o1_hint,
+                                        (*tf)->config().num_hidden_layers);
     if (!resolved.ok()) return Fail(resolved.status());
     o1 = *resolved;
     label = "o1";
@@ -137,13 +132,31 @@ int RunPpl(const PplOptions& o) {
     std::printf("%s (inert bound %zu tokens)\n", qsa->DebugString().c_str(),
                 qsa->ratio * qsa->budget);
   }
+  std::optional<model::WindowConfig> sink_window;
+  if (o.sink_window.has_value()) {
+    if (o1.has_value() || qsa.has_value()) {
+      return Fail(absl::InvalidArgumentError(
+          "--sink-window does not compose with --o1 or --qsa; give one"));
+    }
+    auto w = attention::MakeWindowConfig(*o.sink_window, o.sw_sink, o.sw_window,
+                                         size_t((*tf)->config().num_hidden_layers));
+    if (!w.ok()) return Fail(w.status());
+    sink_window = *w;
+    label = "window";
+    std::printf("%s\n", sink_window->DebugString().c_str());
+  }
+  attention::AttentionConfig modes;
+  modes.o1 = o1;
+  modes.qsa = qsa;
+  modes.window = sink_window;
   std::printf("text: %s, %zu bytes, %zu tokens; window %zu, prefill %zu\n", o.text_file.c_str(),
               text.size(), ids.size(), o.window, o.prefill);
-  auto mode_score = Run(**tf, *tok, ids, o, o.kv_mode, o1, qsa);
+  auto mode_score = Run(**tf, *tok, ids, o, o.kv_mode, modes);
   if (!mode_score.ok()) return Fail(mode_score.status());
-  const bool is_exact = !o1.has_value() && !qsa.has_value() && o.kv_mode == kv::KvMode::kF32;
+  const bool is_exact = !o1.has_value() && !qsa.has_value() && !sink_window.has_value() &&
+                        o.kv_mode == kv::KvMode::kF32;
   if (o.baseline && !is_exact) {
-    auto exact = Run(**tf, *tok, ids, o, kv::KvMode::kF32, std::nullopt, std::nullopt);
+    auto exact = Run(**tf, *tok, ids, o, kv::KvMode::kF32, attention::AttentionConfig{});
     if (!exact.ok()) return Fail(exact.status());
     Print("exact", *exact);
     Print(label.c_str(), *mode_score);

@@ -7,7 +7,8 @@
 // i.e. positions prefill+1 .. window-1 of every window, so every mode is
 // compared with exact attention over the same scored tokens. The exact
 // baseline runs in the same invocation and the ratio is printed. QSA
-// (--qsa) is compared the same way; it cannot be combined with --o1.
+// (--qsa) and sink + window (--sink-window) are compared the same way; the
+// modes do not combine.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +36,11 @@ struct PplOptions {
   std::optional<std::string> qsa;
   size_t qsa_ratio = 64;
   size_t qsa_budget = 16;
+  // Set: run sink + sliding-window attention (StreamingLLM) on these layers,
+  // keeping the first sw_sink and the last sw_window positions.
+  std::optional<std::string> sink_window;
+  size_t sw_sink = 4;
+  size_t sw_window = 128;
   bool baseline = true;  // also run exact f32 and print the ratio
 };
 

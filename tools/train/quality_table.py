@@ -42,6 +42,12 @@ def main():
                     configs.append(("O(1) %s m=%d %s sink=%d" % (layers, m, rect, sink),
                                     ["--o1", layers, "--o1-m", str(m), "--o1-rect", rect,
                                      "--o1-sink", str(sink)]))
+    # Sink + window (StreamingLLM) at the O(1) rows' W = 128: the near field
+    # alone, without the Nystrom far field.
+    for layers in ["all", deep]:
+        for sink in [0, 4]:
+            configs.append(("window %s W=128 sink=%d" % (layers, sink),
+                            ["--sink-window", layers, "--sw-window", "128", "--sw-sink", str(sink)]))
     for budget in [4, 8, 16]:
         configs.append(("QSA all ratio=16 budget=%d" % budget,
                         ["--qsa", "all", "--qsa-ratio", "16", "--qsa-budget", str(budget)]))
