@@ -44,6 +44,11 @@ OUT="$("$TOOL" ppl --model "$WORK/m" --file "$WORK/text.txt" --window 64 --qsa a
 grep -q '^qsa: layers=\[0,1\] ratio=4 budget=4' <<<"$OUT" || fail "ppl --qsa config: $OUT"
 grep -Eq '^qsa +ppl [0-9.]+' <<<"$OUT" || fail "ppl --qsa score: $OUT"
 grep -Eq '^ratio [0-9.]+$' <<<"$OUT" || fail "ppl --qsa ratio: $OUT"
+# ppl with sink + window (sink 2, window 8: rows are dropped within the 64-token windows).
+OUT="$("$TOOL" ppl --model "$WORK/m" --file "$WORK/text.txt" --window 64 --sink-window all --sw-sink 2 --sw-window 8)"
+grep -q '^window: layers=\[0,1\] sink=2 window=8' <<<"$OUT" || fail "ppl --sink-window config: $OUT"
+grep -Eq '^window +ppl [0-9.]+' <<<"$OUT" || fail "ppl --sink-window score: $OUT"
+grep -Eq '^ratio [0-9.]+$' <<<"$OUT" || fail "ppl --sink-window ratio: $OUT"
 set +e
 "$TOOL" ppl --model "$WORK/m" --file "$WORK/text.txt" --qsa all --qsa-budget 1 >/dev/null 2>&1
 [ $? -eq 2 ] || fail "--qsa-budget 1 should be a usage error"
