@@ -1,8 +1,5 @@
 #include "core/model/transformer.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -110,58 +107,15 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
   for (LayerWeights& w : t->layers_) {
     for (WeightView* v : w.Projections()) mark(*v);
   }
-  if (math::AmxTilesUsed()) t->PackAmxTiles();
+  // AMX: a tile-order copy of every bf16-activation projection (lm_head
+  // included); the embedding's pages stay (Embed reads its rows).
+  std::vector<WeightView*> views = {&t->lm_head_};
+  for (LayerWeights& w : t->layers_) {
+    for (WeightView* v : w.Projections()) views.push_back(v);
+  }
+  const void* keep[] = {t->embed_.data};
+  t->packed_ = math::PackedWeights::Pack(views, keep, t->pool_);
   return t;
-}
-
-void Transformer::PackAmxTiles() {
-  std::vector<WeightView*> views;
-  if (lm_head_.bf16_activations) views.push_back(&lm_head_);
-  for (LayerWeights& w : layers_) {
-    for (WeightView* v : w.Projections()) {
-      if (v->bf16_activations) views.push_back(v);
-    }
-  }
-  // One mapping for all of them (huge pages: the decode step streams it end
-  // to end), each matrix at a 4 KiB-aligned offset.
-  std::vector<size_t> offset;
-  size_t total = 0;
-  for (const WeightView* v : views) {
-    offset.push_back(total);
-    total += (math::AmxTileElements(v->rows, v->cols) + 2047) / 2048 * 2048;
-  }
-  try {
-    amx_tiles_ = util::HugeBuffer<uint16_t>(total);
-  } catch (const std::bad_alloc&) {
-    // Not fatal: the AMX decode kernel reads the checkpoint in place.
-    spdlog::warn(
-        "model: the AMX tile copy of the weights ({} bytes) could not be mapped; "
-        "reading them from the checkpoint in place",
-        total * sizeof(uint16_t));
-    return;
-  }
-  const long page = sysconf(_SC_PAGESIZE);
-  for (size_t i = 0; i < views.size(); ++i) {
-    WeightView* v = views[i];
-    uint16_t* tiles = amx_tiles_.data() + offset[i];
-    const auto* src = static_cast<const uint16_t*>(v->data);
-    pool_->ParallelFor(
-        v->rows,
-        [&](size_t begin, size_t end) {
-          math::PackAmxTiles(src, v->rows, v->cols, tiles, begin, end);
-        },
-        16);
-    v->amx_tiles = tiles;
-    // From now on the products read the tiles only: hand the source pages of
-    // the (read-only, file-backed) mapping back, so resident memory counts
-    // the weights once. They fault in again from the file if anything reads
-    // them (QSA deriving its indexer from q/k). The embedding stays: Embed
-    // reads its rows.
-    if (v->data == embed_.data || page <= 0) continue;
-    const uintptr_t b = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
-    const uintptr_t e = (reinterpret_cast<uintptr_t>(src) + v->rows * v->cols * 2) / page * page;
-    if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
-  }
 }
 
 absl::Status Transformer::Bind() {

@@ -8,8 +8,8 @@
 // Weights stay in the memory-mapped checkpoint (f32, bf16 or f16) and are read
 // through math::MatMul; only norms and biases are copied to f32 at load. On
 // AMX, with bf16 weights and bf16 activations, the projections and lm_head
-// are copied once into AMX tile order (math::PackAmxTiles) and read from
-// there, and their checkpoint pages are handed back (AmxTileBytes()).
+// are copied once into AMX tile order and read from there, and their
+// checkpoint pages are handed back (math::PackedWeights, AmxTileBytes()).
 // Attention goes through each layer's attention::LayerAttentionState (one
 // per layer of a SequenceKv, core/attention): the forward pass computes
 // q, k, v and hands them to the state — Prefill for a block of one
@@ -42,11 +42,11 @@
 #include "core/kv/layer_kv_cache.h"
 #include "core/kv/o1_config.h"
 #include "core/math/kernels.h"
+#include "core/math/packed_weights.h"
 #include "core/model/checkpoint.h"
 #include "core/model/forward_scratch.h"
 #include "core/model/model_config.h"
 #include "core/model/sequence_kv.h"
-#include "core/util/huge_buffer.h"
 #include "core/util/thread_pool.h"
 
 namespace cortiq::model {
@@ -111,7 +111,7 @@ class Transformer {
   // the kAmx ISA is active and activations are bf16; 0 otherwise). With it,
   // every batch runs on AMX tiles and the checkpoint's projection pages are
   // handed back to the kernel.
-  size_t AmxTileBytes() const { return amx_tiles_.MemoryBytes(); }
+  size_t AmxTileBytes() const { return packed_.MemoryBytes(); }
 
   // ---- QSA ----
   // Binds `kv`'s per-sequence state outside the layers (QSA indexer states,
@@ -150,9 +150,6 @@ class Transformer {
 
   Transformer() = default;
   absl::Status Bind();
-  // AMX: a tile-order copy of every bf16-activation projection (lm_head
-  // included), WeightView::amx_tiles, packed on the pool.
-  void PackAmxTiles();
   absl::Status CheckTokens(std::span<const int32_t> tokens) const;
   void EnsureScratch(ForwardScratch& s, size_t rows) const;
   // Fills scratch.rope rows with cos/sin for s.positions[i], i < rows.
@@ -182,7 +179,7 @@ class Transformer {
   std::vector<float> inv_freq_;  // [head_dim / 2], f64-derived
   std::vector<LayerWeights> layers_;
   attention::AttentionGeometry geometry_;  // of every layer
-  util::HugeBuffer<uint16_t> amx_tiles_;   // PackAmxTiles (AMX only): every view's tiles
+  math::PackedWeights packed_;  // the views' packed copies (AMX tile order)
   std::shared_ptr<QsaRuntime> qsa_;        // set by Load; indexers built on demand
 };
 
