@@ -37,8 +37,8 @@
 //   * Wire format (ExportWire / ImportWire, implemented in layer_wire.cc,
 //     layout in docs/WIRE_FORMAT.md; piece by piece: layer_wire.h): one
 //     self-checking blob per layer; export refuses state the requested
-//     version does not describe, import validates everything before it
-//     touches the cache.
+//     version does not describe (with a typed reason, wire_refusal.h),
+//     import validates everything before it touches the cache.
 //
 // Ownership: owns all its buffers; move-only, deep copies are explicit (Copy()).
 //
@@ -328,12 +328,14 @@ class LayerKvCache {
   // normal range, absolute <= 2^-25 below 2^-14): the caller's explicit,
   // lossy choice, which halves the rows. It applies to f32 rows only: int8
   // rows and O(1) state always travel exact (the flag is then ignored and
-  // not set in the blob). Refuses, FailedPrecondition naming the reason,
-  // state the requested version does not describe, rather than shipping a
-  // cache that would answer differently: "O(1) trace being collected",
-  // "accumulated importance", "dead heads" (any version); "int8 rows" and
-  // "O(1) overlay" (version 1); with f16, a finite value beyond f16's range
-  // (it would arrive as inf). InvalidArgument for a version this build does
+  // not set in the blob). Refuses, FailedPrecondition naming the reason and
+  // carrying it typed (WireRefusalOf, wire_refusal.h), state the requested
+  // version does not describe, rather than shipping a cache that would
+  // answer differently: "O(1) trace being collected" (kO1Collecting),
+  // "accumulated importance" (kImportance), "dead heads" (kDeadHeads), in
+  // any version; "int8 rows" (kInt8Rows) and "O(1) overlay" (kO1Overlay) in
+  // version 1; with f16, a finite value beyond f16's range, which would
+  // arrive as inf (kF16Range). InvalidArgument for a version this build does
   // not write. Const: may run concurrently with the other const methods.
   absl::StatusOr<std::string> ExportWire(const WireOptions& options = {}) const;
 

@@ -83,6 +83,7 @@
 #include "core/kv/kv_rows.h"
 #include "core/kv/layer_kv_cache.h"
 #include "core/kv/nystrom.h"
+#include "core/kv/wire_refusal.h"
 #include "core/math/kernels.h"
 #include "core/util/crc32c.h"
 #include "core/util/status_macros.h"
@@ -107,8 +108,8 @@ constexpr float kF16Overflow = 65520.0f;
 // fields no alignment guarantee (a session wraps layer blobs at any offset).
 constexpr size_t kF16Chunk = 256;
 
-absl::Status Refused(absl::string_view why) {
-  return absl::FailedPreconditionError(absl::StrCat("ExportWire refused: ", why));
+absl::Status Refused(WireRefusal reason, absl::string_view why) {
+  return WireRefused(reason, absl::StrCat("ExportWire refused: ", why));
 }
 absl::Status Corrupt(absl::string_view why) {
   return absl::DataLossError(absl::StrCat("CQKV layer blob corrupt: ", why));
@@ -342,6 +343,7 @@ absl::Status CheckF16Range(std::span<const float> src, absl::string_view what) {
   for (size_t i = 0; i < src.size(); ++i) {
     if (std::isfinite(src[i]) && std::fabs(src[i]) >= kF16Overflow) {
       return Refused(
+          WireRefusal::kF16Range,
           absl::StrFormat("f16 was asked for, and %s holds %g at element %d, beyond f16's range "
                           "(max 65504); export f32",
                           what, src[i], i));
@@ -384,25 +386,30 @@ absl::StatusOr<LayerWireSource> LayerWireSource::Make(const LayerKvCache& c,
   // State no version describes.
   if (c.O1Collecting()) {
     return Refused(
+        WireRefusal::kO1Collecting,
         "O(1) trace being collected: seal or release first (a query trace is not part of any "
         "wire version)");
   }
   if (c.HasImportance()) {
-    return Refused(absl::StrCat("the layer holds accumulated importance, which wire version ",
+    return Refused(WireRefusal::kImportance,
+                   absl::StrCat("the layer holds accumulated importance, which wire version ",
                                 version, " does not describe"));
   }
   if (c.HasDeadHeads()) {
     return Refused(
+        WireRefusal::kDeadHeads,
         absl::StrCat("dead heads (frozen columns): a head skipped positions, and wire version ",
                      version, " does not describe the per-position alive log"));
   }
   const bool int8 = c.mode() == KvMode::kInt8;
   const bool sealed = c.O1Sealed();
   if (version == 1 && int8) {
-    return Refused("int8 rows (version 1): version 1 carries f32 rows only; export version 2");
+    return Refused(WireRefusal::kInt8Rows,
+                   "int8 rows (version 1): version 1 carries f32 rows only; export version 2");
   }
   if (version == 1 && sealed) {
-    return Refused("O(1) overlay (version 1): version 1 carries exact rows only; export version 2");
+    return Refused(WireRefusal::kO1Overlay,
+                   "O(1) overlay (version 1): version 1 carries exact rows only; export version 2");
   }
   if (c.num_kv_heads() > UINT32_MAX || c.head_dim() > UINT32_MAX) {
     return absl::InvalidArgumentError("ExportWire: num_kv_heads or head_dim exceeds u32");

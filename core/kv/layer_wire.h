@@ -42,7 +42,8 @@ inline constexpr size_t kWireCrcBytes = 4;
 class LayerWireSource {
  public:
   // ExportWire's refusals, every one checked here before a byte is read
-  // (with f16, that is a pass over the rows for values beyond f16's range).
+  // (with f16, that is a pass over the rows for values beyond f16's range),
+  // each FailedPrecondition carrying its WireRefusal (wire_refusal.h).
   // A sealed O(1) layer (small) is serialised here and read from a copy.
   static absl::StatusOr<LayerWireSource> Make(const LayerKvCache& cache,
                                               const WireOptions& options);
