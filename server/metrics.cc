@@ -94,18 +94,30 @@ std::optional<size_t> RpcIndex(std::string_view rpc) {
   return std::nullopt;
 }
 
-std::string_view ExportRefusalName(ExportRefusal reason) {
+namespace {
+
+// reason → its index in kExportRefusalLabels.
+size_t ExportRefusalLabel(ExportRefusal reason) {
   switch (reason) {
     case ExportRefusal::kImportance:
-      return "importance";
+      return 0;
     case ExportRefusal::kO1Overlay:
-      return "o1_overlay";
+    case ExportRefusal::kO1Collecting:
+      return 1;
     case ExportRefusal::kInt8Rows:
-      return "int8_rows";
+      return 2;
+    case ExportRefusal::kDeadHeads:
+    case ExportRefusal::kF16Range:
     case ExportRefusal::kOther:
-      return "other";
+      return 3;
   }
-  return "other";
+  return 3;
+}
+
+}  // namespace
+
+std::string_view ExportRefusalName(ExportRefusal reason) {
+  return kExportRefusalLabels[ExportRefusalLabel(reason)];
 }
 
 // The series read from the sources at scrape time (called on the Exposer's
@@ -290,9 +302,8 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
                             "Session exports refused because the wire format cannot describe "
                             "the state, by reason.")
                         .Register(reg);
-    for (size_t i = 0; i < kNumExportRefusals; ++i) {
-      exports_refused_[i] =
-          &refused.Add({{"reason", std::string(ExportRefusalName(static_cast<ExportRefusal>(i)))}});
+    for (size_t i = 0; i < kNumExportRefusalLabels; ++i) {
+      exports_refused_[i] = &refused.Add({{"reason", std::string(kExportRefusalLabels[i])}});
     }
 
     current = "cortiq_migrations_total";
@@ -339,9 +350,7 @@ void Metrics::ObserveRequest(std::string_view rpc, double seconds) {
 }
 
 void Metrics::CountExportRefused(ExportRefusal reason) {
-  const size_t i = static_cast<size_t>(reason);
-  exports_refused_[i < kNumExportRefusals ? i : static_cast<size_t>(ExportRefusal::kOther)]
-      ->Increment();
+  exports_refused_[ExportRefusalLabel(reason)]->Increment();
 }
 
 void Metrics::CountMigration(MigrationDirection direction, MigrationResult result) {

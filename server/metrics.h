@@ -41,6 +41,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "core/kv/wire_refusal.h"
 #include "core/model/transformer.h"
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
@@ -76,10 +77,19 @@ inline constexpr std::array<std::string_view, kNumGrpcCodes> kGrpcCodeNames = {
 // allocation.
 std::optional<size_t> RpcIndex(std::string_view rpc);
 
-// Why an export was refused (label reason="..." of cortiq_exports_refused_total).
-enum class ExportRefusal : uint8_t { kImportance = 0, kO1Overlay, kInt8Rows, kOther };
-inline constexpr size_t kNumExportRefusals = 4;
-std::string_view ExportRefusalName(ExportRefusal reason);  // "importance", "o1_overlay", ...
+// Why an export was refused: the wire exporter's typed reason, one enum for
+// the kv layer and the metrics (kv::WireRefusal, read from the refused status
+// with kv::WireRefusalOf, never from its text).
+using ExportRefusal = kv::WireRefusal;
+// The label values of reason="..." on cortiq_exports_refused_total
+// (docs/METRICS.md); several reasons share one.
+inline constexpr size_t kNumExportRefusalLabels = 4;
+inline constexpr std::array<std::string_view, kNumExportRefusalLabels> kExportRefusalLabels = {
+    "importance", "o1_overlay", "int8_rows", "other"};
+// The label of `reason`: "importance"; "o1_overlay" for a sealed O(1) layer
+// and for a query trace being collected; "int8_rows"; "other" for dead heads,
+// the f16 range and kOther. O(1), no allocation.
+std::string_view ExportRefusalName(ExportRefusal reason);
 
 enum class MigrationDirection : uint8_t { kOut = 0, kIn = 1 };  // direction="out|in"
 enum class MigrationResult : uint8_t { kOk = 0, kFailed = 1 };  // result="ok|failed"
@@ -141,7 +151,7 @@ class Metrics : public session::EngineObserver {
   // Children, built once by Register(); owned by registry_'s families.
   std::array<std::array<prometheus::Counter*, kNumGrpcCodes>, kNumRpcs> requests_{};
   std::array<prometheus::Histogram*, kNumRpcs> request_seconds_{};
-  std::array<prometheus::Counter*, kNumExportRefusals> exports_refused_{};
+  std::array<prometheus::Counter*, kNumExportRefusalLabels> exports_refused_{};  // [label]
   std::array<std::array<prometheus::Counter*, 2>, 2> migrations_{};  // [direction][result]
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generated_tokens_ = nullptr;

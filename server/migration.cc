@@ -72,13 +72,12 @@ absl::StatusOr<session::SessionWireSource> ExportSource(
     ServiceContext& ctx, const session::Session& s, const session::SessionWireOptions& options) {
   absl::StatusOr<session::SessionWireSource> src =
       session::SessionWireSource::Make(s, ctx.wire_fingerprint, options);
+  // By the typed reason the exporter attached (kv::WireRefusalOf), never by
+  // the message text: a reworded message cannot move the count to another
+  // label. A refusal without one counts as kOther.
   if (!src.ok() && src.status().code() == absl::StatusCode::kFailedPrecondition && ctx.metrics) {
-    const std::string msg(src.status().message());
-    ExportRefusal reason = msg.find("importance") != std::string::npos ? ExportRefusal::kImportance
-                           : msg.find("O(1)") != std::string::npos   ? ExportRefusal::kO1Overlay
-                           : msg.find("int8") != std::string::npos   ? ExportRefusal::kInt8Rows
-                                                                     : ExportRefusal::kOther;
-    ctx.metrics->CountExportRefused(reason);
+    ctx.metrics->CountExportRefused(
+        kv::WireRefusalOf(src.status()).value_or(ExportRefusal::kOther));
   }
   return src;
 }

@@ -1,5 +1,12 @@
-// LayerKvCache: the exact KV cache of one transformer layer for one session
-// (seed 001), plus AttentionHead, the plain per-head attention it must match.
+// LayerKvCache: the KV cache of one transformer layer for one session (seed
+// 001), the seed-named type that composes three parts kept apart:
+//   * KvRows (kv_rows.h): the exact rows and their bookkeeping — storage,
+//     seq_len, per-head lengths, dead heads, importance;
+//   * the attention math (attend.h): free functions over a read-only
+//     HeadRowsView of one head's rows; AttentionHead, the plain reference;
+//   * O1Override (o1_override.h): the optional O(1) Nyström override.
+// The wire format (layer_wire.h) reads and builds caches through the public
+// API below only.
 //
 // Contract
 //   * Storage is head-major: per KV head one contiguous block of
@@ -20,18 +27,18 @@
 //     for that position. seq_len() counts every position appended;
 //     HeadLen(h) counts the rows head h actually stored (<= seq_len()).
 //   * Optional O(1) Nyström override (seeds 001/002, the O1* methods below,
-//     implemented in layer_kv_cache_o1.cc). Once sealed, the layer's exact
-//     K/V rows are FREED and decode runs through one NystromState per KV
-//     group (O1Step); the exact path is then closed: Append, Attend,
-//     AttendGroup and AccumulateImp CHECK-fail, Reserve / ShrinkToFit are
-//     no-ops, TruncateLast is refused (FailedPrecondition), HeadLen() is 0.
+//     one O1Override). Once sealed, the layer's exact K/V rows are FREED and
+//     decode runs through one NystromState per KV group (O1Step); the
+//     exact path is then closed: Append, Attend, AttendGroup and
+//     AccumulateImp CHECK-fail, Reserve / ShrinkToFit are no-ops,
+//     TruncateLast is refused (FailedPrecondition), HeadLen() is 0.
 //     seq_len() keeps counting (O1Step advances it). Clear / Release drop
 //     the override.
 //   * Wire format (ExportWire / ImportWire, implemented in layer_wire.cc,
 //     layout in docs/WIRE_FORMAT.md; piece by piece: layer_wire.h): one
 //     self-checking blob per layer; export refuses state the requested
-//     version does not describe, import validates everything before it
-//     touches the cache.
+//     version does not describe (with a typed reason, wire_refusal.h),
+//     import validates everything before it touches the cache.
 //
 // Ownership: owns all its buffers; move-only, deep copies are explicit (Copy()).
 //
@@ -53,70 +60,22 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/kv/attend.h"
+#include "core/kv/head_rows.h"
+#include "core/kv/kv_rows.h"
 #include "core/kv/nystrom.h"
-#include "core/util/aligned_buffer.h"
+#include "core/kv/o1_override.h"
 
 namespace cortiq::kv {
-
-enum class KvMode : uint8_t {
-  kF32 = 0,   // rows stored as f32: exact
-  kInt8 = 1,  // rows stored as int8 + one f32 scale per row (~4× smaller)
-};
-const char* KvModeName(KvMode mode);
-
-// Score options shared by Attend, AttendGroup and AttentionHead.
-struct AttendOptions {
-  // Logit scale; 0 → 1/sqrt(head_dim) (the architecture may override it).
-  float scale = 0.0f;
-  // Earliest visible stored row: rows [0, first) get probability exactly 0
-  // (sliding-window layers pass stored − window). first >= stored → every
-  // probability is 0 and the output is 0.
-  size_t first = 0;
-  // One past the last visible stored row: rows [end, stored) are ignored as if
-  // never appended (a causal prefill chunk appends every row first, then row
-  // i attends with end = its position + 1). Default: every stored row.
-  size_t end = SIZE_MAX;
-  // > 0: Gemma-style soft cap, logit = softcap · tanh(logit / softcap), applied
-  // after scaling and before softmax. 0 = off.
-  float softcap = 0.0f;
-};
-
-// Plain attention of one query head over slices — the reference the f32
-// branch of Attend / AttendGroup equals bit for bit (same kernels, same order):
-//   logit[t] = cap(scale · Dot(q, keys[t]))  for t in [first, len)
-//   p = Softmax(logit[first..len)),  p[t < first] = 0
-//   out = Σ_t p[t] · values[t]  (Axpy, t ascending, from out = 0)
-// q: [head_dim]; keys, values: [len × head_dim]; out: [head_dim];
-// probs: [>= len], receives p. Allocates nothing.
-void AttentionHead(std::span<const float> q, std::span<const float> keys,
-                   std::span<const float> values, size_t head_dim, const AttendOptions& options,
-                   std::span<float> out, std::span<float> probs);
-
-namespace internal {
-// LayerKvCache's O(1) override, the seed's O1State. Private to LayerKvCache;
-// at namespace scope only so std::optional sees a complete, default-
-// constructible type inside the class (clang). Collecting: rows of rotated
-// queries; sealed: the per-group states (the trace is freed).
-struct LayerO1State {
-  size_t m = 0, w = 0, sink = 0;
-  O1Rect rect = kO1DefaultRect;
-  bool sealed = false;
-  std::vector<float> trace;          // [trace_rows × trace_heads × head_dim], collecting only
-  size_t trace_heads = 0;            // Q heads per pushed row (set by the first push)
-  size_t trace_rows = 0;             // positions pushed
-  size_t num_heads = 0;              // sealed: Q heads of the layer (fan-out × num_kv_heads)
-  std::vector<NystromState> states;  // sealed: [num_kv_heads]
-};
-}  // namespace internal
 
 // Wire versions this build writes and reads (ExportWire / ImportWire).
 inline constexpr uint32_t kWireVersionMin = 1;
@@ -138,6 +97,11 @@ class LayerKvCache {
  public:
   // Allocates nothing; storage comes with Reserve / the first Append.
   LayerKvCache(size_t num_kv_heads, size_t head_dim, KvMode mode = KvMode::kF32);
+  // A cache over `rows` (e.g. a wire importer's, filled through
+  // KvRows::Fill + SetDenseRows), without an O(1) override. O(1), no
+  // allocation.
+  explicit LayerKvCache(KvRows rows) : rows_(std::move(rows)) {}
+  // Move leaves the source empty (Release()d), same geometry.
   LayerKvCache(LayerKvCache&& other) noexcept;
   LayerKvCache& operator=(LayerKvCache&& other) noexcept;
   LayerKvCache(const LayerKvCache&) = delete;
@@ -151,22 +115,32 @@ class LayerKvCache {
   // Exact MemoryBytes() of a fresh cache of this geometry after
   // Reserve(positions) (without the lazily allocated importance / alive log):
   // what admission checks against the memory budget.
-  static size_t ProjectedBytes(size_t num_kv_heads, size_t head_dim, KvMode mode, size_t positions);
+  static size_t ProjectedBytes(size_t num_kv_heads, size_t head_dim, KvMode mode,
+                               size_t positions) {
+    return KvRows::ProjectedBytes(num_kv_heads, head_dim, mode, positions);
+  }
+
+  // Moves the exact rows out (e.g. a cache reserved ahead, handed to a wire
+  // importer); *this is left as Release() leaves it, its O(1) override
+  // dropped too. O(1), no allocation.
+  KvRows TakeRows();
 
   // ---- geometry and sizes (O(1)) ----
-  KvMode mode() const { return mode_; }
-  size_t num_kv_heads() const { return num_kv_heads_; }
-  size_t head_dim() const { return head_dim_; }
+  KvMode mode() const { return rows_.mode(); }
+  size_t num_kv_heads() const { return rows_.num_kv_heads(); }
+  size_t head_dim() const { return rows_.head_dim(); }
   // Positions appended so far (dead heads included; on a sealed O(1) layer,
   // positions absorbed by the Nyström states).
-  size_t seq_len() const { return seq_len_; }
-  // Positions every head block can hold without reallocating.
-  size_t capacity() const { return capacity_; }
+  size_t seq_len() const { return O1Sealed() ? o1_->positions() : rows_.seq_len(); }
+  // Positions every head block can hold without reallocating (0 on a sealed
+  // O(1) layer).
+  size_t capacity() const { return rows_.capacity(); }
   // Rows actually stored for kv_head (0 for a head dead at every Append, and
-  // 0 on a sealed O(1) layer: its rows are freed).
-  size_t HeadLen(size_t kv_head) const;
+  // 0 on a sealed O(1) layer: its rows are freed). kv_head < num_kv_heads()
+  // (checked).
+  size_t HeadLen(size_t kv_head) const { return rows_.HeadLen(kv_head); }
   // True once any Append marked a head dead (since the last Clear / Release).
-  bool HasDeadHeads() const { return !alive_log_.empty(); }
+  bool HasDeadHeads() const { return rows_.HasDeadHeads(); }
 
   // ---- capacity ----
   // Grows capacity to at least `positions` in one reallocation (no-op if it
@@ -206,21 +180,22 @@ class LayerKvCache {
 
   // Importance per stored row: [capacity] once AccumulateImp has run (rows
   // beyond the longest head are 0); wire v1 refuses to export it.
-  bool HasImportance() const { return !importance_.empty(); }
-  std::span<const float> Importance() const { return {importance_.data(), importance_.size()}; }
+  bool HasImportance() const { return rows_.HasImportance(); }
+  std::span<const float> Importance() const { return rows_.Importance(); }
 
   // ---- attention (const, allocation-free) ----
   // One query head over kv_head's stored rows; n = HeadLen(kv_head).
   // q: [head_dim]; out: [head_dim]; probs: [>= n], receives the n
-  // probabilities. kF32: bit-for-bit AttentionHead over HeadKeys/HeadValues.
-  // kInt8: logit = cap(scale · (s_k[t] · DotI8(q, k_q[t]))), out = Σ_t
-  // AxpyI8(p[t] · s_v[t], v_q[t]), f32 accumulation throughout.
+  // probabilities. kv::Attend over HeadRows(kv_head) (attend.h): kF32 is
+  // bit-for-bit AttentionHead over HeadKeys/HeadValues; kInt8: logit =
+  // cap(scale · (s_k[t] · DotI8(q, k_q[t]))), out = Σ_t AxpyI8(p[t] · s_v[t],
+  // v_q[t]), f32 accumulation throughout. CHECK-fails on a sealed layer.
   void Attend(std::span<const float> q, size_t kv_head, std::span<float> out,
               std::span<float> probs, const AttendOptions& options = {}) const;
 
   // Floats AttendGroup needs in `probs` for n_q_heads at the current
   // capacity (size a per-thread buffer once after Reserve).
-  size_t GroupProbsSize(size_t n_q_heads) const { return n_q_heads * capacity_; }
+  size_t GroupProbsSize(size_t n_q_heads) const { return n_q_heads * capacity(); }
   // All n_q_heads query heads of one GQA group over kv_head: ONE pass over the
   // stored K rows (each row scored for every head) and ONE pass over the V
   // rows. Each head's logits, softmax and V accumulation order are identical
@@ -229,25 +204,34 @@ class LayerKvCache {
   // probs: [>= n_q_heads × n], receives head j's probabilities at [j × n, (j+1)
   // × n) with n = HeadLen(kv_head); imp_acc: empty or [>= n] — imp_acc[t] +=
   // p_j[t] for every head j in order (the caller's per-head Attend +
-  // accumulate loop, bit for bit).
+  // accumulate loop, bit for bit). kv::AttendGroup over HeadRows(kv_head);
+  // CHECK-fails on a sealed layer.
   void AttendGroup(std::span<const float> q_group, size_t kv_head, size_t n_q_heads,
                    std::span<float> out, std::span<float> probs, std::span<float> imp_acc,
                    const AttendOptions& options = {}) const;
 
   // ---- stored rows of one head (views, valid until the next mutation) ----
+  // All of kv_head's HeadLen rows in one read-only view (head_rows.h): what
+  // the attention functions and a wire exporter read. O(1), no allocation;
+  // kv_head < num_kv_heads() (checked). The accessors below are its spans.
+  HeadRowsView HeadRows(size_t kv_head) const { return rows_.Head(kv_head); }
   // kF32 only (empty in kInt8): [HeadLen × head_dim].
-  std::span<const float> HeadKeys(size_t kv_head) const;
-  std::span<const float> HeadValues(size_t kv_head) const;
+  std::span<const float> HeadKeys(size_t kv_head) const { return HeadRows(kv_head).keys; }
+  std::span<const float> HeadValues(size_t kv_head) const { return HeadRows(kv_head).values; }
   // kInt8 only (empty in kF32): rows [HeadLen × head_dim] and their
   // dequantisation scales [HeadLen] (row t ≈ scale[t] · q[t]).
-  std::span<const int8_t> HeadKeysI8(size_t kv_head) const;
-  std::span<const int8_t> HeadValuesI8(size_t kv_head) const;
-  std::span<const float> HeadKeyScales(size_t kv_head) const;
-  std::span<const float> HeadValueScales(size_t kv_head) const;
+  std::span<const int8_t> HeadKeysI8(size_t kv_head) const { return HeadRows(kv_head).keys_i8; }
+  std::span<const int8_t> HeadValuesI8(size_t kv_head) const { return HeadRows(kv_head).values_i8; }
+  std::span<const float> HeadKeyScales(size_t kv_head) const {
+    return HeadRows(kv_head).key_scales;
+  }
+  std::span<const float> HeadValueScales(size_t kv_head) const {
+    return HeadRows(kv_head).value_scales;
+  }
 
   // Exact heap bytes held (see the banner), O1MemoryBytes() included.
   // O(num_kv_heads) with a sealed override, O(1) otherwise.
-  size_t MemoryBytes() const;
+  size_t MemoryBytes() const { return rows_.MemoryBytes() + O1MemoryBytes(); }
 
   // ---- O(1) Nyström override (seeds 001/002) ----
   // Lifecycle, driven by the forward pass:
@@ -273,10 +257,10 @@ class LayerKvCache {
   // a different size afterwards is a programmer error (CHECK).
   void O1PushQ(std::span<const float> q_all);
   // True between O1Begin and O1Seal (or a refused seal / Clear / Release).
-  bool O1Collecting() const { return o1_.has_value() && !o1_->sealed; }
-  bool O1Sealed() const { return o1_.has_value() && o1_->sealed; }
+  bool O1Collecting() const { return o1_.has_value() && !o1_->sealed(); }
+  bool O1Sealed() const { return o1_.has_value() && o1_->sealed(); }
   // Query positions recorded so far (0 unless collecting).
-  size_t O1TraceRows() const { return O1Collecting() ? o1_->trace_rows : 0; }
+  size_t O1TraceRows() const { return O1Collecting() ? o1_->trace_rows() : 0; }
 
   // Freezes the prompt into per-KV-group Nyström states and frees this
   // layer's exact K/V (and the trace). Preconditions, each refused with
@@ -309,11 +293,16 @@ class LayerKvCache {
   // Heap bytes held by the override: the query trace (capacity) while
   // collecting, the per-group states once sealed; 0 without an override.
   // Included in MemoryBytes(). O(num_kv_heads).
-  size_t O1MemoryBytes() const;
+  size_t O1MemoryBytes() const { return o1_.has_value() ? o1_->MemoryBytes() : 0; }
 
   // The sealed per-group states, [num_kv_heads] (empty unless sealed): what
   // a wire format reads (NystromState::group() / heads()).
-  std::span<const NystromState> O1States() const;
+  std::span<const NystromState> O1States() const {
+    return O1Sealed() ? o1_->states() : std::span<const NystromState>();
+  }
+  // The sealed layer's Q heads (fan-out × num_kv_heads; what a wire format
+  // records beside the states), 0 unless sealed. O(1).
+  size_t O1NumHeads() const { return O1Sealed() ? o1_->num_heads() : 0; }
   // Installs sealed states (e.g. rebuilt with NystromState::FromParts from a
   // wire format) as this layer's O(1) override; the layer then decodes
   // exactly as the layer they were read from. `seq_len` is the number of
@@ -339,12 +328,14 @@ class LayerKvCache {
   // normal range, absolute <= 2^-25 below 2^-14): the caller's explicit,
   // lossy choice, which halves the rows. It applies to f32 rows only: int8
   // rows and O(1) state always travel exact (the flag is then ignored and
-  // not set in the blob). Refuses, FailedPrecondition naming the reason,
-  // state the requested version does not describe, rather than shipping a
-  // cache that would answer differently: "O(1) trace being collected",
-  // "accumulated importance", "dead heads" (any version); "int8 rows" and
-  // "O(1) overlay" (version 1); with f16, a finite value beyond f16's range
-  // (it would arrive as inf). InvalidArgument for a version this build does
+  // not set in the blob). Refuses, FailedPrecondition naming the reason and
+  // carrying it typed (WireRefusalOf, wire_refusal.h), state the requested
+  // version does not describe, rather than shipping a cache that would
+  // answer differently: "O(1) trace being collected" (kO1Collecting),
+  // "accumulated importance" (kImportance), "dead heads" (kDeadHeads), in
+  // any version; "int8 rows" (kInt8Rows) and "O(1) overlay" (kO1Overlay) in
+  // version 1; with f16, a finite value beyond f16's range, which would
+  // arrive as inf (kF16Range). InvalidArgument for a version this build does
   // not write. Const: may run concurrently with the other const methods.
   absl::StatusOr<std::string> ExportWire(const WireOptions& options = {}) const;
 
@@ -370,45 +361,9 @@ class LayerKvCache {
   absl::Status ImportWire(std::string_view buf, const WireImportExpect& expect);
 
  private:
-  // The streaming wire format (layer_wire.h) reads and fills the storage.
-  friend class LayerWireSource;
-  friend class LayerWireSink;
-  friend struct WireBodyLayout;
-
-  // Reallocates every per-position buffer to new_capacity (>= seq_len_),
-  // keeping stored rows. The only place storage is (re)allocated.
-  void Reallocate(size_t new_capacity);
-  void ResetScalars();
-  // Frees the exact storage (K/V rows, scales, head lengths, importance,
-  // alive log) and zeroes capacity_, without touching seq_len_ or o1_.
-  void FreeExactStorage();
-  // Offsets of head h's blocks.
-  size_t RowBase(size_t kv_head) const { return kv_head * capacity_ * head_dim_; }
-  size_t ScaleBase(size_t kv_head) const { return kv_head * capacity_; }
-
-  KvMode mode_;
-  size_t num_kv_heads_;
-  size_t head_dim_;
-  size_t capacity_ = 0;  // positions per head block
-  size_t seq_len_ = 0;   // positions appended (dead heads included)
-
-  util::AlignedBuffer<size_t> head_len_;  // [num_kv_heads]; with storage
-  // kF32 storage (empty in kInt8):
-  util::AlignedBuffer<float> k_f32_;  // [num_kv_heads × capacity × head_dim]
-  util::AlignedBuffer<float> v_f32_;  // [num_kv_heads × capacity × head_dim]
-  // kInt8 storage (empty in kF32):
-  util::AlignedBuffer<int8_t> k_i8_;    // [num_kv_heads × capacity × head_dim]
-  util::AlignedBuffer<int8_t> v_i8_;    // [num_kv_heads × capacity × head_dim]
-  util::AlignedBuffer<float> k_scale_;  // [num_kv_heads × capacity]
-  util::AlignedBuffer<float> v_scale_;  // [num_kv_heads × capacity]
-  // Lazily allocated:
-  util::AlignedBuffer<float> importance_;  // [capacity], per stored row
-  // [capacity × num_kv_heads]: 1 if head h stored position p. Exists only once
-  // a head has been dead; without it every head stored every position.
-  util::AlignedBuffer<uint8_t> alive_log_;
-
+  KvRows rows_;  // the exact rows; Release()d once sealed
   // The O(1) override (seed: `o1: Option<O1State>`); nullopt = plain cache.
-  std::optional<internal::LayerO1State> o1_;
+  std::optional<O1Override> o1_;
 };
 
 }  // namespace cortiq::kv

@@ -80,8 +80,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/kv/kv_rows.h"
 #include "core/kv/layer_kv_cache.h"
 #include "core/kv/nystrom.h"
+#include "core/kv/wire_refusal.h"
 #include "core/math/kernels.h"
 #include "core/util/crc32c.h"
 #include "core/util/status_macros.h"
@@ -106,8 +108,8 @@ constexpr float kF16Overflow = 65520.0f;
 // fields no alignment guarantee (a session wraps layer blobs at any offset).
 constexpr size_t kF16Chunk = 256;
 
-absl::Status Refused(absl::string_view why) {
-  return absl::FailedPreconditionError(absl::StrCat("ExportWire refused: ", why));
+absl::Status Refused(WireRefusal reason, absl::string_view why) {
+  return WireRefused(reason, absl::StrCat("ExportWire refused: ", why));
 }
 absl::Status Corrupt(absl::string_view why) {
   return absl::DataLossError(absl::StrCat("CQKV layer blob corrupt: ", why));
@@ -307,31 +309,29 @@ absl::StatusOr<NystromState> ReadGroup(Reader& r, size_t group, size_t q_heads, 
   return st;
 }
 
-}  // namespace
-
 // The exact body's arrays in wire order (the banner's layout): per head its
 // keys then its values, S rows each (int8: each followed by its scales).
-// `c` holds them: the cache read from (export) or the new one (import).
-// fn(pointer, bytes on the wire, f16) once per array; an f16 array's
-// pointer is to f32 rows, two wire bytes per value.
-struct WireBodyLayout {
-  template <typename Cache, typename Fn>
-  static void ForEach(Cache& c, size_t S, bool f16, Fn fn) {
-    const size_t D = c.head_dim_;
-    for (size_t h = 0; h < c.num_kv_heads_ && S > 0; ++h) {
-      if (c.mode_ == KvMode::kInt8) {
-        fn(c.k_i8_.data() + c.RowBase(h), S * D, false);
-        fn(c.k_scale_.data() + c.ScaleBase(h), S * sizeof(float), false);
-        fn(c.v_i8_.data() + c.RowBase(h), S * D, false);
-        fn(c.v_scale_.data() + c.ScaleBase(h), S * sizeof(float), false);
-      } else {
-        const size_t row = D * (f16 ? sizeof(uint16_t) : sizeof(float));
-        fn(c.k_f32_.data() + c.RowBase(h), S * row, f16);
-        fn(c.v_f32_.data() + c.RowBase(h), S * row, f16);
-      }
+// head(h) gives head h's S rows: a HeadRowsView (export) or a HeadRowsFill
+// (import). fn(pointer, bytes on the wire, f16) once per array; an f16
+// array's pointer is to f32 rows, two wire bytes per value.
+template <typename HeadFn, typename Fn>
+void ForEachBodyArray(size_t num_kv_heads, size_t S, bool int8, bool f16, HeadFn head, Fn fn) {
+  for (size_t h = 0; h < num_kv_heads && S > 0; ++h) {
+    const auto rows = head(h);
+    if (int8) {
+      fn(rows.keys_i8.data(), rows.keys_i8.size_bytes(), false);
+      fn(rows.key_scales.data(), rows.key_scales.size_bytes(), false);
+      fn(rows.values_i8.data(), rows.values_i8.size_bytes(), false);
+      fn(rows.value_scales.data(), rows.value_scales.size_bytes(), false);
+    } else {
+      const size_t value_bytes = f16 ? sizeof(uint16_t) : sizeof(float);
+      fn(rows.keys.data(), rows.keys.size() * value_bytes, f16);
+      fn(rows.values.data(), rows.values.size() * value_bytes, f16);
     }
   }
-};
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // Export.
@@ -339,10 +339,11 @@ struct WireBodyLayout {
 namespace {
 
 // With f16: the first finite value that would arrive as infinity.
-absl::Status CheckF16Range(const float* src, size_t n, absl::string_view what) {
-  for (size_t i = 0; i < n; ++i) {
+absl::Status CheckF16Range(std::span<const float> src, absl::string_view what) {
+  for (size_t i = 0; i < src.size(); ++i) {
     if (std::isfinite(src[i]) && std::fabs(src[i]) >= kF16Overflow) {
       return Refused(
+          WireRefusal::kF16Range,
           absl::StrFormat("f16 was asked for, and %s holds %g at element %d, beyond f16's range "
                           "(max 65504); export f32",
                           what, src[i], i));
@@ -385,39 +386,44 @@ absl::StatusOr<LayerWireSource> LayerWireSource::Make(const LayerKvCache& c,
   // State no version describes.
   if (c.O1Collecting()) {
     return Refused(
+        WireRefusal::kO1Collecting,
         "O(1) trace being collected: seal or release first (a query trace is not part of any "
         "wire version)");
   }
   if (c.HasImportance()) {
-    return Refused(absl::StrCat("the layer holds accumulated importance, which wire version ",
+    return Refused(WireRefusal::kImportance,
+                   absl::StrCat("the layer holds accumulated importance, which wire version ",
                                 version, " does not describe"));
   }
   if (c.HasDeadHeads()) {
     return Refused(
+        WireRefusal::kDeadHeads,
         absl::StrCat("dead heads (frozen columns): a head skipped positions, and wire version ",
                      version, " does not describe the per-position alive log"));
   }
-  const bool int8 = c.mode_ == KvMode::kInt8;
+  const bool int8 = c.mode() == KvMode::kInt8;
   const bool sealed = c.O1Sealed();
   if (version == 1 && int8) {
-    return Refused("int8 rows (version 1): version 1 carries f32 rows only; export version 2");
+    return Refused(WireRefusal::kInt8Rows,
+                   "int8 rows (version 1): version 1 carries f32 rows only; export version 2");
   }
   if (version == 1 && sealed) {
-    return Refused("O(1) overlay (version 1): version 1 carries exact rows only; export version 2");
+    return Refused(WireRefusal::kO1Overlay,
+                   "O(1) overlay (version 1): version 1 carries exact rows only; export version 2");
   }
-  if (c.num_kv_heads_ > UINT32_MAX || c.head_dim_ > UINT32_MAX) {
+  if (c.num_kv_heads() > UINT32_MAX || c.head_dim() > UINT32_MAX) {
     return absl::InvalidArgumentError("ExportWire: num_kv_heads or head_dim exceeds u32");
   }
   // f16 applies to f32 rows only: int8 rows and O(1) state travel exact.
   const bool f16 = options.f16 && !int8 && !sealed;
   const uint32_t flags = (f16 ? kFlagF16 : 0) | (int8 ? kFlagInt8 : 0) | (sealed ? kFlagO1 : 0);
-  const size_t H = c.num_kv_heads_, D = c.head_dim_, S = c.seq_len_;
+  const size_t H = c.num_kv_heads(), D = c.head_dim(), S = c.seq_len();
 
   // A sealed layer's state is small and scattered over many arrays: it is
   // serialised here, in two passes (size, then bytes) into one allocation.
   auto write_o1 = [&](Writer& w) -> absl::Status {
-    w.Put<uint32_t>(static_cast<uint32_t>(c.o1_->num_heads));
-    for (const NystromState& st : c.o1_->states) CORTIQ_RETURN_IF_ERROR(WriteGroup(w, st, D));
+    w.Put<uint32_t>(static_cast<uint32_t>(c.O1NumHeads()));
+    for (const NystromState& st : c.O1States()) CORTIQ_RETURN_IF_ERROR(WriteGroup(w, st, D));
     return absl::OkStatus();
   };
   uint64_t body_bytes = 0;
@@ -429,10 +435,9 @@ absl::StatusOr<LayerWireSource> LayerWireSource::Make(const LayerKvCache& c,
     const size_t row = int8 ? D + sizeof(float) : (f16 ? D * sizeof(uint16_t) : D * sizeof(float));
     body_bytes = uint64_t{2} * H * S * row;
     for (size_t h = 0; h < H && f16; ++h) {
-      CORTIQ_RETURN_IF_ERROR(CheckF16Range(c.k_f32_.data() + c.RowBase(h), S * D,
-                                           absl::StrCat("the keys of KV head ", h)));
-      CORTIQ_RETURN_IF_ERROR(CheckF16Range(c.v_f32_.data() + c.RowBase(h), S * D,
-                                           absl::StrCat("the values of KV head ", h)));
+      const HeadRowsView rows = c.HeadRows(h);  // S rows: dead heads were refused
+      CORTIQ_RETURN_IF_ERROR(CheckF16Range(rows.keys, absl::StrCat("the keys of KV head ", h)));
+      CORTIQ_RETURN_IF_ERROR(CheckF16Range(rows.values, absl::StrCat("the values of KV head ", h)));
     }
   }
 
@@ -445,7 +450,7 @@ absl::StatusOr<LayerWireSource> LayerWireSource::Make(const LayerKvCache& c,
   w.Put<uint32_t>(static_cast<uint32_t>(H));
   w.Put<uint32_t>(static_cast<uint32_t>(D));
   w.Put<uint64_t>(S);
-  w.Put<uint64_t>(c.capacity_);
+  w.Put<uint64_t>(c.capacity());
   w.Put<uint64_t>(body_bytes);
   if (sealed) {
     CORTIQ_RETURN_IF_ERROR(write_o1(w));
@@ -455,11 +460,13 @@ absl::StatusOr<LayerWireSource> LayerWireSource::Make(const LayerKvCache& c,
   }
   src.Add({.kind = Kind::kOwned, .bytes = src.owned_.size()});
   if (!sealed) {
-    WireBodyLayout::ForEach(c, S, f16, [&](const auto* rows, uint64_t bytes, bool halves) {
-      src.Add({.kind = halves ? Kind::kF16 : Kind::kRaw,
-               .bytes = bytes,
-               .src = reinterpret_cast<const char*>(rows)});
-    });
+    ForEachBodyArray(
+        H, S, int8, f16, [&c](size_t h) { return c.HeadRows(h); },
+        [&src](const auto* rows, uint64_t bytes, bool halves) {
+          src.Add({.kind = halves ? Kind::kF16 : Kind::kRaw,
+                   .bytes = bytes,
+                   .src = reinterpret_cast<const char*>(rows)});
+        });
   }
   if (src.size_ != kHeaderBytes + body_bytes) {
     return absl::InternalError("ExportWire: the body disagrees with its length");
@@ -599,8 +606,8 @@ void LayerWireSink::PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, b
                              const WireImportExpect& expect, LayerKvCache* reserved) {
   // The body is exactly H heads of S rows: check the length in full (and
   // every product for overflow) before reserving anything.
-  LayerKvCache& c = next_;
-  const size_t H = c.num_kv_heads_, D = c.head_dim_, S = seq_len_;
+  KvRows& c = next_;
+  const size_t H = c.num_kv_heads(), D = c.head_dim(), S = seq_len_;
   const size_t row_bytes = int8 ? D : (f16 ? D * sizeof(uint16_t) : D * sizeof(float));
   const size_t scale_bytes = int8 ? sizeof(float) : 0;
   uint64_t per_pos = 2 * (row_bytes + scale_bytes), per_head = 0, want_body = 0;
@@ -612,19 +619,21 @@ void LayerWireSink::PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, b
   // The exporter's reservation (same capacity, same MemoryBytes), within
   // what this model accepts: the caller's, when it is exactly that.
   const size_t positions = std::min<uint64_t>(capacity, expect.max_positions);
-  if (reserved != nullptr && positions > 0 && reserved->mode_ == c.mode_ &&
-      reserved->num_kv_heads_ == H && reserved->head_dim_ == D && reserved->seq_len_ == 0 &&
-      reserved->capacity_ == positions &&
-      reserved->MemoryBytes() == LayerKvCache::ProjectedBytes(H, D, c.mode_, positions)) {
-    c = std::move(*reserved);
+  if (reserved != nullptr && positions > 0 && reserved->mode() == c.mode() &&
+      reserved->num_kv_heads() == H && reserved->head_dim() == D && reserved->seq_len() == 0 &&
+      reserved->capacity() == positions &&
+      reserved->MemoryBytes() == KvRows::ProjectedBytes(H, D, c.mode(), positions)) {
+    c = reserved->TakeRows();
   } else {
     c.Reserve(positions);
   }
-  WireBodyLayout::ForEach(c, S, f16, [&](auto* rows, uint64_t bytes, bool halves) {
-    pieces_.push_back({.kind = halves ? Kind::kF16 : Kind::kRaw,
-                       .bytes = bytes,
-                       .dst = reinterpret_cast<char*>(rows)});
-  });
+  ForEachBodyArray(
+      H, S, int8, f16, [&c, S](size_t h) { return c.Fill(h, S); },
+      [this](auto* rows, uint64_t bytes, bool halves) {
+        pieces_.push_back({.kind = halves ? Kind::kF16 : Kind::kRaw,
+                           .bytes = bytes,
+                           .dst = reinterpret_cast<char*>(rows)});
+      });
 }
 
 void LayerWireSink::WriteF16(float* dst, uint64_t offset, std::string_view bytes) {
@@ -693,8 +702,7 @@ absl::StatusOr<LayerKvCache> LayerWireSink::Finish() {
         absl::StrFormat("checksum mismatch (stored %08x, computed %08x)", stored_crc(), crc_));
   }
   if (!deferred_.ok()) return deferred_;
-  LayerKvCache& next = next_;
-  const size_t H = next.num_kv_heads_, D = next.head_dim_, S = seq_len_;
+  const size_t H = next_.num_kv_heads(), D = next_.head_dim(), S = seq_len_;
   if (sealed_) {
     Reader r(kept_);
     uint32_t q_heads = 0;
@@ -711,19 +719,19 @@ absl::StatusOr<LayerKvCache> LayerWireSink::Finish() {
       states.push_back(*std::move(st));
     }
     if (r.left() != 0) return Corrupt(absl::StrCat(r.left(), " trailing body bytes"));
-    const absl::Status s = next.O1Install(std::move(states), S);
+    LayerKvCache sealed(std::move(next_));  // no rows: nothing was reserved
+    const absl::Status s = sealed.O1Install(std::move(states), S);
     if (!s.ok()) return Corrupt(s.message());
-  } else {
-    for (size_t h = 0; h < H && S > 0; ++h) next.head_len_[h] = S;
-    next.seq_len_ = S;
+    return sealed;
   }
-  return std::move(next_);
+  next_.SetDenseRows(S);
+  return LayerKvCache(std::move(next_));
 }
 
 absl::Status LayerKvCache::ImportWire(std::string_view buf, const WireImportExpect& expect) {
   absl::StatusOr<LayerWireSink> sink =
       LayerWireSink::Begin(buf.substr(0, std::min(buf.size(), kHeaderBytes)), buf.size(),
-                           num_kv_heads_, head_dim_, mode_, expect);
+                           num_kv_heads(), head_dim(), mode(), expect);
   if (!sink.ok()) return sink.status();
   sink->Write(buf.substr(kHeaderBytes));
   absl::StatusOr<LayerKvCache> next = sink->Finish();

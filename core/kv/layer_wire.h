@@ -4,7 +4,10 @@
 // through them between the caches and the network buffers, without a copy
 // of the whole blob on either side. LayerKvCache::ExportWire and ImportWire
 // (layer_kv_cache.h) are these two run over one whole buffer, so the bytes,
-// the checks, the errors and their order are the same.
+// the checks, the errors and their order are the same. Both reach the cache
+// through its public API only: the source reads LayerKvCache::HeadRows and
+// the O1* accessors; the sink fills a KvRows (KvRows::Fill, SetDenseRows)
+// and hands it over as a LayerKvCache.
 //
 // Example (copy a layer through a 64 KiB buffer):
 //   CORTIQ_ASSIGN_OR_RETURN(LayerWireSource src, LayerWireSource::Make(cache, {}));
@@ -39,7 +42,8 @@ inline constexpr size_t kWireCrcBytes = 4;
 class LayerWireSource {
  public:
   // ExportWire's refusals, every one checked here before a byte is read
-  // (with f16, that is a pass over the rows for values beyond f16's range).
+  // (with f16, that is a pass over the rows for values beyond f16's range),
+  // each FailedPrecondition carrying its WireRefusal (wire_refusal.h).
   // A sealed O(1) layer (small) is serialised here and read from a copy.
   static absl::StatusOr<LayerWireSource> Make(const LayerKvCache& cache,
                                               const WireOptions& options);
@@ -87,8 +91,9 @@ class LayerWireSink {
   // capacity, at most expect.max_positions), so the caller decides when a
   // blob's bytes can still arrive before beginning it. `reserved`, when
   // given: a fresh cache of this geometry already reserved (on another
-  // thread, ahead of time); it is taken instead of reserving when its
-  // capacity is the one the blob asks for, else left as it is.
+  // thread, ahead of time); its rows are taken (LayerKvCache::TakeRows,
+  // leaving it released) instead of reserving when its capacity is the one
+  // the blob asks for, else it is left as it is.
   static absl::StatusOr<LayerWireSink> Begin(std::string_view header, uint64_t blob_bytes,
                                              size_t num_kv_heads, size_t head_dim, KvMode mode,
                                              const WireImportExpect& expect,
@@ -123,7 +128,7 @@ class LayerWireSink {
                 const WireImportExpect& expect, LayerKvCache* reserved);
   void WriteF16(float* dst, uint64_t offset, std::string_view bytes);
 
-  LayerKvCache next_;
+  KvRows next_;            // the exact rows being written (empty for a sealed blob)
   absl::Status deferred_;  // the first check after the checksum that failed
   bool sealed_ = false;    // kKeep: the O(1) body is kept and parsed at Finish
   size_t q_heads_ = 0;     // expect.num_q_heads, for the O(1) body

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/kv/layer_kv_cache.h"
+#include "core/kv/wire_refusal.h"
 #include "core/util/bytes.h"
 #include "core/util/crc32c.h"
 #include "core/util/status_macros.h"
@@ -288,8 +289,9 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
     }
     absl::StatusOr<kv::LayerWireSource> blob = kv::LayerWireSource::Make(*rows, lo);
     if (!blob.ok()) {
-      return absl::Status(blob.status().code(),
-                          absl::StrCat("layer ", l, ": ", blob.status().message()));
+      // The layer's refusal, naming the layer; its typed reason (a payload,
+      // kv::WireRefusalOf) travels with it.
+      return kv::PrefixStatus(absl::StrCat("layer ", l, ": "), blob.status());
     }
     // The section's type, length and index; its CRC is joined from theirs
     // and the blob's own (Crc32cCombine) when Read reaches it.

@@ -24,7 +24,7 @@
 #include "core/kv/nystrom.h"
 #include "gtest/gtest.h"
 #include "tests/common/alloc_counter.h"
-
+#include "tests/kv/kv_test_util.h"
 
 namespace cortiq::kv {
 namespace {
@@ -35,51 +35,14 @@ using Vec = std::vector<float>;
 constexpr size_t kKv = 2, kD = 32, kHeads = 8, kHpk = kHeads / kKv;
 constexpr size_t kM = 16, kW = 32, kSink = 4;
 
-// A synthetic layer input: per position the rotated queries of every head
-// [kHeads × kD] and the new K/V rows [kKv × kD]. Positions of the prompt
-// come from clusters in order (segment means recover the centres, so the
-// landmark kernel is well conditioned); decode positions pick a cluster.
-struct Stream {
-  size_t n = 0;
-  std::vector<Vec> q, k, v;  // [n] rows
-};
-Stream MakeStream(size_t n, size_t prompt, uint64_t seed, size_t clusters = 12) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto centre = [&](size_t len) {
-    Vec c(len);
-    for (float& x : c) x = nd(rng);
-    return c;
-  };
-  std::vector<Vec> qc, kc, vc;
-  for (size_t c = 0; c < clusters; ++c) {
-    qc.push_back(centre(kHeads * kD));
-    kc.push_back(centre(kKv * kD));
-    vc.push_back(centre(kKv * kD));
-  }
-  std::uniform_int_distribution<size_t> pick(0, clusters - 1);
-  Stream s;
-  s.n = n;
-  for (size_t j = 0; j < n; ++j) {
-    const size_t c = j < prompt ? j * clusters / prompt : pick(rng);
-    auto noisy = [&](const Vec& base) {
-      Vec r(base);
-      for (float& x : r) x += 0.4f * nd(rng);
-      return r;
-    };
-    s.q.push_back(noisy(qc[c]));
-    s.k.push_back(noisy(kc[c]));
-    s.v.push_back(noisy(vc[c]));
-  }
-  return s;
-}
+using kvtest::Absorb;
+using kvtest::BitEqual;
+using kvtest::Stream;
 
-// The forward pass's prompt protocol: Append + O1PushQ per position.
-void Absorb(LayerKvCache& c, const Stream& s, size_t from, size_t to) {
-  for (size_t j = from; j < to; ++j) {
-    c.Append(s.k[j], s.v[j]);
-    c.O1PushQ(s.q[j]);
-  }
+// A synthetic layer input (kv_test_util.h) of this geometry.
+constexpr kvtest::O1Geom kGeom{kKv, kD, kHeads, kM, kW, kSink};
+Stream MakeStream(size_t n, size_t prompt, uint64_t seed, size_t clusters = 12) {
+  return kvtest::MakeStream(kGeom, n, prompt, seed, clusters);
 }
 
 // An armed layer that absorbed the first `prompt` positions.
@@ -92,18 +55,7 @@ LayerKvCache Collected(const Stream& s, size_t prompt, KvMode mode = KvMode::kF3
 }
 
 // Exact attention of position j's queries over c's stored rows.
-Vec ExactOut(const LayerKvCache& c, const Vec& q_all) {
-  Vec out(kHeads * kD), probs(c.GroupProbsSize(kHpk));
-  for (size_t g = 0; g < kKv; ++g) {
-    c.AttendGroup(std::span<const float>(q_all).subspan(g * kHpk * kD, kHpk * kD), g, kHpk,
-                  std::span<float>(out).subspan(g * kHpk * kD, kHpk * kD), probs, {});
-  }
-  return out;
-}
-
-bool BitEqual(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+Vec ExactOut(const LayerKvCache& c, const Vec& q_all) { return kvtest::AttendAll(c, q_all, kHpk); }
 
 double RelErr(const Vec& got, const Vec& want) {
   double num = 0, den = 0;
@@ -529,7 +481,8 @@ TEST(LayerKvCacheO1Test, StepAllocatesNothingInSkeletonMode) {
   ASSERT_GT(cortiq::testing::AllocCount(), c0);
   const size_t before = cortiq::testing::AllocCount();
   for (size_t j = t; j < t + steps; ++j) c.O1Step(s.q[j], s.k[j], s.v[j], kHeads, out);
-  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u) << "heap allocations in " << steps << " O1Steps";
+  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u)
+      << "heap allocations in " << steps << " O1Steps";
 }
 
 }  // namespace

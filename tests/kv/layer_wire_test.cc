@@ -34,6 +34,7 @@
 #include "core/kv/nystrom.h"
 #include "core/math/kernels.h"
 #include "core/util/crc32c.h"
+#include "tests/kv/kv_test_util.h"
 
 namespace cortiq::kv {
 namespace {
@@ -43,24 +44,14 @@ using Vec = std::vector<float>;
 constexpr size_t kHeader = 44;  // bytes before the body
 constexpr size_t kMaxPos = 1 << 20;
 
-Vec RandomVec(std::mt19937& rng, size_t n, float stddev = 1.0f) {
-  std::normal_distribution<float> d(0.0f, stddev);
-  Vec v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-template <typename T>
-bool SameBytes(std::span<const T> a, std::span<const T> b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
-bool BitEqual(const Vec& a, const Vec& b) { return SameBytes<float>(a, b); }
-
-void Fill(LayerKvCache& c, std::mt19937& rng, size_t len, float stddev = 1.0f) {
-  const size_t n = c.num_kv_heads() * c.head_dim();
-  for (size_t t = 0; t < len; ++t) c.Append(RandomVec(rng, n, stddev), RandomVec(rng, n, stddev));
-}
+using kvtest::AttendAll;
+using kvtest::BitEqual;
+using kvtest::Fill;
+using kvtest::MakeStream;
+using kvtest::O1Geom;
+using kvtest::RandomVec;
+using kvtest::SameBytes;
+using kvtest::Stream;
 
 WireImportExpect Expect(size_t num_q_heads = 0, size_t max_positions = kMaxPos) {
   return WireImportExpect{num_q_heads, max_positions};
@@ -86,17 +77,6 @@ void Reseal(std::string& b) {
   PutAt<uint32_t>(b, b.size() - 4, util::Crc32c(b.data(), b.size() - 4));
 }
 
-// Every Q head of every group over the exact rows; out: [n_q × D].
-Vec AttendAll(const LayerKvCache& c, const Vec& q_all, size_t hpk) {
-  const size_t D = c.head_dim();
-  Vec out(q_all.size()), probs(c.GroupProbsSize(hpk));
-  for (size_t g = 0; g < c.num_kv_heads(); ++g) {
-    c.AttendGroup(std::span<const float>(q_all).subspan(g * hpk * D, hpk * D), g, hpk,
-                  std::span<float>(out).subspan(g * hpk * D, hpk * D), probs, {});
-  }
-  return out;
-}
-
 void ExpectSameRows(const LayerKvCache& a, const LayerKvCache& b) {
   ASSERT_EQ(a.num_kv_heads(), b.num_kv_heads());
   ASSERT_EQ(a.mode(), b.mode());
@@ -114,57 +94,15 @@ void ExpectSameRows(const LayerKvCache& a, const LayerKvCache& b) {
 
 // ---- O(1) layers (as in layer_kv_cache_o1_test.cc) ---------------------------
 
-struct O1Geom {
-  size_t kv, d, heads, m, w, sink;
-  size_t hpk() const { return heads / kv; }
-};
 constexpr O1Geom kO1{2, 32, 8, 16, 32, 4};  // Qwen3-like GQA 4:1
 constexpr O1Geom kTiny{1, 4, 2, 4, 4, 1};   // small enough to flip every byte
-
-struct Stream {
-  std::vector<Vec> q, k, v;  // per position: [heads × d], [kv × d], [kv × d]
-};
-// Prompt positions come from clusters in order (well-conditioned landmarks).
-Stream MakeStream(const O1Geom& g, size_t n, size_t prompt, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  constexpr size_t kClusters = 12;
-  auto centre = [&](size_t len) {
-    Vec c(len);
-    for (float& x : c) x = nd(rng);
-    return c;
-  };
-  std::vector<Vec> qc, kc, vc;
-  for (size_t c = 0; c < kClusters; ++c) {
-    qc.push_back(centre(g.heads * g.d));
-    kc.push_back(centre(g.kv * g.d));
-    vc.push_back(centre(g.kv * g.d));
-  }
-  std::uniform_int_distribution<size_t> pick(0, kClusters - 1);
-  Stream s;
-  for (size_t j = 0; j < n; ++j) {
-    const size_t c = j < prompt ? j * kClusters / prompt : pick(rng);
-    auto noisy = [&](const Vec& base) {
-      Vec r(base);
-      for (float& x : r) x += 0.4f * nd(rng);
-      return r;
-    };
-    s.q.push_back(noisy(qc[c]));
-    s.k.push_back(noisy(kc[c]));
-    s.v.push_back(noisy(vc[c]));
-  }
-  return s;
-}
 
 LayerKvCache Sealed(const O1Geom& g, const Stream& s, size_t prompt,
                     O1Rect rect = O1Rect::kAggregate) {
   LayerKvCache c(g.kv, g.d);
   c.Reserve(prompt);
   EXPECT_TRUE(c.O1Begin(g.m, g.w, g.sink, rect).ok());
-  for (size_t j = 0; j < prompt; ++j) {
-    c.Append(s.k[j], s.v[j]);
-    c.O1PushQ(s.q[j]);
-  }
+  kvtest::Absorb(c, s, 0, prompt);
   EXPECT_TRUE(c.O1Seal(g.heads).ok());
   return c;
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/kv/wire_refusal.h"
 #include "core/model/transformer.h"
 #include "core/session/engine.h"
 #include "core/session/session.h"
@@ -340,6 +341,36 @@ TEST_F(MetricsTest, HistogramsTokensAndEventCounters) {
   EXPECT_EQ(e.Value("cortiq_migrations_total", {{"direction", "in"}, {"result", "failed"}}), 1);
   EXPECT_EQ(e.Value("cortiq_migrations_total", {{"direction", "in"}, {"result", "ok"}}), 0);
   EXPECT_EQ(e.Value("cortiq_build_info", {{"version", "1.2.3"}, {"model", "tiny-random"}}), 1);
+}
+
+// The refusal label comes from the typed reason (kv::WireRefusal) a refused
+// export carries, never from its text: every kv reason lands on one of the
+// four labels, whatever its message says.
+TEST_F(MetricsTest, ExportRefusalLabelsComeFromTheTypedReason) {
+  const std::map<kv::WireRefusal, std::string> want = {
+      {kv::WireRefusal::kO1Collecting, "o1_overlay"},
+      {kv::WireRefusal::kImportance, "importance"},
+      {kv::WireRefusal::kDeadHeads, "other"},
+      {kv::WireRefusal::kInt8Rows, "int8_rows"},
+      {kv::WireRefusal::kO1Overlay, "o1_overlay"},
+      {kv::WireRefusal::kF16Range, "other"},
+      {kv::WireRefusal::kOther, "other"}};
+  ASSERT_EQ(want.size(), kv::kNumWireRefusals);
+  for (const auto& [reason, label] : want) {
+    EXPECT_EQ(ExportRefusalName(reason), label) << kv::WireRefusalName(reason);
+    // A message naming another reason cannot move the count.
+    const absl::Status refused = kv::PrefixStatus(
+        "layer 0: ", kv::WireRefused(reason, "accumulated importance in an O(1) int8 layer"));
+    const std::optional<ExportRefusal> typed = kv::WireRefusalOf(refused);
+    ASSERT_TRUE(typed.has_value());
+    metrics_->CountExportRefused(*typed);
+  }
+  Exposition e = Scrape();
+  EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "importance"}}), 1);
+  EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "o1_overlay"}}), 2);
+  EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "int8_rows"}}), 1);
+  EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "other"}}), 3);
+  EXPECT_EQ(e.All("cortiq_exports_refused_total").size(), kNumExportRefusalLabels);
 }
 
 // Every family carries HELP and TYPE; no label is a session id.

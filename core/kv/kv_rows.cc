@@ -1,0 +1,282 @@
+// KvRows (see the header for the contract).
+#include "core/kv/kv_rows.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "core/kv/kv_check.h"
+#include "core/math/kernels.h"
+
+namespace cortiq::kv {
+namespace {
+
+size_t RoundUp64(size_t bytes) {
+  constexpr size_t kA = util::AlignedBuffer<float>::kAlignment;
+  return (bytes + kA - 1) / kA * kA;
+}
+
+// Copies `rows` rows of `row_elems` elements of every head from a block of
+// old_capacity rows per head to one of new_capacity rows per head.
+template <typename T>
+void CopyHeadBlocks(const util::AlignedBuffer<T>& from, util::AlignedBuffer<T>& to,
+                    size_t num_heads, size_t old_capacity, size_t new_capacity, const size_t* rows,
+                    size_t row_elems) {
+  if (from.empty()) return;
+  for (size_t h = 0; h < num_heads; ++h) {
+    if (rows[h] == 0) continue;
+    std::memcpy(to.data() + h * new_capacity * row_elems,
+                from.data() + h * old_capacity * row_elems, rows[h] * row_elems * sizeof(T));
+  }
+}
+
+// `rows` rows of head h's blocks as the spans of a HeadRowsView (const
+// buffers) or a HeadRowsFill (mutable ones): the mode's spans set, the
+// other mode's left empty.
+template <typename Spans, typename F32Buf, typename I8Buf>
+Spans HeadSpans(KvMode mode, size_t row_base, size_t scale_base, size_t elems, size_t rows,
+                F32Buf& k_f32, F32Buf& v_f32, I8Buf& k_i8, I8Buf& v_i8, F32Buf& k_scale,
+                F32Buf& v_scale) {
+  Spans s;
+  if (mode == KvMode::kF32) {
+    s.keys = {k_f32.data() + row_base, elems};
+    s.values = {v_f32.data() + row_base, elems};
+  } else {
+    s.keys_i8 = {k_i8.data() + row_base, elems};
+    s.values_i8 = {v_i8.data() + row_base, elems};
+    s.key_scales = {k_scale.data() + scale_base, rows};
+    s.value_scales = {v_scale.data() + scale_base, rows};
+  }
+  return s;
+}
+
+}  // namespace
+
+KvRows::KvRows(size_t num_kv_heads, size_t head_dim, KvMode mode)
+    : mode_(mode), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
+  CORTIQ_KV_CHECK(num_kv_heads > 0 && head_dim > 0);
+}
+
+KvRows::KvRows(KvRows&& other) noexcept
+    : mode_(other.mode_), num_kv_heads_(other.num_kv_heads_), head_dim_(other.head_dim_) {
+  *this = std::move(other);
+}
+
+// The source keeps its geometry and is left empty (Release()d).
+KvRows& KvRows::operator=(KvRows&& other) noexcept {
+  if (this == &other) return *this;
+  mode_ = other.mode_;
+  num_kv_heads_ = other.num_kv_heads_;
+  head_dim_ = other.head_dim_;
+  capacity_ = std::exchange(other.capacity_, 0);
+  seq_len_ = std::exchange(other.seq_len_, 0);
+  head_len_ = std::move(other.head_len_);
+  k_f32_ = std::move(other.k_f32_);
+  v_f32_ = std::move(other.v_f32_);
+  k_i8_ = std::move(other.k_i8_);
+  v_i8_ = std::move(other.v_i8_);
+  k_scale_ = std::move(other.k_scale_);
+  v_scale_ = std::move(other.v_scale_);
+  importance_ = std::move(other.importance_);
+  alive_log_ = std::move(other.alive_log_);
+  return *this;
+}
+
+KvRows KvRows::Copy() const {
+  KvRows c(num_kv_heads_, head_dim_, mode_);
+  c.capacity_ = capacity_;
+  c.seq_len_ = seq_len_;
+  c.head_len_ = head_len_.Copy();
+  c.k_f32_ = k_f32_.Copy();
+  c.v_f32_ = v_f32_.Copy();
+  c.k_i8_ = k_i8_.Copy();
+  c.v_i8_ = v_i8_.Copy();
+  c.k_scale_ = k_scale_.Copy();
+  c.v_scale_ = v_scale_.Copy();
+  c.importance_ = importance_.Copy();
+  c.alive_log_ = alive_log_.Copy();
+  return c;
+}
+
+size_t KvRows::ProjectedBytes(size_t num_kv_heads, size_t head_dim, KvMode mode, size_t positions) {
+  if (positions == 0) return 0;
+  const size_t rows = num_kv_heads * positions;
+  size_t bytes = RoundUp64(num_kv_heads * sizeof(size_t));  // head_len_
+  switch (mode) {
+    case KvMode::kF32:
+      bytes += 2 * RoundUp64(rows * head_dim * sizeof(float));
+      break;
+    case KvMode::kInt8:
+      bytes += 2 * RoundUp64(rows * head_dim * sizeof(int8_t));
+      bytes += 2 * RoundUp64(rows * sizeof(float));
+      break;
+  }
+  return bytes;
+}
+
+size_t KvRows::MemoryBytes() const {
+  return head_len_.MemoryBytes() + k_f32_.MemoryBytes() + v_f32_.MemoryBytes() +
+         k_i8_.MemoryBytes() + v_i8_.MemoryBytes() + k_scale_.MemoryBytes() +
+         v_scale_.MemoryBytes() + importance_.MemoryBytes() + alive_log_.MemoryBytes();
+}
+
+size_t KvRows::HeadLen(size_t kv_head) const {
+  CORTIQ_KV_CHECK(kv_head < num_kv_heads_);
+  return head_len_.empty() ? 0 : head_len_[kv_head];
+}
+
+HeadRowsView KvRows::Head(size_t kv_head) const {
+  const size_t n = HeadLen(kv_head);
+  HeadRowsView v =
+      HeadSpans<HeadRowsView>(mode_, RowBase(kv_head), ScaleBase(kv_head), n * head_dim_, n, k_f32_,
+                              v_f32_, k_i8_, v_i8_, k_scale_, v_scale_);
+  v.mode = mode_;
+  v.head_dim = head_dim_;
+  v.len = n;
+  return v;
+}
+
+HeadRowsFill KvRows::Fill(size_t kv_head, size_t rows) {
+  CORTIQ_KV_CHECK(kv_head < num_kv_heads_ && rows <= capacity_);
+  return HeadSpans<HeadRowsFill>(mode_, RowBase(kv_head), ScaleBase(kv_head), rows * head_dim_,
+                                 rows, k_f32_, v_f32_, k_i8_, v_i8_, k_scale_, v_scale_);
+}
+
+void KvRows::SetDenseRows(size_t seq_len) {
+  CORTIQ_KV_CHECK(seq_len_ == 0 && seq_len <= capacity_);
+  CORTIQ_KV_CHECK(importance_.empty() && alive_log_.empty());
+  if (seq_len == 0) return;
+  std::fill(head_len_.begin(), head_len_.end(), seq_len);
+  seq_len_ = seq_len;
+}
+
+// ---------------------------------------------------------------------------
+// Capacity.
+
+void KvRows::Reallocate(size_t new_capacity) {
+  CORTIQ_KV_CHECK(new_capacity >= seq_len_);
+  if (new_capacity == 0) {
+    Release();  // seq_len_ == 0 already
+    return;
+  }
+  const size_t H = num_kv_heads_;
+  const size_t D = head_dim_;
+  if (head_len_.empty()) head_len_.Resize(H);  // zero-filled
+  const size_t* rows = head_len_.data();
+
+  auto regrow = [&](auto& buf, size_t row_elems) {
+    std::remove_reference_t<decltype(buf)> next(H * new_capacity * row_elems);
+    CopyHeadBlocks(buf, next, H, capacity_, new_capacity, rows, row_elems);
+    buf = std::move(next);
+  };
+  if (mode_ == KvMode::kF32) {
+    regrow(k_f32_, D);
+    regrow(v_f32_, D);
+  } else {
+    regrow(k_i8_, D);
+    regrow(v_i8_, D);
+    regrow(k_scale_, 1);
+    regrow(v_scale_, 1);
+  }
+  if (!importance_.empty()) {
+    util::AlignedBuffer<float> next(new_capacity);
+    std::memcpy(next.data(), importance_.data(), std::min(capacity_, new_capacity) * sizeof(float));
+    importance_ = std::move(next);
+  }
+  if (!alive_log_.empty()) {
+    util::AlignedBuffer<uint8_t> next(new_capacity * H);
+    std::memcpy(next.data(), alive_log_.data(), seq_len_ * H);
+    alive_log_ = std::move(next);
+  }
+  capacity_ = new_capacity;
+}
+
+void KvRows::Reserve(size_t positions) {
+  if (positions > capacity_) Reallocate(positions);
+}
+
+void KvRows::ShrinkToFit() {
+  if (seq_len_ != capacity_) Reallocate(seq_len_);
+}
+
+// ---------------------------------------------------------------------------
+// Mutation.
+
+void KvRows::Append(std::span<const float> k_new, std::span<const float> v_new,
+                    std::span<const bool> alive) {
+  const size_t H = num_kv_heads_;
+  const size_t D = head_dim_;
+  CORTIQ_KV_CHECK(k_new.size() == H * D && v_new.size() == H * D);
+  CORTIQ_KV_CHECK(alive.empty() || alive.size() == H);
+
+  if (seq_len_ == capacity_) {
+    Reallocate(std::max<size_t>(16, 2 * capacity_));
+  }
+  const bool any_dead =
+      !alive.empty() && std::find(alive.begin(), alive.end(), false) != alive.end();
+  if (any_dead && alive_log_.empty()) {
+    // First dead head: every earlier position was stored by every head.
+    alive_log_.Resize(capacity_ * H);
+    std::memset(alive_log_.data(), 1, seq_len_ * H);
+  }
+  if (!alive_log_.empty()) {
+    uint8_t* log = alive_log_.data() + seq_len_ * H;
+    for (size_t h = 0; h < H; ++h) log[h] = alive.empty() || alive[h];
+  }
+
+  for (size_t h = 0; h < H; ++h) {
+    if (!alive.empty() && !alive[h]) continue;
+    const size_t t = head_len_[h];
+    const float* k = k_new.data() + h * D;
+    const float* v = v_new.data() + h * D;
+    if (mode_ == KvMode::kF32) {
+      std::memcpy(k_f32_.data() + RowBase(h) + t * D, k, D * sizeof(float));
+      std::memcpy(v_f32_.data() + RowBase(h) + t * D, v, D * sizeof(float));
+    } else {
+      k_scale_[ScaleBase(h) + t] = math::QuantizeRowI8(k, k_i8_.data() + RowBase(h) + t * D, D);
+      v_scale_[ScaleBase(h) + t] = math::QuantizeRowI8(v, v_i8_.data() + RowBase(h) + t * D, D);
+    }
+    head_len_[h] = t + 1;
+  }
+  ++seq_len_;
+}
+
+void KvRows::TruncateLast(size_t n_drop) {
+  CORTIQ_KV_CHECK(n_drop <= seq_len_);
+  if (n_drop == 0) return;
+  const size_t H = num_kv_heads_;
+  size_t old_max = 0;
+  size_t new_max = 0;
+  for (size_t h = 0; h < H; ++h) old_max = std::max(old_max, head_len_[h]);
+  if (alive_log_.empty()) {
+    for (size_t h = 0; h < H; ++h) head_len_[h] -= n_drop;
+  } else {
+    for (size_t p = seq_len_ - n_drop; p < seq_len_; ++p) {
+      for (size_t h = 0; h < H; ++h) head_len_[h] -= alive_log_[p * H + h];
+    }
+  }
+  seq_len_ -= n_drop;
+  for (size_t h = 0; h < H; ++h) new_max = std::max(new_max, head_len_[h]);
+  if (!importance_.empty()) {
+    std::fill(importance_.data() + new_max, importance_.data() + old_max, 0.0f);
+  }
+}
+
+void KvRows::AccumulateImp(std::span<const float> probs) {
+  CORTIQ_KV_CHECK(probs.size() <= seq_len_);
+  if (importance_.empty()) importance_.Resize(capacity_);  // zero-filled
+  float* imp = importance_.data();
+  for (size_t t = 0; t < probs.size(); ++t) imp[t] += probs[t];
+}
+
+void KvRows::Clear() {
+  seq_len_ = 0;
+  std::fill(head_len_.begin(), head_len_.end(), size_t{0});
+  importance_ = {};
+  alive_log_ = {};
+}
+
+void KvRows::Release() { *this = KvRows(num_kv_heads_, head_dim_, mode_); }
+
+}  // namespace cortiq::kv
