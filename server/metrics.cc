@@ -108,6 +108,7 @@ size_t ExportRefusalLabel(ExportRefusal reason) {
       return 2;
     case ExportRefusal::kDeadHeads:
     case ExportRefusal::kF16Range:
+    case ExportRefusal::kWireVersion:
     case ExportRefusal::kOther:
       return 3;
   }

@@ -14,6 +14,8 @@
 //     (the seed keeps it and divides inf/inf).
 #include "core/kv/nystrom.h"
 
+#include "core/kv/o1_config.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -161,8 +163,8 @@ RidgePinvResult RidgePinv(std::span<const double> a, size_t n) {
 NystromState NystromState::New(size_t m, size_t w, size_t sink) { return NewGroup(m, w, sink, 1); }
 
 NystromState NystromState::NewGroup(size_t m, size_t w, size_t sink, size_t q_heads) {
-  Require(m >= 4, "landmark budget must be at least 4");
-  Require(w >= 1, "window must hold at least one key");
+  Require(m >= kO1MinLandmarks, "landmark budget must be at least 4 (kO1MinLandmarks)");
+  Require(w >= kO1MinWindow, "window must hold at least one key");
   Require(q_heads >= 1, "a GQA group needs at least one query head");
   NystromState st;
   st.group_.m = m;
@@ -546,8 +548,8 @@ absl::StatusOr<NystromState> NystromState::FromParts(NystromGroup group,
   } while (0)
 
   const NystromGroup& g = group;
-  if (g.m < 4) return invalid("m must be at least 4");
-  if (g.w < 1) return invalid("w must be at least 1");
+  if (g.m < kO1MinLandmarks) return invalid(absl::StrCat("m must be at least ", kO1MinLandmarks));
+  if (g.w < kO1MinWindow) return invalid(absl::StrCat("w must be at least ", kO1MinWindow));
   if (heads.empty()) return invalid("a GQA group needs at least one query head");
   for (const NystromHead& h : heads) {
     if (h.rect != O1Rect::kAggregate && h.rect != O1Rect::kFm) return invalid("unknown rect");
@@ -589,7 +591,7 @@ absl::StatusOr<NystromState> NystromState::FromParts(NystromGroup group,
       }
     } else {
       const size_t m_eff = g.m_eff;
-      if (m_eff < 4 || m_eff > g.m) return invalid("m_eff must lie in [4, m]");
+      if (m_eff < kO1MinLandmarks || m_eff > g.m) return invalid("m_eff must lie in [4, m]");
       if (g.sink_len != g.sink) return invalid("sink_len must equal sink in skeleton mode");
       if (g.win_len > g.w) return invalid("win_len exceeds w");
       if (g.win_head >= g.w || (g.win_len < g.w && g.win_head != 0)) {

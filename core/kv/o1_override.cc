@@ -6,6 +6,8 @@
 // free the trace, so a failure part-way changes nothing.
 #include "core/kv/o1_override.h"
 
+#include "core/kv/o1_config.h"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -28,8 +30,12 @@ absl::Status SealRefused(const std::string& why) {
 absl::StatusOr<O1Override> O1Override::Collect(size_t head_dim, size_t m, size_t w, size_t sink,
                                                O1Rect rect) {
   CORTIQ_KV_CHECK(head_dim > 0);
-  if (m < 4) return absl::InvalidArgumentError(absl::StrCat("O1Begin: m = ", m, " < 4"));
-  if (w < 1) return absl::InvalidArgumentError("O1Begin: w must be at least 1");
+  if (m < kO1MinLandmarks) {
+    return absl::InvalidArgumentError(absl::StrCat("O1Begin: m = ", m, " < ", kO1MinLandmarks));
+  }
+  if (w < kO1MinWindow) {
+    return absl::InvalidArgumentError(absl::StrCat("O1Begin: w must be at least ", kO1MinWindow));
+  }
   if (rect != O1Rect::kAggregate && rect != O1Rect::kFm) {
     return absl::InvalidArgumentError("O1Begin: unknown rectifier");
   }

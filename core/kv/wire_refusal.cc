@@ -15,7 +15,7 @@ namespace {
 
 // Indexed by WireRefusal; also the payload's bytes.
 constexpr std::array<std::string_view, kNumWireRefusals> kNames = {
-    "o1_collecting", "importance", "dead_heads", "int8_rows", "o1_overlay", "f16_range", "other"};
+    "o1_collecting", "importance", "dead_heads", "int8_rows", "o1_overlay", "f16_range", "wire_version", "other"};
 static_assert(static_cast<size_t>(WireRefusal::kOther) + 1 == kNumWireRefusals);
 
 }  // namespace

@@ -41,12 +41,13 @@ enum class WireRefusal : uint8_t {
   kInt8Rows,      // int8 rows, asked for in a version without them (1)
   kO1Overlay,     // a sealed O(1) layer, asked for in a version without O(1) state (1)
   kF16Range,      // f16 rows asked for, and a finite value is beyond f16's range
+  kWireVersion,   // an attention state only a later session wire version carries (window: 3)
   kOther,  // never attached here: a consumer's bucket for a refusal without a reason it names
 };
-inline constexpr size_t kNumWireRefusals = 7;
+inline constexpr size_t kNumWireRefusals = 8;
 
 // "o1_collecting", "importance", "dead_heads", "int8_rows", "o1_overlay",
-// "f16_range", "other". O(1), static strings.
+// "f16_range", "wire_version", "other". O(1), static strings.
 std::string_view WireRefusalName(WireRefusal reason);
 
 // The payload's type URL.

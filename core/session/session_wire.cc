@@ -279,9 +279,11 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
     std::unique_ptr<kv::LayerKvCache> owned;
     if (rows == nullptr) {
       if (options.version < 3) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "layer ", l, ": ", std::string(kv.layer(l).name()),
-            " attention needs session wire version 3 (requested ", options.version, ")"));
+        return kv::WireRefused(
+            kv::WireRefusal::kWireVersion,
+            absl::StrCat("layer ", l, ": ", std::string(kv.layer(l).name()),
+                         " attention needs session wire version 3 (requested ", options.version,
+                         ")"));
       }
       CORTIQ_ASSIGN_OR_RETURN(kv::LayerKvCache held, kv.layer(l).ExportRows());
       owned = std::make_unique<kv::LayerKvCache>(std::move(held));

@@ -354,6 +354,7 @@ TEST_F(MetricsTest, ExportRefusalLabelsComeFromTheTypedReason) {
       {kv::WireRefusal::kInt8Rows, "int8_rows"},
       {kv::WireRefusal::kO1Overlay, "o1_overlay"},
       {kv::WireRefusal::kF16Range, "other"},
+      {kv::WireRefusal::kWireVersion, "other"},
       {kv::WireRefusal::kOther, "other"}};
   ASSERT_EQ(want.size(), kv::kNumWireRefusals);
   for (const auto& [reason, label] : want) {
@@ -369,7 +370,7 @@ TEST_F(MetricsTest, ExportRefusalLabelsComeFromTheTypedReason) {
   EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "importance"}}), 1);
   EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "o1_overlay"}}), 2);
   EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "int8_rows"}}), 1);
-  EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "other"}}), 3);
+  EXPECT_EQ(e.Value("cortiq_exports_refused_total", {{"reason", "other"}}), 4);
   EXPECT_EQ(e.All("cortiq_exports_refused_total").size(), kNumExportRefusalLabels);
 }
 

@@ -6,6 +6,8 @@
 // session and errors.
 #include "core/session/session_wire.h"
 
+#include "core/kv/wire_refusal.h"
+
 #include <cstring>
 
 #include "core/session/engine.h"
@@ -176,6 +178,7 @@ TEST_F(SessionWireTest, VersionOneRefusesWhatItCannotDescribe) {
     auto w = Export(store, window, {.version = v});
     EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
     EXPECT_NE(w.status().message().find("version 3"), std::string::npos) << w.status();
+    EXPECT_EQ(kv::WireRefusalOf(w.status()), kv::WireRefusal::kWireVersion);
   }
   EXPECT_TRUE(Export(store, window, {.version = 3}).ok());
   EXPECT_EQ(Export(store, exact, {.version = kSessionWireMaxVersion + 1}).status().code(),
