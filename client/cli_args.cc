@@ -48,9 +48,10 @@ commands:
   drain [--grace SECONDS]      drain the server: move its sessions to its peers, then it exits
 
 session flags:
-  --kv f32|int8  --attention exact|o1|qsa
+  --kv f32|int8  --attention exact|o1|qsa|window
   --o1-layers SPEC --o1-m N --o1-window N --o1-sink N --o1-rect agg|fm   (imply --attention o1)
   --qsa-layers SPEC --qsa-ratio N --qsa-budget N                        (imply --attention qsa)
+  --window-layers SPEC --window-sink N --window-size N                 (imply --attention window)
   SPEC: all | none | deep | 3,5-7 ...
 
 Flags take their value as the next argument or after `=`; `--` ends the flags.
@@ -93,13 +94,16 @@ absl::StatusOr<util::ParsedArgs> ParseCommandFlags(absl::string_view command,
 struct SessionValues {
   v1::KvDtype kv = v1::KV_DTYPE_UNSPECIFIED;
   v1::AttentionMode attention = v1::ATTENTION_MODE_UNSPECIFIED;
-  std::optional<std::string> o1_layers, o1_rect, qsa_layers;
-  std::optional<uint32_t> o1_m, o1_window, o1_sink, qsa_ratio, qsa_budget;
+  std::optional<std::string> o1_layers, o1_rect, qsa_layers, window_layers;
+  std::optional<uint32_t> o1_m, o1_window, o1_sink, qsa_ratio, qsa_budget, window_sink,
+      window_size;
 };
 
-// --o1-* flags imply --attention o1, --qsa-* flags --attention qsa.
+// --o1-* flags imply --attention o1, --qsa-* flags --attention qsa,
+// --window-* flags --attention window.
 constexpr absl::string_view kO1Prefix = "o1-";
 constexpr absl::string_view kQsaPrefix = "qsa-";
+constexpr absl::string_view kWindowPrefix = "window-";
 
 std::vector<Flag> SessionFlags(SessionValues* s) {
   return {
@@ -107,7 +111,8 @@ std::vector<Flag> SessionFlags(SessionValues* s) {
       util::EnumFlag("attention", &s->attention,
                      {{"exact", v1::ATTENTION_MODE_EXACT},
                       {"o1", v1::ATTENTION_MODE_O1},
-                      {"qsa", v1::ATTENTION_MODE_QSA}}),
+                      {"qsa", v1::ATTENTION_MODE_QSA},
+                      {"window", v1::ATTENTION_MODE_WINDOW}}),
       NonEmptyStringFlag("o1-layers", &s->o1_layers),
       IntFlag("o1-m", &s->o1_m),
       IntFlag("o1-window", &s->o1_window),
@@ -116,6 +121,9 @@ std::vector<Flag> SessionFlags(SessionValues* s) {
       NonEmptyStringFlag("qsa-layers", &s->qsa_layers),
       IntFlag("qsa-ratio", &s->qsa_ratio),
       IntFlag("qsa-budget", &s->qsa_budget),
+      NonEmptyStringFlag("window-layers", &s->window_layers),
+      IntFlag("window-sink", &s->window_sink),
+      IntFlag("window-size", &s->window_size),
   };
 }
 
@@ -144,9 +152,17 @@ absl::StatusOr<v1::SessionConfig> BuildSessionConfig(const SessionValues& s,
       FirstGiven(parsed, [](absl::string_view n) { return absl::StartsWith(n, kO1Prefix); });
   const std::string qsa_flag =
       FirstGiven(parsed, [](absl::string_view n) { return absl::StartsWith(n, kQsaPrefix); });
-  if (!o1_flag.empty() && !qsa_flag.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        o1_flag, " and ", qsa_flag, " cannot be combined (one attention mode per session)"));
+  const std::string window_flag =
+      FirstGiven(parsed, [](absl::string_view n) { return absl::StartsWith(n, kWindowPrefix); });
+  const std::string* given[] = {&o1_flag, &qsa_flag, &window_flag};
+  const std::string* first = nullptr;
+  for (const std::string* g : given) {
+    if (g->empty()) continue;
+    if (first != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          *first, " and ", *g, " cannot be combined (one attention mode per session)"));
+    }
+    first = g;
   }
   v1::SessionConfig c;
   c.set_kv_dtype(s.kv);
@@ -163,6 +179,7 @@ absl::StatusOr<v1::SessionConfig> BuildSessionConfig(const SessionValues& s,
   };
   CORTIQ_RETURN_IF_ERROR(imply(o1_flag, v1::ATTENTION_MODE_O1, "o1"));
   CORTIQ_RETURN_IF_ERROR(imply(qsa_flag, v1::ATTENTION_MODE_QSA, "qsa"));
+  CORTIQ_RETURN_IF_ERROR(imply(window_flag, v1::ATTENTION_MODE_WINDOW, "window"));
   // Only what was given is sent: the server applies its defaults to the rest.
   if (s.o1_layers) c.mutable_o1()->set_layers(*s.o1_layers);
   if (s.o1_m) c.mutable_o1()->set_m(*s.o1_m);
@@ -172,6 +189,9 @@ absl::StatusOr<v1::SessionConfig> BuildSessionConfig(const SessionValues& s,
   if (s.qsa_layers) c.mutable_qsa()->set_layers(*s.qsa_layers);
   if (s.qsa_ratio) c.mutable_qsa()->set_ratio(*s.qsa_ratio);
   if (s.qsa_budget) c.mutable_qsa()->set_budget(*s.qsa_budget);
+  if (s.window_layers) c.mutable_window()->set_layers(*s.window_layers);
+  if (s.window_sink) c.mutable_window()->set_sink(*s.window_sink);
+  if (s.window_size) c.mutable_window()->set_window(*s.window_size);
   return c;
 }
 

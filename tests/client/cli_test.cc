@@ -317,6 +317,27 @@ TEST(GenerateArgsTest, QsaParameters) {
   EXPECT_FALSE(c.has_o1());
 }
 
+TEST(GenerateArgsTest, WindowParameters) {
+  absl::StatusOr<GenerateArgs> g = ParseGenerateArgs(
+      {"--window-layers", "deep2", "--window-sink", "4", "--window-size", "256", "x"});
+  ASSERT_TRUE(g.ok()) << g.status();
+  const v1::SessionConfig& c = g->request.session_config();
+  EXPECT_EQ(c.attention(), v1::ATTENTION_MODE_WINDOW);
+  EXPECT_EQ(c.window().layers(), "deep2");
+  EXPECT_EQ(c.window().sink(), 4u);
+  EXPECT_EQ(c.window().window(), 256u);
+  EXPECT_FALSE(c.has_o1());
+  EXPECT_FALSE(c.has_qsa());
+  g = ParseGenerateArgs({"--attention", "window", "x"});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->request.session_config().attention(), v1::ATTENTION_MODE_WINDOW);
+  EXPECT_FALSE(g->request.session_config().has_window());  // the server's defaults
+  ExpectUsageError(ParseGenerateArgs({"--attention", "o1", "--window-size", "8", "x"}),
+                   "--window-size needs --attention window");
+  ExpectUsageError(ParseGenerateArgs({"--qsa-ratio", "8", "--window-sink", "2", "x"}),
+                   "--qsa-ratio and --window-sink cannot be combined");
+}
+
 TEST(GenerateArgsTest, AttentionConflicts) {
   ExpectUsageError(ParseGenerateArgs({"--attention", "exact", "--o1-m", "8", "x"}),
                    "--o1-m needs --attention o1");

@@ -280,6 +280,18 @@ TEST_F(E2eTest, BadInputGetsInvalidArgumentNamingTheFieldAndChangesNothing) {
          r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_QSA);
          r.mutable_session_config()->mutable_qsa()->set_budget(1u << 30);
        }, "session_config.qsa.budget"},
+      {"window 0", [](auto& r) {
+         r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_WINDOW);
+         r.mutable_session_config()->mutable_window()->set_window(0);
+       }, "session_config.window"},
+      {"window beyond the context", [](auto& r) {
+         r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_WINDOW);
+         r.mutable_session_config()->mutable_window()->set_window(1u << 30);
+       }, "session_config.window.window"},
+      {"window on int8 rows", [](auto& r) {
+         r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_WINDOW);
+         r.mutable_session_config()->set_kv_dtype(v1::KV_DTYPE_INT8);
+       }, "session_config.window"},
       {"token id >= vocab", [](auto& r) {
          r.clear_prompt();
          r.add_prompt_tokens(3);
