@@ -108,16 +108,49 @@ void AttendCausal(const kv::LayerKvCache& cache, const AttentionRows& rows, Atte
   });
 }
 
-absl::Status CheckPositions(const kv::LayerKvCache& cache, size_t positions) {
-  if (cache.seq_len() == positions) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(cache.seq_len(), " positions, the session ", positions));
+// ------------------------------------------------------------ CacheAttention
+
+CacheAttention::CacheAttention(const AttentionGeometry& geometry, kv::KvMode mode, size_t layer,
+                               bool accepts_sealed)
+    : geometry_(geometry),
+      layer_(layer),
+      cache_(geometry.num_kv_heads, geometry.head_dim, mode),
+      accepts_sealed_(accepts_sealed) {}
+
+absl::Status CacheAttention::CanTruncate(size_t n) const {
+  if (n > cache_.seq_len()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncate: ", n, " positions requested, the layer holds ", cache_.seq_len()));
+  }
+  if (cache_.O1Sealed()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "truncate: layer ", layer_, " runs the sealed O(1) kernel, which cannot roll back"));
+  }
+  return absl::OkStatus();
+}
+
+void CacheAttention::TruncateLast(size_t n) {
+  const absl::Status st = cache_.TruncateLast(n);
+  (void)st;  // CanTruncate checked the one refusal (sealed)
+}
+
+absl::Status CacheAttention::InstallCache(kv::LayerKvCache cache, size_t positions) {
+  if (cache.seq_len() != positions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(cache.seq_len(), " positions, the session ", positions));
+  }
+  if (cache.O1Sealed() && !accepts_sealed_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sealed O(1) state on a layer the session runs ", std::string(name())));
+  }
+  cache_ = std::move(cache);
+  return absl::OkStatus();
 }
 
 // ------------------------------------------------------------ ExactAttention
 
-ExactAttention::ExactAttention(const AttentionGeometry& geometry, kv::KvMode mode)
-    : geometry_(geometry), cache_(geometry.num_kv_heads, geometry.head_dim, mode) {}
+ExactAttention::ExactAttention(const AttentionGeometry& geometry, kv::KvMode mode, size_t layer)
+    : CacheAttention(geometry, mode, layer, /*accepts_sealed=*/false) {}
 
 std::string_view ExactAttention::name() const {
   return cache_.mode() == kv::KvMode::kInt8 ? "exact_int8" : "exact_f32";
@@ -138,19 +171,6 @@ void ExactAttention::DecodeTask(const AttentionRows& row, size_t task, ScratchSl
   AttendGroupTask(cache_, row, 0, task, 0, geometry_, slot);
 }
 
-absl::Status ExactAttention::CanTruncate(size_t n) const {
-  if (n > cache_.seq_len()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("truncate: ", n, " positions requested, the layer holds ", cache_.seq_len()));
-  }
-  return absl::OkStatus();
-}
-
-void ExactAttention::TruncateLast(size_t n) {
-  const absl::Status st = cache_.TruncateLast(n);
-  (void)st;  // cannot fail on an exact cache once CanTruncate passed
-}
-
 MemoryByKind ExactAttention::Memory() const {
   MemoryByKind m;
   m[RowsKind(cache_.mode())] = cache_.MemoryBytes();
@@ -158,18 +178,9 @@ MemoryByKind ExactAttention::Memory() const {
 }
 
 std::unique_ptr<LayerAttentionState> ExactAttention::Copy() const {
-  auto out = std::make_unique<ExactAttention>(geometry_, cache_.mode());
+  auto out = std::make_unique<ExactAttention>(geometry_, cache_.mode(), layer_);
   out->cache_ = cache_.Copy();
   return out;
-}
-
-absl::Status ExactAttention::InstallCache(kv::LayerKvCache cache, size_t positions) {
-  CORTIQ_RETURN_IF_ERROR(CheckPositions(cache, positions));
-  if (cache.O1Sealed()) {
-    return absl::InvalidArgumentError("sealed O(1) state on a layer the session runs exact");
-  }
-  cache_ = std::move(cache);
-  return absl::OkStatus();
 }
 
 }  // namespace cortiq::attention

@@ -44,32 +44,45 @@ void AttendCausal(const kv::LayerKvCache& cache, const AttentionRows& rows, Atte
 void AttendGroupTask(const kv::LayerKvCache& cache, const AttentionRows& rows, size_t r, size_t g,
                      size_t hidden_after, const AttentionGeometry& geometry, ScratchSlot& slot);
 
-// InvalidArgument unless an imported cache holds exactly `positions`.
-absl::Status CheckPositions(const kv::LayerKvCache& cache, size_t positions);
-
-// The exact mode: a LayerKvCache and nothing else.
-class ExactAttention final : public LayerAttentionState {
+// What every mode that keeps its rows in a LayerKvCache shares (exact,
+// O(1), QSA): the cache, its position and bytes, rollback (refused on a
+// sealed O(1) cache: the Nyström state cannot un-absorb a key) and the
+// import of a cache from the wire (its positions must be the session's; a
+// sealed O(1) cache only where the mode accepts one).
+class CacheAttention : public LayerAttentionState {
  public:
-  ExactAttention(const AttentionGeometry& geometry, kv::KvMode mode);
-
-  std::string_view name() const override;
   size_t position() const override { return cache_.seq_len(); }
-  absl::Status Prefill(const AttentionRows& rows, AttentionContext& ctx) override;
-  absl::StatusOr<size_t> BeginDecode(const AttentionRows& row, AttentionContext& ctx) override;
-  void DecodeTask(const AttentionRows& row, size_t task, ScratchSlot& slot) override;
   void Reserve(size_t positions) override { cache_.Reserve(positions); }
   absl::Status CanTruncate(size_t n) const override;
   void TruncateLast(size_t n) override;
   void Release() override { cache_.Release(); }
   size_t MemoryBytes() const override { return cache_.MemoryBytes(); }
-  MemoryByKind Memory() const override;
-  std::unique_ptr<LayerAttentionState> Copy() const override;
   const kv::LayerKvCache* cache() const override { return &cache_; }
   absl::Status InstallCache(kv::LayerKvCache cache, size_t positions) override;
 
- private:
+ protected:
+  CacheAttention(const AttentionGeometry& geometry, kv::KvMode mode, size_t layer,
+                 bool accepts_sealed);
+
   const AttentionGeometry geometry_;
+  const size_t layer_;
   kv::LayerKvCache cache_;
+
+ private:
+  const bool accepts_sealed_;
+};
+
+// The exact mode: a LayerKvCache and nothing else.
+class ExactAttention final : public CacheAttention {
+ public:
+  ExactAttention(const AttentionGeometry& geometry, kv::KvMode mode, size_t layer = 0);
+
+  std::string_view name() const override;
+  absl::Status Prefill(const AttentionRows& rows, AttentionContext& ctx) override;
+  absl::StatusOr<size_t> BeginDecode(const AttentionRows& row, AttentionContext& ctx) override;
+  void DecodeTask(const AttentionRows& row, size_t task, ScratchSlot& slot) override;
+  MemoryByKind Memory() const override;
+  std::unique_ptr<LayerAttentionState> Copy() const override;
 };
 
 }  // namespace cortiq::attention

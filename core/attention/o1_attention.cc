@@ -12,10 +12,7 @@ namespace cortiq::attention {
 
 O1Attention::O1Attention(const AttentionGeometry& geometry, kv::KvMode mode, size_t layer,
                          const kv::O1Config& config)
-    : geometry_(geometry),
-      layer_(layer),
-      config_(config),
-      cache_(geometry.num_kv_heads, geometry.head_dim, mode) {}
+    : CacheAttention(geometry, mode, layer, /*accepts_sealed=*/true), config_(config) {}
 
 absl::Status O1Attention::Prefill(const AttentionRows& rows, AttentionContext& ctx) {
   const size_t qw = geometry_.q_width(), kw = geometry_.kv_width();
@@ -72,23 +69,6 @@ absl::StatusOr<bool> O1Attention::CompletePrompt(size_t num_q_heads) {
   return false;
 }
 
-absl::Status O1Attention::CanTruncate(size_t n) const {
-  if (n > cache_.seq_len()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("truncate: ", n, " positions requested, the layer holds ", cache_.seq_len()));
-  }
-  if (cache_.O1Sealed()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "truncate: layer ", layer_, " runs the sealed O(1) kernel, which cannot roll back"));
-  }
-  return absl::OkStatus();
-}
-
-void O1Attention::TruncateLast(size_t n) {
-  const absl::Status st = cache_.TruncateLast(n);
-  (void)st;  // CanTruncate checked the one refusal (sealed)
-}
-
 MemoryByKind O1Attention::Memory() const {
   MemoryByKind m;
   const size_t o1 = cache_.O1MemoryBytes();
@@ -101,12 +81,6 @@ std::unique_ptr<LayerAttentionState> O1Attention::Copy() const {
   auto out = std::make_unique<O1Attention>(geometry_, cache_.mode(), layer_, config_);
   out->cache_ = cache_.Copy();
   return out;
-}
-
-absl::Status O1Attention::InstallCache(kv::LayerKvCache cache, size_t positions) {
-  CORTIQ_RETURN_IF_ERROR(CheckPositions(cache, positions));
-  cache_ = std::move(cache);
-  return absl::OkStatus();
 }
 
 }  // namespace cortiq::attention

@@ -20,40 +20,31 @@
 #include <memory>
 #include <string_view>
 
+#include "core/attention/exact_attention.h"
 #include "core/attention/layer_attention_state.h"
 #include "core/kv/layer_kv_cache.h"
 #include "core/kv/o1_config.h"
 
 namespace cortiq::attention {
 
-class O1Attention final : public LayerAttentionState {
+class O1Attention final : public CacheAttention {
  public:
   // `config` was validated (O1Config minimums) by the sequence.
   O1Attention(const AttentionGeometry& geometry, kv::KvMode mode, size_t layer,
               const kv::O1Config& config);
 
   std::string_view name() const override { return "o1"; }
-  size_t position() const override { return cache_.seq_len(); }
   absl::Status Prefill(const AttentionRows& rows, AttentionContext& ctx) override;
   absl::StatusOr<size_t> BeginDecode(const AttentionRows& row, AttentionContext& ctx) override;
   void DecodeTask(const AttentionRows& row, size_t task, ScratchSlot& slot) override;
   absl::StatusOr<bool> CompletePrompt(size_t num_q_heads) override;
   bool AwaitsPromptEnd() const override { return cache_.O1Collecting(); }
-  void Reserve(size_t positions) override { cache_.Reserve(positions); }
-  absl::Status CanTruncate(size_t n) const override;
-  void TruncateLast(size_t n) override;
-  void Release() override { cache_.Release(); }
-  size_t MemoryBytes() const override { return cache_.MemoryBytes(); }
   MemoryByKind Memory() const override;
   std::unique_ptr<LayerAttentionState> Copy() const override;
-  const kv::LayerKvCache* cache() const override { return &cache_; }
-  absl::Status InstallCache(kv::LayerKvCache cache, size_t positions) override;
 
  private:
-  const AttentionGeometry geometry_;
-  const size_t layer_;
   const kv::O1Config config_;  // m, w, sink, rect (its layer list is the sequence's)
-  kv::LayerKvCache cache_;     // exact rows until sealed, then the O(1) override
+  // cache_: exact rows until sealed, then the O(1) override.
 };
 
 }  // namespace cortiq::attention

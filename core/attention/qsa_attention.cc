@@ -19,11 +19,9 @@ qsa::DevicePtr P(const void* p) { return qsa::DevicePtr::FromHost(p); }
 
 QsaAttention::QsaAttention(const AttentionGeometry& geometry, kv::KvMode mode, size_t layer,
                            const QsaConfig& config)
-    : geometry_(geometry),
-      layer_(layer),
+    : CacheAttention(geometry, mode, layer, /*accepts_sealed=*/false),
       ratio_(config.ratio),
-      budget_(config.budget),
-      cache_(geometry.num_kv_heads, geometry.head_dim, mode) {}
+      budget_(config.budget) {}
 
 QsaAttention::~QsaAttention() { Release(); }
 
@@ -90,10 +88,7 @@ void QsaAttention::Reserve(size_t positions) {
 }
 
 absl::Status QsaAttention::CanTruncate(size_t n) const {
-  if (n > cache_.seq_len()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("truncate: ", n, " positions requested, the layer holds ", cache_.seq_len()));
-  }
+  CORTIQ_RETURN_IF_ERROR(CacheAttention::CanTruncate(n));
   const size_t keep = cache_.seq_len() - n;
   if (indexer_ != nullptr && state_.ingested() < keep) {
     return absl::FailedPreconditionError(
@@ -147,15 +142,6 @@ std::unique_ptr<LayerAttentionState> QsaAttention::Copy() const {
   out->indexer_ = indexer_;
   out->state_ = *std::move(st);
   return out;
-}
-
-absl::Status QsaAttention::InstallCache(kv::LayerKvCache cache, size_t positions) {
-  CORTIQ_RETURN_IF_ERROR(CheckPositions(cache, positions));
-  if (cache.O1Sealed()) {
-    return absl::InvalidArgumentError("sealed O(1) state on a layer the session runs QSA");
-  }
-  cache_ = std::move(cache);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint8_t>> QsaAttention::SnapshotAux() const {

@@ -20,20 +20,20 @@
 #include <memory>
 #include <string_view>
 
+#include "core/attention/exact_attention.h"
 #include "core/attention/layer_attention_state.h"
 #include "core/attention/qsa_runtime.h"
 #include "core/kv/layer_kv_cache.h"
 
 namespace cortiq::attention {
 
-class QsaAttention final : public LayerAttentionState {
+class QsaAttention final : public CacheAttention {
  public:
   QsaAttention(const AttentionGeometry& geometry, kv::KvMode mode, size_t layer,
                const QsaConfig& config);
   ~QsaAttention() override;
 
   std::string_view name() const override { return "qsa"; }
-  size_t position() const override { return cache_.seq_len(); }
   absl::Status Bind(const std::shared_ptr<QsaRuntime>& runtime) override;
   absl::Status Prefill(const AttentionRows& rows, AttentionContext& ctx) override;
   absl::StatusOr<size_t> BeginDecode(const AttentionRows& row, AttentionContext& ctx) override;
@@ -48,8 +48,6 @@ class QsaAttention final : public LayerAttentionState {
   // Deep copy: the state travels through its aux blob (it IS the state);
   // a backend allocation failure aborts like any other out-of-memory here.
   std::unique_ptr<LayerAttentionState> Copy() const override;
-  const kv::LayerKvCache* cache() const override { return &cache_; }
-  absl::Status InstallCache(kv::LayerKvCache cache, size_t positions) override;
   bool HasAux() const override { return indexer_ != nullptr; }
   // FailedPrecondition when not bound.
   absl::StatusOr<std::vector<uint8_t>> SnapshotAux() const override;
@@ -67,10 +65,7 @@ class QsaAttention final : public LayerAttentionState {
   kv::LayerKvCache& mutable_cache_for_tools() { return cache_; }
 
  private:
-  const AttentionGeometry geometry_;
-  const size_t layer_;
   const size_t ratio_, budget_;
-  kv::LayerKvCache cache_;
   std::shared_ptr<QsaRuntime> runtime_;       // null until bound
   const qsa::QsaIndexer* indexer_ = nullptr;  // owned by runtime_
   qsa::QsaSeqState state_;

@@ -3,29 +3,22 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "core/attention/layer_list.h"
 #include "core/kv/o1_config.h"
 #include "core/util/status_macros.h"
 
 namespace cortiq::attention {
 
-bool QsaConfig::IsQsaLayer(size_t layer) const {
-  return std::binary_search(layers.begin(), layers.end(), layer);
-}
+bool QsaConfig::IsQsaLayer(size_t layer) const { return ContainsLayer(layers, layer); }
 
 std::string QsaConfig::DebugString() const {
   if (!Enabled()) return "qsa: off";
-  return absl::StrCat("qsa: layers=[", absl::StrJoin(layers, ","), "] ratio=", ratio,
+  return absl::StrCat("qsa: layers=", LayerListString(layers), " ratio=", ratio,
                       " budget=", budget);
 }
 
 absl::Status QsaConfig::Validate(size_t num_layers) const {
-  for (size_t l : layers) {
-    if (l >= num_layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "qsa.layers: layer ", l, " is out of range; the model has ", num_layers, " layers"));
-    }
-  }
+  CORTIQ_RETURN_IF_ERROR(CheckLayersInRange(layers, num_layers, "qsa.layers"));
   if (ratio < kMinRatio) {
     return absl::InvalidArgumentError(absl::StrCat("qsa.ratio must be at least ", kMinRatio));
   }
@@ -64,9 +57,9 @@ absl::StatusOr<const qsa::QsaIndexer*> QsaRuntime::IndexerFor(size_t layer, size
     g.rot = w.hd;  // full-width RoPE, as the layer's own heads (derived: exact)
     g.theta = model.rope_theta;
     g.eps = model.rms_norm_eps;
-    g.hidden = model.hidden;
-    g.nkv_attn = model.num_kv_heads;
-    g.hd_attn = model.head_dim;
+    g.hidden = model.geometry.hidden;
+    g.nkv_attn = model.geometry.num_kv_heads;
+    g.hd_attn = model.geometry.head_dim;
     CORTIQ_ASSIGN_OR_RETURN(per_layer[layer], qsa::QsaIndexer::New(&backend, w, g));
   }
   return per_layer[layer].get();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/attention/layer_attention_state.h"
 #include "core/qsa/cpu_backend.h"
 #include "core/qsa/indexer_weights.h"
 #include "core/qsa/qsa_indexer.h"
@@ -53,7 +54,7 @@ absl::StatusOr<QsaConfig> MakeQsaConfig(std::string_view layer_spec, size_t rati
 // model's checkpoint) and the model geometry.
 struct QsaModelInfo {
   size_t num_layers = 0;
-  size_t hidden = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  AttentionGeometry geometry;  // of every layer
   double rope_theta = 0;
   float rms_norm_eps = 0;
   // Loads layer `l`'s indexer weights (checkpoint tensors, else derived).

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/attention/exact_attention.h"
+#include "core/attention/layer_list.h"
 #include "core/attention/o1_attention.h"
 #include "core/attention/qsa_attention.h"
 #include "core/attention/window_attention.h"
@@ -41,12 +42,7 @@ constexpr Mode kModes[] = {
 
 absl::Status AttentionConfig::Validate(size_t num_layers) const {
   if (o1) {
-    for (size_t l : o1->layers) {
-      if (l >= num_layers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "o1.layers: layer ", l, " is out of range; the model has ", num_layers, " layers"));
-      }
-    }
+    CORTIQ_RETURN_IF_ERROR(CheckLayersInRange(o1->layers, num_layers, "o1.layers"));
     CORTIQ_RETURN_IF_ERROR(kv::CheckO1Minimums(o1->m, o1->w, "o1.m", "o1.w"));
   }
   if (qsa) CORTIQ_RETURN_IF_ERROR(qsa->Validate(num_layers));
@@ -80,7 +76,7 @@ std::unique_ptr<LayerAttentionState> MakeLayerState(const AttentionConfig& confi
   for (const Mode& m : kModes) {
     if (m.claims(config, layer)) return m.make(config, layer, geometry);
   }
-  return std::make_unique<ExactAttention>(geometry, config.rows);
+  return std::make_unique<ExactAttention>(geometry, config.rows, layer);
 }
 
 }  // namespace cortiq::attention

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/attention/attention_scratch.h"
+#include "core/attention/layer_list.h"
 #include "core/kv/o1_config.h"
 #include "core/math/kernels.h"
 #include "core/util/status_macros.h"
@@ -14,23 +14,16 @@ namespace cortiq::attention {
 
 // ------------------------------------------------------------- WindowConfig
 
-bool WindowConfig::IsWindowLayer(size_t layer) const {
-  return std::binary_search(layers.begin(), layers.end(), layer);
-}
+bool WindowConfig::IsWindowLayer(size_t layer) const { return ContainsLayer(layers, layer); }
 
 std::string WindowConfig::DebugString() const {
   if (!Enabled()) return "window: off";
-  return absl::StrCat("window: layers=[", absl::StrJoin(layers, ","), "] sink=", sink,
+  return absl::StrCat("window: layers=", LayerListString(layers), " sink=", sink,
                       " window=", window);
 }
 
 absl::Status WindowConfig::Validate(size_t num_layers) const {
-  for (size_t l : layers) {
-    if (l >= num_layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "window.layers: layer ", l, " is out of range; the model has ", num_layers, " layers"));
-    }
-  }
+  CORTIQ_RETURN_IF_ERROR(CheckLayersInRange(layers, num_layers, "window.layers"));
   if (window < kMinWindow) {
     return absl::InvalidArgumentError(
         absl::StrCat("window.window = ", window, " < ", kMinWindow, " (the current position)"));

@@ -81,18 +81,15 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
     const ModelConfig& c = t->config_;
     attention::QsaModelInfo info;
     info.num_layers = static_cast<size_t>(c.num_hidden_layers);
-    info.hidden = static_cast<size_t>(c.hidden_size);
-    info.num_q_heads = static_cast<size_t>(c.num_attention_heads);
-    info.num_kv_heads = static_cast<size_t>(c.num_key_value_heads);
-    info.head_dim = static_cast<size_t>(c.head_dim);
+    info.geometry = t->geometry_;
     info.rope_theta = c.rope_theta;
     info.rms_norm_eps = static_cast<float>(c.rms_norm_eps);
     // One code path: checkpoint indexer tensors when present, else derived
     // from the layer's q/k projections (core/qsa/indexer_weights.h). The
     // checkpoint lives as long as the Transformer, which owns the runtime.
     const Checkpoint* ckpt = &*t->checkpoint_;
-    const qsa::AttentionGeometry dims{info.hidden, info.num_q_heads, info.num_kv_heads,
-                                      info.head_dim};
+    const attention::AttentionGeometry& g = t->geometry_;
+    const qsa::AttentionGeometry dims{g.hidden, g.num_q_heads, g.num_kv_heads, g.head_dim};
     info.load_weights = [ckpt, dims](size_t layer) -> absl::StatusOr<qsa::IndexerWeights> {
       return qsa::LoadIndexerWeights(CkptSource(*ckpt), layer, dims);
     };
