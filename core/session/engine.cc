@@ -41,15 +41,6 @@ size_t HeldSuffix(std::string_view text, const std::vector<std::string>& stops) 
   return best;
 }
 
-// The sampler for a call: a new one when the request names a seed (or the
-// session has none), otherwise the session's RNG continued under the
-// request's parameters (Sampler::WithParams).
-absl::StatusOr<model::Sampler> SamplerFor(const std::optional<model::Sampler>& previous,
-                                          const model::SamplingParams& params, bool seed_given) {
-  if (seed_given || !previous.has_value()) return model::Sampler::Create(params);
-  return previous->WithParams(params);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -244,25 +235,22 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
 bool Engine::Admit(Job& job) {
   Session& s = *job.lease_;
   const GenerationRequest& r = job.request_;
-  absl::Status st = absl::OkStatus();
-  if (s.kv().position() > s.tokens().size()) {
-    st = absl::InternalError("session: cache holds more positions than its history");
-  }
-  absl::StatusOr<model::Sampler> sampler =
-      st.ok() ? SamplerFor(s.sampler(), r.sampling, r.seed_given) : st;
-  if (!sampler.ok()) {
-    FinishJob(job, FinishReason::kNone, sampler.status());
+  const absl::Status st =
+      s.kv().position() > s.tokens().size()
+          ? absl::InternalError("session: cache holds more positions than its history")
+          : s.ChooseSampler(r.sampling, r.seed_given);
+  if (!st.ok()) {
+    FinishJob(job, FinishReason::kNone, st);
     return false;
   }
-  s.sampler() = *std::move(sampler);
   job.detok_ = std::make_unique<tokenizer::IncrementalDetokenizer>(tokenizer_);
   if (!job.detok_->RestorePending(s.detok_pending()).ok()) job.detok_->Reset();
-  s.tokens().insert(s.tokens().end(), r.prompt.begin(), r.prompt.end());
+  s.AppendPrompt(r.prompt);
   job.pending_.assign(s.tokens().begin() + static_cast<std::ptrdiff_t>(s.kv().position()),
                       s.tokens().end());
   // One reservation for the whole call (the plan's positions): no
   // reallocation while decoding.
-  s.kv().Reserve(job.positions_);
+  s.ReservePositions(job.positions_);
   s.PublishMemory();
   job.phase_ = Job::Phase::kPrefill;
   return true;
@@ -274,7 +262,7 @@ void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
   const auto now = Clock::now();
   GenerationResult& res = job.result_;
   Session& s = *job.lease_;
-  if (job.detok_) s.detok_pending() = std::string(job.detok_->pending_bytes());
+  if (job.detok_) s.KeepDetokPending(job.detok_->pending_bytes());
   s.PublishMemory();
   res.prompt_tokens = job.request_.prompt.size();
   res.session_tokens = s.tokens().size();
@@ -302,7 +290,7 @@ void Engine::OnLogits(Job& job, const float* logits) {
   const GenerationRequest& r = job.request_;
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   std::span<const float> row(logits, vocab);
-  const int32_t t = s.sampler()->Sample(row, s.tokens());
+  const int32_t t = s.SampleNext(row);
   GenerationEvent ev;
   ev.token_id = t;
   if (r.logprobs || r.top_logprobs > 0) {
@@ -310,7 +298,6 @@ void Engine::OnLogits(Job& job, const float* logits) {
         model::ComputeLogprobs(row, r.sampling.temperature, t, static_cast<int>(r.top_logprobs));
     if (lp.ok()) ev.logprobs = *std::move(lp);
   }
-  s.tokens().push_back(t);
   job.next_input_ = t;
   ++job.result_.completion_tokens;
   const auto now = Clock::now();
@@ -357,7 +344,6 @@ void Engine::OnLogits(Job& job, const float* logits) {
 }
 
 void Engine::RunPrefillChunk(Job& job) {
-  Session& s = *job.lease_;
   const size_t left = job.pending_.size() - job.prefill_done_;
   const size_t n = std::min(left, std::max<size_t>(options_.prefill_chunk, 1));
   if (job.prefill_done_ == 0) job.first_chunk_ = Clock::now();
@@ -366,18 +352,19 @@ void Engine::RunPrefillChunk(Job& job) {
   }
   const bool last = n == left;
   std::span<const int32_t> chunk(job.pending_.data() + job.prefill_done_, n);
-  absl::Status st = model_.Prefill(chunk, s.kv(), prefill_scratch_, last ? logits_.data() : nullptr);
+  absl::Status st = model_.Prefill(chunk, job.lease_.sequence(), prefill_scratch_,
+                                   last ? logits_.data() : nullptr);
   if (!st.ok()) {
     FinishJob(job, FinishReason::kNone, st);
     return;
   }
   job.prefill_done_ += n;
   if (!last) {
-    s.PublishMemory();
+    job.lease_->PublishMemory();
     return;
   }
   // The prompt is absorbed: O(1) layers seal now (their exact rows are freed).
-  model_.SealO1(s.kv());
+  model_.SealO1(job.lease_.sequence());
   OnLogits(job, logits_.data());
 }
 
@@ -386,7 +373,7 @@ void Engine::RunDecode(std::vector<Job*>& batch) {
   batch_kvs_.clear();
   for (Job* j : batch) {
     batch_tokens_.push_back(j->next_input_);
-    batch_kvs_.push_back(&j->lease_->kv());
+    batch_kvs_.push_back(&j->lease_.sequence());
   }
   absl::Status st = model_.DecodeBatch(batch_tokens_, batch_kvs_, decode_scratch_, logits_.data());
   if (!st.ok()) {

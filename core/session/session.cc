@@ -51,6 +51,56 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(std::string id,
   return s;
 }
 
+void Session::AppendPrompt(std::span<const int32_t> prompt) {
+  tokens_.insert(tokens_.end(), prompt.begin(), prompt.end());
+}
+
+absl::Status Session::ChooseSampler(const model::SamplingParams& params, bool seed_given) {
+  absl::StatusOr<model::Sampler> sampler = seed_given || !sampler_.has_value()
+                                               ? model::Sampler::Create(params)
+                                               : sampler_->WithParams(params);
+  if (!sampler.ok()) return sampler.status();
+  sampler_ = *std::move(sampler);
+  return absl::OkStatus();
+}
+
+void Session::ReservePositions(size_t positions) { kv_.Reserve(positions); }
+
+int32_t Session::SampleNext(std::span<const float> logits) {
+  const int32_t t = sampler_->Sample(logits, tokens_);
+  tokens_.push_back(t);
+  return t;
+}
+
+void Session::KeepDetokPending(std::string_view bytes) { detok_pending_.assign(bytes); }
+
+absl::Status Session::RestoreHistory(std::vector<int32_t> tokens, size_t cached,
+                                     std::string_view detok_pending) {
+  for (int32_t token : tokens) {
+    if (token < 0 || token >= vocab_size_) {
+      return absl::InvalidArgumentError("tokens: id outside the vocabulary");
+    }
+  }
+  if (cached > tokens.size()) {
+    return absl::InvalidArgumentError("tokens: more cached positions than tokens");
+  }
+  tokens_ = std::move(tokens);
+  detok_pending_.assign(detok_pending);
+  return absl::OkStatus();
+}
+
+void Session::RestoreSampler(model::Sampler sampler) { sampler_ = std::move(sampler); }
+
+absl::Status Session::InstallLayerCache(size_t layer, kv::LayerKvCache cache, size_t positions) {
+  return kv_.layer(layer).InstallCache(std::move(cache), positions);
+}
+
+absl::Status Session::RestoreLayerAux(size_t layer,
+                                      const std::shared_ptr<attention::QsaRuntime>& runtime,
+                                      std::span<const uint8_t> blob) {
+  return kv_.layer(layer).RestoreAux(runtime, blob);
+}
+
 void Session::PublishMemory() {
   const MemoryByKind m = MemoryOf(kv_);
   for (size_t i = 0; i < kNumMemoryKinds; ++i) {

@@ -3,17 +3,29 @@
 // O(1) overrides, optional QSA states), the sampler with its RNG, and the
 // incremental detokenizer's held-back bytes.
 //
-// Ownership and threads: a Session is owned by the SessionStore. Its mutable
-// parts (kv, tokens, sampler) are touched only by the holder of its lease
-// (SessionStore::Lease), one thread at a time. Memory() reads counters the
-// lease holder publishes with PublishMemory(), so the metrics thread may read
-// it at any time without racing the engine.
+// Ownership and threads: a Session is owned by the SessionStore. Its state
+// changes only through the operations below, each of which names who may
+// call it:
+//   - the lease holder (SessionStore::Lease), one thread at a time: the
+//     engine thread while a job runs, otherwise the thread holding the lease;
+//   - the owner of a session not yet installed in a store (the wire import
+//     building a fresh one, before SessionStore::Install).
+// Reads (kv(), tokens(), ...) follow the same rule. Memory() reads counters
+// the lease holder publishes with PublishMemory(), so the metrics thread may
+// read it at any time without racing the engine.
+//
+// The attention state itself (model::SequenceKv, which Transformer::Prefill /
+// DecodeBatch / SealO1 extend) is reachable mutably only through the lease,
+// SessionStore::Lease::sequence(): the forward pass needs the whole sequence,
+// and handing it out by lease makes "only the lease holder runs the model on
+// a session" a property of the types instead of a comment. Session itself
+// offers only const reads of it and the named operations below.
 //
 // Example:
-//   CORTIQ_ASSIGN_OR_RETURN(auto lease, store.Create(config, projected));
-//   Session& s = *lease;
-//   ... run the model on s.kv() ...
-//   s.PublishMemory();   // metrics now see the new bytes
+//   CORTIQ_ASSIGN_OR_RETURN(SessionStore::Lease lease, store.Create(model, plan));
+//   lease->AppendPrompt(prompt);
+//   CORTIQ_RETURN_IF_ERROR(model.Prefill(prompt, lease.sequence(), scratch, logits));
+//   lease->PublishMemory();   // metrics now see the new bytes
 #pragma once
 
 #include <array>
@@ -21,8 +33,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,6 +47,8 @@
 #include "core/model/transformer.h"
 
 namespace cortiq::session {
+
+class SessionStore;
 
 enum class AttentionMode : uint8_t { kExact, kO1, kQsa, kWindow };
 // "exact" | "o1" | "qsa" | "window"
@@ -76,27 +93,70 @@ class Session {
   const SessionConfig& config() const { return config_; }
   Clock::time_point created() const { return created_; }
 
-  // ---- lease holder only ----
-  model::SequenceKv& kv() { return kv_; }
+  // ---- reads: the lease holder, or the owner of an uninstalled session ----
   const model::SequenceKv& kv() const { return kv_; }
   // Every token of the conversation: prompts and sampled tokens. The last
   // sampled token is not yet absorbed by kv() (kv().position() ==
   // tokens().size() - 1 after a generation): the next call feeds it first.
-  std::vector<int32_t>& tokens() { return tokens_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // The sampler of the last generation (its RNG continues on the next call
   // unless the request names a seed); nullopt before the first.
-  std::optional<model::Sampler>& sampler() { return sampler_; }
   const std::optional<model::Sampler>& sampler() const { return sampler_; }
   // Bytes of a UTF-8 character cut between the last streamed token and the
   // next (IncrementalDetokenizer::pending_bytes), so a continued stream never
   // splits a character.
-  std::string& detok_pending() { return detok_pending_; }
   const std::string& detok_pending() const { return detok_pending_; }
   // The model geometry the session was made for (checked by the wire import).
   int64_t num_attention_heads() const { return num_attention_heads_; }
   int64_t vocab_size() const { return vocab_size_; }
 
+  // ---- a generation: the lease holder (the engine thread while a job runs) ----
+  // Appends a request's prompt to the history (the tokens the next prefill
+  // absorbs after the history's unabsorbed tail). Amortised O(prompt); may
+  // grow the history's buffer.
+  void AppendPrompt(std::span<const int32_t> prompt);
+  // Chooses this call's sampler: a new one from `params` when `seed_given`
+  // (or the session has none yet), otherwise the session's sampler continued
+  // under `params` (Sampler::WithParams: the RNG stream carries over).
+  // INVALID_ARGUMENT from Sampler::Create / WithParams; nothing changes then.
+  absl::Status ChooseSampler(const model::SamplingParams& params, bool seed_given);
+  // Grows every layer of the sequence to hold `positions` positions in all,
+  // so the call's decode steps do not allocate (SequenceKv::Reserve).
+  void ReservePositions(size_t positions);
+  // Samples the next token from `logits` ([vocab]) with the session's
+  // sampler (its penalties see the history) and appends it to the history.
+  // Requires a sampler (ChooseSampler first). Allocates nothing once the
+  // sampler's scratch is sized and the history has room (the engine does not
+  // reserve it: amortised growth as before).
+  int32_t SampleNext(std::span<const float> logits);
+  // Keeps the detokenizer's held-back bytes (at most 3: a cut UTF-8
+  // character) for the session's next call. At the end of a call.
+  void KeepDetokPending(std::string_view bytes);
+
+  // ---- state built outside the engine: the owner of an uninstalled session
+  // (the wire import), or the lease holder (tools and tests that synthesise
+  // a state) ----
+  // Replaces the history with `tokens`, of which the first `cached` are (or
+  // are about to be: InstallLayerCache) absorbed by the sequence, and the
+  // detokenizer's held-back bytes with `detok_pending`. INVALID_ARGUMENT,
+  // nothing changed, for a token outside the vocabulary ("tokens: id outside
+  // the vocabulary") or cached > tokens.size() ("tokens: more cached
+  // positions than tokens"). O(tokens).
+  absl::Status RestoreHistory(std::vector<int32_t> tokens, size_t cached,
+                              std::string_view detok_pending);
+  // Sets the sampler (with its RNG state), e.g. Sampler::Deserialize's.
+  void RestoreSampler(model::Sampler sampler);
+  // Installs `cache` as layer `layer`'s rows holding `positions` positions
+  // (LayerAttentionState::InstallCache: its checks and errors).
+  absl::Status InstallLayerCache(size_t layer, kv::LayerKvCache cache, size_t positions);
+  // Restores layer `layer`'s auxiliary state (a QSA layer's indexer) from a
+  // LayerAttentionState::SnapshotAux blob (LayerAttentionState::RestoreAux:
+  // its checks and errors).
+  absl::Status RestoreLayerAux(size_t layer, const std::shared_ptr<attention::QsaRuntime>& runtime,
+                               std::span<const uint8_t> blob);
+
+  // ---- the lease holder, the owner of an uninstalled session, or the store
+  // for a session nobody leases ----
   // Recomputes the memory counters from kv() (O(layers)) and publishes them.
   void PublishMemory();
   // Frees every state byte (kv().Release()) and publishes zero. Idempotent.
@@ -111,6 +171,9 @@ class Session {
   size_t published_cached() const { return published_cached_.load(std::memory_order_relaxed); }
 
  private:
+  // The lease hands out the mutable sequence (Lease::sequence()).
+  friend class SessionStore;
+
   Session(std::string id, const model::ModelConfig& config, const SessionConfig& session_config);
 
   std::string id_;

@@ -136,8 +136,8 @@ class SessionStore {
   const StoreOptions& options() const { return options_; }
 
   // A lease: exclusive use of one session. Move-only; returns itself on
-  // destruction (or Return()). While held, Session's mutable parts belong to
-  // the holder.
+  // destruction (or Return()). While held, the session's operations and its
+  // sequence() belong to the holder.
   class Lease {
    public:
     Lease() = default;
@@ -151,6 +151,12 @@ class SessionStore {
     Session& operator*() const { return *session_; }
     Session* operator->() const { return session_; }
     Session* get() const { return session_; }
+    // The session's attention state, mutable: what Transformer::Prefill /
+    // DecodeBatch / SealO1 extend. Only a lease reaches it (Session offers
+    // const reads and named operations), so only the holder runs the model
+    // on a session: the engine thread while a job runs, else the holder's
+    // thread. Requires a held lease (operator bool). O(1).
+    model::SequenceKv& sequence() { return session_->kv_; }
 
     // Grows this call's reservation to `projected_bytes` (the session's
     // projected peak after the call). RESOURCE_EXHAUSTED with the numbers

@@ -757,19 +757,15 @@ void SessionWireSink::State::ProcessPrefix() {
   if (!t.U64(&n) || n > t.remaining() / sizeof(int32_t)) {
     return Refuse(Corrupt("tokens: bad count"));
   }
-  s->tokens().resize(n);
+  std::vector<int32_t> tokens(n);
   std::string_view pending;
-  if (!t.Raw(s->tokens().data(), n * sizeof(int32_t)) || !t.U64(&cached) || !t.U32(&pending_len) ||
+  if (!t.Raw(tokens.data(), n * sizeof(int32_t)) || !t.U64(&cached) || !t.U32(&pending_len) ||
       pending_len > 3 || !t.Bytes(pending_len, &pending) || !t.done()) {
     return Refuse(Corrupt("tokens: malformed"));
   }
-  for (int32_t token : s->tokens()) {
-    if (token < 0 || token >= mcfg.vocab_size) {
-      return Refuse(Corrupt("tokens: id outside the vocabulary"));
-    }
-  }
-  if (cached > n) return Refuse(Corrupt("tokens: more cached positions than tokens"));
-  s->detok_pending() = std::string(pending);
+  // Ids in the vocabulary, cached <= tokens ("tokens: ..." messages).
+  absl::Status history = s->RestoreHistory(std::move(tokens), cached, pending);
+  if (!history.ok()) return Refuse(Corrupt(std::string(history.message())));
 
   // Sampler.
   ByteReader sr(prefix[2].payload);
@@ -782,7 +778,7 @@ void SessionWireSink::State::ProcessPrefix() {
     if (!sampler.ok()) {
       return Refuse(Corrupt(absl::StrCat("sampler: ", sampler.status().message())));
     }
-    s->sampler() = *std::move(sampler);
+    s->RestoreSampler(*std::move(sampler));
   } else if (!sr.done()) {
     return Refuse(Corrupt("sampler: trailing bytes"));
   }
@@ -798,7 +794,7 @@ void SessionWireSink::State::FinishLayer(size_t l) {
                                absl::StrCat("layer ", l, ": ", cache.status().message())));
   }
   // The state checks the cache against the session (positions, mode).
-  absl::Status installed = session->kv().layer(l).InstallCache(*std::move(cache), cached);
+  absl::Status installed = session->InstallLayerCache(l, *std::move(cache), cached);
   if (!installed.ok()) return Refuse(Corrupt(absl::StrCat("layer ", l, ": ", installed.message())));
 }
 
@@ -812,10 +808,10 @@ void SessionWireSink::State::ProcessAux(const Kept& sec) {
   }
   std::string_view blob;
   ar.Bytes(ar.remaining(), &blob);
-  attention::LayerAttentionState& state = session->kv().layer(l);
-  absl::Status st = state.RestoreAux(
-      model.qsa_runtime(),
+  absl::Status st = session->RestoreLayerAux(
+      l, model.qsa_runtime(),
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(blob.data()), blob.size()));
+  const attention::LayerAttentionState& state = session->kv().layer(l);
   if (!st.ok()) return Refuse(Corrupt(absl::StrCat("qsa_aux: layer ", l, ": ", st.message())));
   if (!state.HasAux() || state.AuxPositions() != cached) {
     return Refuse(Corrupt(absl::StrCat("qsa_aux: layer ", l, " disagrees with the cache length")));

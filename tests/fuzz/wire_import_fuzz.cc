@@ -28,6 +28,7 @@
 #include "core/kv/layer_kv_cache.h"
 #include "core/model/random_checkpoint.h"
 #include "core/model/transformer.h"
+#include "core/session/session_store.h"
 #include "core/session/session_wire.h"
 #include "tests/fuzz/wire_fuzz_util.h"
 
@@ -115,10 +116,15 @@ void FuzzSession(std::string_view wire) {
   if (!again.ok()) Finding("re-export of an imported session", again.status());
   auto copy = session::ImportSessionWire(*again, *g.model, kWireFuzzFingerprint, "copy");
   if (!copy.ok()) Finding("import of a re-exported session", copy.status());
-  // One decode step, as the engine would continue it: the last token when
-  // it is not absorbed yet, else any token. Errors (a full context) are fine.
-  model::SequenceKv& kv = sess.kv();
-  const int32_t next = kv.position() < sess.tokens().size() ? sess.tokens()[kv.position()] : 1;
+  // One decode step, as the engine would continue it (installed in a store,
+  // the model run on the lease's sequence): the last token when it is not
+  // absorbed yet, else any token. Errors (a full context) are fine.
+  session::SessionStore store({});
+  absl::StatusOr<session::SessionStore::Lease> lease = store.Install(*std::move(s));
+  if (!lease.ok()) Finding("install of an imported session", lease.status());
+  model::SequenceKv& kv = lease->sequence();
+  const std::vector<int32_t>& history = (*lease)->tokens();
+  const int32_t next = kv.position() < history.size() ? history[kv.position()] : 1;
   model::SequenceKv* kvs[1] = {&kv};
   const int32_t tokens[1] = {next};
   (void)g.model->DecodeBatch(tokens, kvs, g.scratch, g.logits.data());

@@ -104,12 +104,12 @@ class MetricsTest : public ::testing::Test {
     EXPECT_TRUE(lease.ok()) << lease.status();
     if (!lease.ok()) return {};
     const std::vector<int32_t> ids = testing::TestIds(prompt, config().vocab_size, 11);
-    (*lease)->tokens() = ids;
+    (*lease)->AppendPrompt(ids);
     model::ForwardScratch scratch;
-    absl::Status s = model_->Prefill(ids, (*lease)->kv(), scratch, nullptr);
+    absl::Status s = model_->Prefill(ids, lease->sequence(), scratch, nullptr);
     EXPECT_TRUE(s.ok()) << s;
     if (sc.attention == session::AttentionMode::kO1) {
-      EXPECT_EQ(model_->SealO1((*lease)->kv()), num_layers());
+      EXPECT_EQ(model_->SealO1(lease->sequence()), num_layers());
     }
     (*lease)->PublishMemory();
     return *std::move(lease);

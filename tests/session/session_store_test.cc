@@ -26,8 +26,8 @@ class StoreTest : public ::testing::Test {
   void Fill(SessionStore::Lease& lease, size_t n) {
     auto ids = testing::TestIds(n, model_->config().vocab_size, 7);
     std::vector<float> logits(model_->config().vocab_size);
-    ASSERT_TRUE(model_->Prefill(ids, lease->kv(), scratch_, logits.data()).ok());
-    lease->tokens().insert(lease->tokens().end(), ids.begin(), ids.end());
+    ASSERT_TRUE(model_->Prefill(ids, lease.sequence(), scratch_, logits.data()).ok());
+    lease->AppendPrompt(ids);
     lease->PublishMemory();
   }
   std::unique_ptr<model::Transformer> model_;
@@ -174,7 +174,7 @@ TEST_F(StoreTest, AcquireByPlanLeasesAndReservesInOneStep) {
     auto lease = store.Create(*model_, {}, 0);
     ASSERT_TRUE(lease.ok());
     id = (*lease)->id();
-    (*lease)->tokens() = {1, 2, 3};
+    (*lease)->AppendPrompt(std::vector<int32_t>{1, 2, 3});
     // Leased: Peek answers as Acquire would.
     absl::StatusOr<ExistingSession> busy = store.Peek(id);
     EXPECT_EQ(busy.status().code(), absl::StatusCode::kAborted);
@@ -227,7 +227,7 @@ TEST_F(StoreTest, MemoryByKindSplitsExactlyAcrossModes) {
     ASSERT_TRUE(lease.ok()) << lease.status();
     Fill(*lease, 100);
     if (c.attention == AttentionMode::kO1) {
-      ASSERT_GT(model_->SealO1((*lease)->kv()), 0u);
+      ASSERT_GT(model_->SealO1(lease->sequence()), 0u);
       (*lease)->PublishMemory();
     }
     expect += (*lease)->kv().MemoryBytes();

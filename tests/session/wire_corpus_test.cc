@@ -14,6 +14,7 @@
 
 #include "core/kv/layer_kv_cache.h"
 #include "core/model/transformer.h"
+#include "core/session/session_store.h"
 #include "core/session/session_wire.h"
 #include "gtest/gtest.h"
 #include "tests/common/model_test_util.h"
@@ -72,9 +73,14 @@ class WireCorpusTest : public ::testing::Test {
     if (!again.ok()) return true;
     auto copy = ImportSessionWire(*again, *model_, kWireFuzzFingerprint, "copy");
     EXPECT_TRUE(copy.ok()) << copy.status();
-    // One decode step, as the engine would continue: errors are fine.
-    model::SequenceKv& kv = (*s)->kv();
-    const auto& tokens = (*s)->tokens();
+    // One decode step, as the engine would continue (installed in a store,
+    // the model run on the lease's sequence): errors are fine.
+    SessionStore store({});
+    absl::StatusOr<SessionStore::Lease> lease = store.Install(*std::move(s));
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (!lease.ok()) return true;
+    model::SequenceKv& kv = lease->sequence();
+    const auto& tokens = (*lease)->tokens();
     const int32_t next = kv.position() < tokens.size() ? tokens[kv.position()] : 1;
     model::SequenceKv* kvs[1] = {&kv};
     const int32_t ids[1] = {next};

@@ -88,15 +88,21 @@ std::string MakeBigSession(Node& n, size_t positions, bool int8) {
   }
   if (!reader->Finish().ok() || id.empty()) std::exit(1);
   auto lease = n.server->store().Acquire(id);
-  auto& kv = (*lease)->kv();
+  cortiq::model::SequenceKv& kv = lease->sequence();
   const size_t start = kv.position();
   // Pad the history with token 32 so tokens and cached positions stay
   // consistent (cached = tokens - 1).
-  auto& tokens = (*lease)->tokens();
+  std::vector<int32_t> tokens = (*lease)->tokens();
   const int32_t last = tokens.back();
   tokens.pop_back();
   tokens.insert(tokens.end(), positions, 32);
   tokens.push_back(last);
+  if (const absl::Status st =
+          (*lease)->RestoreHistory(std::move(tokens), start + positions, (*lease)->detok_pending());
+      !st.ok()) {
+    std::fprintf(stderr, "synthesise history: %s\n", std::string(st.message()).c_str());
+    std::exit(1);
+  }
   kv.Reserve(start + positions + 64);
   // Uniform in [-2, 2) from a 64-bit LCG: the bytes only have to be
   // incompressible and finite (std::normal_distribution took longer than
