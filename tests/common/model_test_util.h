@@ -11,12 +11,15 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/model/random_checkpoint.h"
 #include "core/model/sequence_kv.h"
+#include "core/model/transformer.h"
+#include "core/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace cortiq::testing {
@@ -50,6 +53,19 @@ inline std::string TempModel(const std::string& shape, math::DType dtype = math:
     EXPECT_TRUE(s.ok()) << s;
   }
   return dir;
+}
+
+// Loads TempModel(shape) and its tokenizer into *model and *tok (gtest
+// failures when either does not load).
+inline void LoadTempModel(const std::string& shape, std::unique_ptr<model::Transformer>* model,
+                          std::unique_ptr<tokenizer::Tokenizer>* tok) {
+  const std::string dir = TempModel(shape);
+  auto m = model::Transformer::Load(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  *model = *std::move(m);
+  auto t = tokenizer::Tokenizer::FromFile(dir + "/tokenizer.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  *tok = std::make_unique<tokenizer::Tokenizer>(*std::move(t));
 }
 
 // n pseudo-random ids in [0, vocab) (an LCG: the same on every machine).

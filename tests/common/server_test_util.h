@@ -55,4 +55,28 @@ inline StreamOut RunGenerate(v1::Inference::Stub& stub, const v1::GenerateReques
   return o;
 }
 
+// Sets `c` to test mode `mode` with parameters small enough to exercise the
+// mode on the tiny test models: 0 exact f32, 1 int8 rows, 2 O(1) (m 8,
+// window 16, sink 2), 3 QSA (blocks of 16, budget 4), 4 sink + window (sink
+// 2, window 16: rows are dropped within a few turns).
+inline void SetSessionMode(int mode, v1::SessionConfig* c) {
+  if (mode == 1) c->set_kv_dtype(v1::KV_DTYPE_INT8);
+  if (mode == 2) {
+    c->set_attention(v1::ATTENTION_MODE_O1);
+    c->mutable_o1()->set_m(8);
+    c->mutable_o1()->set_window(16);
+    c->mutable_o1()->set_sink(2);
+  }
+  if (mode == 3) {
+    c->set_attention(v1::ATTENTION_MODE_QSA);
+    c->mutable_qsa()->set_ratio(16);
+    c->mutable_qsa()->set_budget(4);
+  }
+  if (mode == 4) {
+    c->set_attention(v1::ATTENTION_MODE_WINDOW);
+    c->mutable_window()->set_sink(2);
+    c->mutable_window()->set_window(16);
+  }
+}
+
 }  // namespace cortiq::testing

@@ -35,15 +35,9 @@
 namespace cortiq::model {
 namespace {
 
-std::string TempModel(const std::string& shape, uint64_t seed = 3) {
-  return cortiq::testing::TempModel(shape, math::DType::kF32, seed);
-}
-std::vector<int32_t> Ids(size_t n, int64_t vocab, uint32_t seed) {
-  return cortiq::testing::TestIds(n, vocab, seed);
-}
-double RelErr(const float* a, const float* b, size_t n) {
-  return cortiq::testing::MaxRelErr(a, b, n);
-}
+using cortiq::testing::MaxRelErr;
+using cortiq::testing::TempModel;
+using cortiq::testing::TestIds;
 
 size_t ArgMax(const float* x, size_t n) { return size_t(std::max_element(x, x + n) - x); }
 bool AllFinite(const std::vector<float>& x) {
@@ -84,7 +78,7 @@ class O1Fixture : public ::testing::Test {
 // ---------------------------------------------------------------- exact-only
 
 TEST_F(O1Fixture, ShortPromptDecodesLikeExactAttention) {
-  const std::vector<int32_t> ids = Ids(60, config().vocab_size, 5);
+  const std::vector<int32_t> ids = TestIds(60, config().vocab_size, 5);
   const size_t prompt = 20;  // <= w + sink + 8 = 44: every group exact-only
   std::vector<float> exact_logits(V_), o1_logits(V_), auto_logits(V_);
   SequenceKv exact(config(), kv::KvMode::kF32), o1(config(), kv::KvMode::kF32),
@@ -106,8 +100,8 @@ TEST_F(O1Fixture, ShortPromptDecodesLikeExactAttention) {
     Decode(exact, ids[i], exact_logits);
     Decode(o1, ids[i], o1_logits);
     Decode(o1_auto, ids[i], auto_logits);
-    worst = std::max(worst, RelErr(o1_logits.data(), exact_logits.data(), V_));
-    worst_auto = std::max(worst_auto, RelErr(auto_logits.data(), exact_logits.data(), V_));
+    worst = std::max(worst, MaxRelErr(o1_logits.data(), exact_logits.data(), V_));
+    worst_auto = std::max(worst_auto, MaxRelErr(auto_logits.data(), exact_logits.data(), V_));
   }
   for (const kv::LayerKvCache& layer : cortiq::testing::Caches(o1_auto))
     EXPECT_TRUE(layer.O1Sealed());
@@ -154,7 +148,7 @@ SequenceKv NearOnlyCopy(const SequenceKv& sealed) {
 
 TEST_F(O1Fixture, LongPromptSealsAndDecodesCloseToExactInConstantMemory) {
   const size_t prompt = 300, steps = 60;
-  const std::vector<int32_t> ids = Ids(prompt + steps, config().vocab_size, 7);
+  const std::vector<int32_t> ids = TestIds(prompt + steps, config().vocab_size, 7);
   std::vector<float> exact_logits(V_), o1_logits(V_), near_logits(V_);
   SequenceKv exact(config(), kv::KvMode::kF32), o1(config(), kv::KvMode::kF32);
   ASSERT_TRUE(o1.EnableO1(AllLayers(config())).ok());
@@ -181,8 +175,8 @@ TEST_F(O1Fixture, LongPromptSealsAndDecodesCloseToExactInConstantMemory) {
     Decode(o1, ids[i], o1_logits);
     Decode(near, ids[i], near_logits);
     ASSERT_TRUE(AllFinite(o1_logits)) << "step " << i;
-    const double e = RelErr(o1_logits.data(), exact_logits.data(), V_);
-    const double en = RelErr(near_logits.data(), exact_logits.data(), V_);
+    const double e = MaxRelErr(o1_logits.data(), exact_logits.data(), V_);
+    const double en = MaxRelErr(near_logits.data(), exact_logits.data(), V_);
     worst = std::max(worst, e);
     sum += e;
     near_worst = std::max(near_worst, en);
@@ -224,7 +218,7 @@ TEST_F(O1Fixture, DeepNSealsOnlyTheDeepestLayers) {
   const size_t L = size_t(config().num_hidden_layers);
   ASSERT_EQ(cfg->layers, std::vector<size_t>{L - 1});
   const size_t prompt = 200;
-  const std::vector<int32_t> ids = Ids(prompt + 20, config().vocab_size, 9);
+  const std::vector<int32_t> ids = TestIds(prompt + 20, config().vocab_size, 9);
   SequenceKv seq(config(), kv::KvMode::kF32);
   ASSERT_TRUE(seq.EnableO1(*cfg).ok());
   std::vector<float> logits(V_);
@@ -250,7 +244,7 @@ TEST_F(O1Fixture, DeepNSealsOnlyTheDeepestLayers) {
 
 TEST_F(O1Fixture, ChunkedPrefillFeedsTheSameTrace) {
   const size_t prompt = 300, steps = 20;
-  const std::vector<int32_t> ids = Ids(prompt + steps, config().vocab_size, 11);
+  const std::vector<int32_t> ids = TestIds(prompt + steps, config().vocab_size, 11);
   SequenceKv one(config(), kv::KvMode::kF32), chunked(config(), kv::KvMode::kF32);
   ASSERT_TRUE(one.EnableO1(AllLayers(config())).ok());
   ASSERT_TRUE(chunked.EnableO1(AllLayers(config())).ok());
@@ -261,7 +255,7 @@ TEST_F(O1Fixture, ChunkedPrefillFeedsTheSameTrace) {
     for (const kv::LayerKvCache& layer : cortiq::testing::Caches(chunked))
       EXPECT_EQ(layer.O1TraceRows(), at + 100);
   }
-  EXPECT_LT(RelErr(b.data(), a.data(), V_), 1e-5);
+  EXPECT_LT(MaxRelErr(b.data(), a.data(), V_), 1e-5);
   ASSERT_EQ(tf_->SealO1(one), size_t(config().num_hidden_layers));
   ASSERT_EQ(tf_->SealO1(chunked), size_t(config().num_hidden_layers));
   EXPECT_EQ(chunked.MemoryBytes(), one.MemoryBytes());
@@ -269,7 +263,7 @@ TEST_F(O1Fixture, ChunkedPrefillFeedsTheSameTrace) {
   for (size_t i = prompt; i < ids.size(); ++i) {
     Decode(one, ids[i], a);
     Decode(chunked, ids[i], b);
-    worst = std::max(worst, RelErr(b.data(), a.data(), V_));
+    worst = std::max(worst, MaxRelErr(b.data(), a.data(), V_));
   }
   std::printf("[ measured ] chunked (3x100) vs one-shot prefill, O(1) decode: max rel %.3g\n",
               worst);
@@ -278,7 +272,7 @@ TEST_F(O1Fixture, ChunkedPrefillFeedsTheSameTrace) {
 
 TEST_F(O1Fixture, PrefillOnASealedSequenceStreamsLikeDecode) {
   const size_t prompt = 200, turn = 12;
-  const std::vector<int32_t> ids = Ids(prompt + turn, config().vocab_size, 13);
+  const std::vector<int32_t> ids = TestIds(prompt + turn, config().vocab_size, 13);
   SequenceKv a(config(), kv::KvMode::kF32);
   ASSERT_TRUE(a.EnableO1(AllLayers(config())).ok());
   std::vector<float> logits(V_);
@@ -292,7 +286,7 @@ TEST_F(O1Fixture, PrefillOnASealedSequenceStreamsLikeDecode) {
   double worst = 0;
   for (size_t i = 0; i < turn; ++i) {
     Decode(b, ids[prompt + i], step);
-    worst = std::max(worst, RelErr(all.data() + i * V_, step.data(), V_));
+    worst = std::max(worst, MaxRelErr(all.data() + i * V_, step.data(), V_));
   }
   EXPECT_EQ(a.position(), prompt + turn);
   EXPECT_EQ(a.MemoryBytes(), b.MemoryBytes());
@@ -304,7 +298,7 @@ TEST_F(O1Fixture, PrefillOnASealedSequenceStreamsLikeDecode) {
 
 TEST_F(O1Fixture, Int8SequenceRefusesTheSealAndStaysExact) {
   const size_t prompt = 200;
-  const std::vector<int32_t> ids = Ids(prompt + 10, config().vocab_size, 15);
+  const std::vector<int32_t> ids = TestIds(prompt + 10, config().vocab_size, 15);
   SequenceKv plain(config(), kv::KvMode::kInt8), o1(config(), kv::KvMode::kInt8);
   ASSERT_TRUE(o1.EnableO1(AllLayers(config())).ok());
   std::vector<float> a(V_), b(V_);
@@ -323,7 +317,7 @@ TEST_F(O1Fixture, Int8SequenceRefusesTheSealAndStaysExact) {
 
 TEST_F(O1Fixture, CopyOfASealedSequenceDecodesIdentically) {
   const size_t prompt = 220;
-  const std::vector<int32_t> ids = Ids(prompt + 15, config().vocab_size, 17);
+  const std::vector<int32_t> ids = TestIds(prompt + 15, config().vocab_size, 17);
   SequenceKv a(config(), kv::KvMode::kF32);
   ASSERT_TRUE(a.EnableO1(AllLayers(config())).ok());
   std::vector<float> la(V_), lb(V_);
@@ -350,7 +344,7 @@ TEST_F(O1Fixture, MisuseIsAStatus) {
   EXPECT_EQ(seq.EnableO1(small_m).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(seq.o1_config().has_value());
 
-  const std::vector<int32_t> ids = Ids(150, config().vocab_size, 19);
+  const std::vector<int32_t> ids = TestIds(150, config().vocab_size, 19);
   std::vector<float> logits(V_);
   ASSERT_TRUE(tf_->Prefill(ids, seq, scratch_, logits.data()).ok());
   EXPECT_EQ(seq.EnableO1(AllLayers(config())).code(), absl::StatusCode::kFailedPrecondition);
@@ -397,7 +391,7 @@ TEST(TransformerO1AllocTest, DecodeOverSealedLayersDoesNotAllocate) {
   std::vector<SequenceKv*> ptrs;
   for (auto& s : seqs) {
     s.Reserve(prompt + 64);
-    ASSERT_TRUE((*tf)->Prefill(Ids(prompt, c.vocab_size, 21), s, scratch, logits.data()).ok());
+    ASSERT_TRUE((*tf)->Prefill(TestIds(prompt, c.vocab_size, 21), s, scratch, logits.data()).ok());
     ptrs.push_back(&s);
   }
   const std::vector<int32_t> next = {10, 20};

@@ -34,15 +34,9 @@
 namespace cortiq::model {
 namespace {
 
-std::string TempModel(const std::string& shape, uint64_t seed = 3) {
-  return cortiq::testing::TempModel(shape, math::DType::kF32, seed);
-}
-std::vector<int32_t> Ids(size_t n, int64_t vocab, uint32_t seed) {
-  return cortiq::testing::TestIds(n, vocab, seed);
-}
-double RelErr(const float* a, const float* b, size_t n) {
-  return cortiq::testing::MaxRelErr(a, b, n);
-}
+using cortiq::testing::MaxRelErr;
+using cortiq::testing::TempModel;
+using cortiq::testing::TestIds;
 
 bool AllFinite(const std::vector<float>& x) {
   return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
@@ -114,14 +108,14 @@ TEST_F(QsaFixture, ConfigsAreValidatedAndRefusedClearly) {
   // Only on a fresh sequence.
   std::vector<float> logits;
   SequenceKv c(config(), kv::KvMode::kF32);
-  Prefill(c, Ids(5, config().vocab_size, 1), logits);
+  Prefill(c, TestIds(5, config().vocab_size, 1), logits);
   EXPECT_EQ(c.EnableQsa(Qsa(8, 4)).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // budget · ratio >= every position: every block selected = dense, by design
 // bit for bit (rows below the inert bound keep the dense output).
 TEST_F(QsaFixture, BudgetCoveringEveryBlockEqualsExact) {
-  const std::vector<int32_t> ids = Ids(170, config().vocab_size, 7);
+  const std::vector<int32_t> ids = TestIds(170, config().vocab_size, 7);
   for (kv::KvMode mode : {kv::KvMode::kF32, kv::KvMode::kInt8}) {
     SequenceKv exact = NewSeq(std::nullopt, mode), sparse = NewSeq(Qsa(8, 32), mode);
     std::vector<float> all_e(120 * V_), all_s(120 * V_), e, q;
@@ -140,7 +134,7 @@ TEST_F(QsaFixture, BudgetCoveringEveryBlockEqualsExact) {
 
 TEST_F(QsaFixture, ShortPromptInsideTheInertBoundEqualsExact) {
   // ratio 8, budget 4: bound 32. Positions < 32 are exact; later ones are not.
-  const std::vector<int32_t> ids = Ids(80, config().vocab_size, 9);
+  const std::vector<int32_t> ids = TestIds(80, config().vocab_size, 9);
   SequenceKv exact = NewSeq(std::nullopt), sparse = NewSeq(Qsa(8, 4));
   std::vector<float> e, q;
   Prefill(exact, std::span(ids).first(20), e);
@@ -160,20 +154,20 @@ TEST_F(QsaFixture, ShortPromptInsideTheInertBoundEqualsExact) {
 }
 
 TEST_F(QsaFixture, LongContextRunsDiffersAndCountsItsBytes) {
-  const std::vector<int32_t> ids = Ids(230, config().vocab_size, 11);
+  const std::vector<int32_t> ids = TestIds(230, config().vocab_size, 11);
   SequenceKv exact = NewSeq(std::nullopt), sparse = NewSeq(Qsa(8, 4));
   std::vector<float> e, q;
   Prefill(exact, std::span(ids).first(200), e);
   Prefill(sparse, std::span(ids).first(200), q);
   EXPECT_TRUE(AllFinite(q));
-  double worst = RelErr(q.data(), e.data(), V_);
+  double worst = MaxRelErr(q.data(), e.data(), V_);
   size_t last_bytes = sparse.QsaMemoryBytes();
   EXPECT_GT(last_bytes, 0u);
   for (size_t i = 200; i < ids.size(); ++i) {
     Decode(exact, ids[i], e);
     Decode(sparse, ids[i], q);
     ASSERT_TRUE(AllFinite(q));
-    worst = std::max(worst, RelErr(q.data(), e.data(), V_));
+    worst = std::max(worst, MaxRelErr(q.data(), e.data(), V_));
     // Bytes: exactly the states', never shrinking, capacity >= ingested.
     size_t states = 0;
     for (size_t l = 0; l < L_; ++l) {
@@ -196,7 +190,7 @@ TEST_F(QsaFixture, LongContextRunsDiffersAndCountsItsBytes) {
 }
 
 TEST_F(QsaFixture, ReleaseFreesEveryBackendByteAndIsIdempotent) {
-  const std::vector<int32_t> ids = Ids(120, config().vocab_size, 13);
+  const std::vector<int32_t> ids = TestIds(120, config().vocab_size, 13);
   std::vector<float> q;
   {
     // Warm the indexers (built on first use), then measure the baseline.
@@ -234,7 +228,7 @@ TEST_F(QsaFixture, ReleaseFreesEveryBackendByteAndIsIdempotent) {
 }
 
 TEST_F(QsaFixture, CopyAndTruncateContinueIdentically) {
-  const std::vector<int32_t> ids = Ids(140, config().vocab_size, 17);
+  const std::vector<int32_t> ids = TestIds(140, config().vocab_size, 17);
   SequenceKv a = NewSeq(Qsa(8, 4));
   std::vector<float> x, y;
   Prefill(a, std::span(ids).first(100), x);
@@ -257,7 +251,7 @@ TEST_F(QsaFixture, CopyAndTruncateContinueIdentically) {
 }
 
 TEST_F(QsaFixture, MixedDecodeBatchEqualsSequencesAlone) {
-  const std::vector<int32_t> ids = Ids(90, config().vocab_size, 19);
+  const std::vector<int32_t> ids = TestIds(90, config().vocab_size, 19);
   SequenceKv e1 = NewSeq(std::nullopt), q1 = NewSeq(Qsa(8, 4)), e2 = NewSeq(std::nullopt),
              q2 = NewSeq(Qsa(8, 4));
   std::vector<float> tmp;
@@ -278,7 +272,7 @@ TEST_F(QsaFixture, ChunkedPrefillVersusOneShot) {
   // Below 64 rows every MatMul gives the same bits at any batch, so chunks of
   // 20 and of 30 agree bit for bit; the 120-row one-shot takes the GEMM path
   // (exact attention differs from its own chunked run in the last bits too).
-  const std::vector<int32_t> ids = Ids(120, config().vocab_size, 23);
+  const std::vector<int32_t> ids = TestIds(120, config().vocab_size, 23);
   auto run = [&](size_t chunk, kv::KvMode mode, std::optional<QsaConfig> qsa) {
     SequenceKv s = NewSeq(qsa, mode);
     std::vector<float> out(V_);
@@ -295,13 +289,13 @@ TEST_F(QsaFixture, ChunkedPrefillVersusOneShot) {
   EXPECT_TRUE(Same(c20, c30));
   EXPECT_TRUE(AllFinite(one));
   std::printf("chunked (20) vs one-shot (120) prefill: qsa %s (rel %.3g), exact %s (rel %.3g)\n",
-              Same(c20, one) ? "bit-equal" : "differs", RelErr(c20.data(), one.data(), V_),
-              Same(e20, e120) ? "bit-equal" : "differs", RelErr(e20.data(), e120.data(), V_));
-  EXPECT_LT(RelErr(c20.data(), one.data(), V_), 1e-3);
+              Same(c20, one) ? "bit-equal" : "differs", MaxRelErr(c20.data(), one.data(), V_),
+              Same(e20, e120) ? "bit-equal" : "differs", MaxRelErr(e20.data(), e120.data(), V_));
+  EXPECT_LT(MaxRelErr(c20.data(), one.data(), V_), 1e-3);
 }
 
 TEST_F(QsaFixture, WarmDecodeWithQsaDoesNotAllocate) {
-  const std::vector<int32_t> ids = Ids(60, config().vocab_size, 29);
+  const std::vector<int32_t> ids = TestIds(60, config().vocab_size, 29);
   SequenceKv e = NewSeq(std::nullopt), q = NewSeq(Qsa(8, 4)),
              q8 = NewSeq(Qsa(8, 4), kv::KvMode::kInt8);
   std::vector<float> tmp;
@@ -319,7 +313,7 @@ TEST_F(QsaFixture, WarmDecodeWithQsaDoesNotAllocate) {
     // entry per new block count (core/qsa/cpu_backend.cc), so warm it past
     // the block counts measured below with one longer throwaway decode.
     SequenceKv longer = NewSeq(Qsa(8, 4));
-    Prefill(longer, Ids(150, config().vocab_size, 31), tmp);
+    Prefill(longer, TestIds(150, config().vocab_size, 31), tmp);
     Decode(longer, 1, tmp);
   }
   const size_t before = cortiq::testing::AllocCount();

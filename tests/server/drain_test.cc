@@ -36,18 +36,8 @@ StreamOut Turn(TestNode& n, const std::string& session, const std::string& promp
   r.mutable_sampling()->set_temperature(mode == 4 ? 0.8f : 0.0f);
   if (session.empty()) {
     r.mutable_sampling()->set_seed(99);
-    auto* c = r.mutable_session_config();
-    if (mode == 1) c->set_kv_dtype(v1::KV_DTYPE_INT8);
-    if (mode == 2) {
-      c->set_attention(v1::ATTENTION_MODE_O1);
-      c->mutable_o1()->set_m(8);
-      c->mutable_o1()->set_window(16);
-    }
-    if (mode == 3) {
-      c->set_attention(v1::ATTENTION_MODE_QSA);
-      c->mutable_qsa()->set_ratio(16);
-      c->mutable_qsa()->set_budget(4);
-    }
+    // Mode 4 here is an exact session that samples (temperature above).
+    testing::SetSessionMode(mode == 4 ? 0 : mode, r.mutable_session_config());
   }
   return testing::RunGenerate(*n.stub, r);
 }

@@ -51,24 +51,7 @@ Out Generate(Node& n, const v1::GenerateRequest& r) { return testing::RunGenerat
 std::string Open(Node& n, int mode, bool sampled) {
   v1::GenerateRequest r = Turn("", std::string(120, 'a') + "Call me Ishmael.", sampled);
   r.mutable_sampling()->set_seed(1234);
-  auto* c = r.mutable_session_config();
-  if (mode == 1) c->set_kv_dtype(v1::KV_DTYPE_INT8);
-  if (mode == 2) {
-    c->set_attention(v1::ATTENTION_MODE_O1);
-    c->mutable_o1()->set_m(8);
-    c->mutable_o1()->set_window(16);
-    c->mutable_o1()->set_sink(2);
-  }
-  if (mode == 3) {
-    c->set_attention(v1::ATTENTION_MODE_QSA);
-    c->mutable_qsa()->set_ratio(16);
-    c->mutable_qsa()->set_budget(4);
-  }
-  if (mode == 4) {
-    c->set_attention(v1::ATTENTION_MODE_WINDOW);
-    c->mutable_window()->set_sink(2);
-    c->mutable_window()->set_window(16);
-  }
+  testing::SetSessionMode(mode, r.mutable_session_config());
   Out o = Generate(n, r);
   EXPECT_TRUE(o.status.ok()) << o.status.error_message();
   return o.session;

@@ -24,13 +24,7 @@ struct Output {
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = testing::TempModel("tiny");
-    auto m = model::Transformer::Load(dir);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = *std::move(m);
-    auto t = tokenizer::Tokenizer::FromFile(dir + "/tokenizer.json");
-    ASSERT_TRUE(t.ok()) << t.status();
-    tok_ = std::make_unique<tokenizer::Tokenizer>(*std::move(t));
+    ASSERT_NO_FATAL_FAILURE(testing::LoadTempModel("tiny", &model_, &tok_));
   }
 
   std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}) {

@@ -25,13 +25,7 @@ constexpr uint64_t kFingerprint = 0x1234abcd5678ef01ull;
 class SessionWireTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = testing::TempModel("tiny");
-    auto m = model::Transformer::Load(dir);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = *std::move(m);
-    auto t = tokenizer::Tokenizer::FromFile(dir + "/tokenizer.json");
-    ASSERT_TRUE(t.ok());
-    tok_ = std::make_unique<tokenizer::Tokenizer>(*std::move(t));
+    ASSERT_NO_FATAL_FAILURE(testing::LoadTempModel("tiny", &model_, &tok_));
     engine_ = std::make_unique<Engine>(*model_, *tok_, EngineOptions{});
   }
 
