@@ -16,6 +16,14 @@ inline std::atomic<size_t> g_alloc_count{0};
 inline std::atomic<long long> g_live_bytes{0};
 // operator new calls since the process started.
 inline size_t AllocCount() { return g_alloc_count.load(std::memory_order_relaxed); }
+
+// Heap allocations made while fn() runs.
+template <typename Fn>
+size_t AllocationsDuring(Fn&& fn) {
+  const size_t before = AllocCount();
+  fn();
+  return AllocCount() - before;
+}
 // Bytes currently held through the unaligned operator new.
 inline long long LiveBytes() { return g_live_bytes.load(std::memory_order_relaxed); }
 

@@ -25,7 +25,7 @@ TEST(TransformerAllocTest, DecodeStepDoesNotAllocate) {
   util::ThreadPool pool(2);
   auto tf = Transformer::Load(dir, &pool);
   ASSERT_TRUE(tf.ok()) << tf.status();
-  const size_t V = config->vocab_size, B = 3;
+  const size_t V = config->vocab_size, B = 4;
   std::vector<SequenceKv> seqs;
   std::vector<SequenceKv*> ptrs;
   ForwardScratch scratch;
@@ -33,22 +33,28 @@ TEST(TransformerAllocTest, DecodeStepDoesNotAllocate) {
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7};
   for (size_t b = 0; b < B; ++b) {
     seqs.emplace_back(*config, b == 1 ? kv::KvMode::kInt8 : kv::KvMode::kF32);
+    if (b == 3) {  // sink + window: its constant rows are allocated once
+      auto w = attention::MakeWindowConfig("all", 2, 4, size_t(config->num_hidden_layers));
+      ASSERT_TRUE(w.ok());
+      ASSERT_TRUE(seqs.back().EnableWindow(*w).ok());
+    }
     seqs.back().Reserve(64);
   }
   for (auto& s : seqs) {
     ptrs.push_back(&s);
     ASSERT_TRUE((*tf)->Prefill(prompt, s, scratch, logits.data()).ok());
   }
-  std::vector<int32_t> next = {10, 20, 30};
+  std::vector<int32_t> next = {10, 20, 30, 40};
   // Warm-up: grows the scratch to B rows and every thread's attention buffer.
   for (int i = 0; i < 3; ++i)
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
-  const size_t before = cortiq::testing::AllocCount();
-  for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
-  }
-  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u)
-      << "heap allocations during 20 decode steps";
+  EXPECT_EQ(cortiq::testing::AllocationsDuring([&] {
+              for (int i = 0; i < 20; ++i) {
+                ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
+              }
+            }),
+            0u)
+      << "heap allocations during 20 decode steps (f32, int8, f32, window)";
 }
 
 }  // namespace

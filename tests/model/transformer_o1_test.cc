@@ -399,11 +399,12 @@ TEST(TransformerO1AllocTest, DecodeOverSealedLayersDoesNotAllocate) {
     ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
   }
   ASSERT_TRUE((*seqs[0].layer(0).cache()).O1Sealed());
-  const size_t before = cortiq::testing::AllocCount();
-  for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
-  }
-  EXPECT_EQ(cortiq::testing::AllocCount() - before, 0u)
+  EXPECT_EQ(cortiq::testing::AllocationsDuring([&] {
+              for (int i = 0; i < 20; ++i) {
+                ASSERT_TRUE((*tf)->DecodeBatch(next, ptrs, scratch, logits.data()).ok());
+              }
+            }),
+            0u)
       << "heap allocations during 20 decode steps";
 }
 
