@@ -67,11 +67,13 @@ std::string ServerUsage() {
   --memory-budget BYTES   cap on projected session bytes, e.g. 8G (default 0 = unlimited)
   --session-ttl SECONDS   idle sessions are released after this long (default 600)
   --kv-dtype f32|int8     default K/V row type of new sessions (default f32)
-  --attention exact|o1|qsa  default attention mode of new sessions (default exact)
+  --attention exact|o1|qsa|window  default attention mode of new sessions (default exact)
   --o1-layers SPEC        O(1) layers: all | none | deepN | 3,5-7 (default all)
   --o1-m N  --o1-window N  --o1-sink N  --o1-rect agg|fm   O(1) parameters
                           (precedence: request > flags > CMF_O1* env > model hint > defaults)
   --qsa-layers SPEC  --qsa-ratio N  --qsa-budget N   QSA parameters (default all, 64, 16)
+  --window-layers SPEC  --window-sink N  --window-size N
+                          sink + window parameters (default all, 4, 128; f32 rows only)
   --max-tokens N          upper bound of GenerateRequest.max_tokens (default 4096)
   --max-context N         positions per session (default: the model's max_position_embeddings)
   --max-prompt-bytes B    prompt size limit (default 1M)
@@ -110,7 +112,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::SecondsFlag("session-ttl", &c.session_ttl),
       util::ChoiceFlag("kv-dtype", &c.kv_dtype, {"f32", "int8"}),
       util::ChoiceFlag("activations", &c.activations, {"bf16", "f32"}),
-      util::ChoiceFlag("attention", &c.attention, {"exact", "o1", "qsa"}),
+      util::ChoiceFlag("attention", &c.attention, {"exact", "o1", "qsa", "window"}),
       StringFlag("o1-layers", &c.o1.layers),
       IntFlag("o1-m", &c.o1.m),
       IntFlag("o1-window", &c.o1.w),
@@ -119,6 +121,9 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       StringFlag("qsa-layers", &c.qsa_layers),
       IntFlag("qsa-ratio", &c.qsa_ratio),
       IntFlag("qsa-budget", &c.qsa_budget),
+      StringFlag("window-layers", &c.window_layers),
+      IntFlag("window-sink", &c.window_sink),
+      IntFlag("window-size", &c.window_size, {.min = 1}),
       IntFlag("max-tokens", &c.max_tokens_limit, {.min = 1}),
       IntFlag("max-context", &c.max_context),
       util::BytesFlag("max-prompt-bytes", &c.max_prompt_bytes),

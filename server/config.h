@@ -31,11 +31,14 @@ struct ServerConfig {
   size_t memory_budget_bytes = 0;  // 0 = unlimited
   std::chrono::milliseconds session_ttl{600'000};
   std::string kv_dtype = "f32";               // default for new sessions: f32 | int8
-  std::string attention = "exact";            // default mode: exact | o1 | qsa
+  std::string attention = "exact";            // default mode: exact | o1 | qsa | window
   kv::O1Overrides o1;                         // --o1-layers/-m/-window/-sink/-rect
   std::optional<std::string> qsa_layers;      // --qsa-layers (default "all")
   std::optional<size_t> qsa_ratio;            // --qsa-ratio (default 64)
   std::optional<size_t> qsa_budget;           // --qsa-budget (default 16)
+  std::optional<std::string> window_layers;   // --window-layers (default "all")
+  std::optional<size_t> window_sink;          // --window-sink (default 4)
+  std::optional<size_t> window_size;          // --window-size (default 128)
   size_t max_tokens_limit = 4096;             // GenerateRequest.max_tokens bound
   size_t max_context = 0;                     // 0 = the model's max_position_embeddings
   size_t max_prompt_bytes = 1 << 20;          // prompt text / tokens bound (INVALID_ARGUMENT)

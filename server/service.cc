@@ -285,9 +285,21 @@ absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& 
                                   config.qsa_budget.value_or(16), layers);
   if (!qsa.ok()) return qsa.status();
   c.qsa = *qsa;
-  c.attention = config.attention == "o1"    ? session::AttentionMode::kO1
-                : config.attention == "qsa" ? session::AttentionMode::kQsa
-                                            : session::AttentionMode::kExact;
+  auto window = attention::MakeWindowConfig(
+      config.window_layers.value_or("all"),
+      config.window_sink.value_or(attention::WindowConfig::kDefaultSink),
+      config.window_size.value_or(attention::WindowConfig::kDefaultWindow), layers);
+  if (!window.ok()) return window.status();
+  c.window = *window;
+  c.attention = config.attention == "o1"       ? session::AttentionMode::kO1
+                : config.attention == "qsa"    ? session::AttentionMode::kQsa
+                : config.attention == "window" ? session::AttentionMode::kWindow
+                                               : session::AttentionMode::kExact;
+  if (c.attention == session::AttentionMode::kWindow && c.kv_mode != kv::KvMode::kF32) {
+    return absl::InvalidArgumentError(
+        "--attention window: sink + window attention keeps f32 rows; it does not run with "
+        "--kv-dtype int8");
+  }
   return c;
 }
 
@@ -358,10 +370,11 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionCon
     case v1::ATTENTION_MODE_WINDOW: {
       c.attention = session::AttentionMode::kWindow;
       const v1::WindowParams& p = request.window();
+      // Unset fields take the server's defaults (its --window-* flags).
       auto w = attention::MakeWindowConfig(
-          p.has_layers() ? p.layers() : "all",
-          p.has_sink() ? p.sink() : attention::WindowConfig::kDefaultSink,
-          p.has_window() ? p.window() : attention::WindowConfig::kDefaultWindow, layers);
+          p.has_layers() ? p.layers() : LayersSpec(c.window.layers),
+          p.has_sink() ? p.sink() : c.window.sink, p.has_window() ? p.window() : c.window.window,
+          layers);
       if (!w.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("session_config.window: ", w.status().message()));

@@ -98,6 +98,9 @@ Fields FieldsOf(const ServerConfig& c) {
       {"qsa-layers", Text(c.qsa_layers)},
       {"qsa-ratio", Text(c.qsa_ratio)},
       {"qsa-budget", Text(c.qsa_budget)},
+      {"window-layers", Text(c.window_layers)},
+      {"window-sink", Text(c.window_sink)},
+      {"window-size", Text(c.window_size)},
       {"max-tokens", Text(c.max_tokens_limit)},
       {"max-context", Text(c.max_context)},
       {"max-prompt-bytes", Text(c.max_prompt_bytes)},
@@ -139,6 +142,9 @@ TEST_F(ConfigTest, Defaults) {
       {"qsa-layers", "-"},
       {"qsa-ratio", "-"},
       {"qsa-budget", "-"},
+      {"window-layers", "-"},
+      {"window-sink", "-"},
+      {"window-size", "-"},
       {"max-tokens", "4096"},
       {"max-context", "0"},
       {"max-prompt-bytes", std::to_string(size_t{1} << 20)},
@@ -182,6 +188,9 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"qsa-layers", "3,5-7", "3,5-7"},
       {"qsa-ratio", "32", "32"},
       {"qsa-budget", "8", "8"},
+      {"window-layers", "deep1", "deep1"},
+      {"window-sink", "2", "2"},
+      {"window-size", "64", "64"},
       {"max-tokens", "100", "100"},
       {"max-context", "512", "512"},
       {"max-prompt-bytes", "2K", "2048"},
@@ -249,7 +258,7 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--session-ttl", "-1"}, "--session-ttl");
   ExpectUsageError({"--grace", "soon"}, "--grace: expected a number");
   ExpectUsageError({"--kv-dtype", "f16"}, "--kv-dtype: expected f32 or int8");
-  ExpectUsageError({"--attention", "sparse"}, "--attention: expected exact, o1 or qsa");
+  ExpectUsageError({"--attention", "sparse"}, "--attention: expected exact, o1, qsa or window");
   ExpectUsageError({"--activations", "f16"}, "--activations: expected bf16 or f32");
   ExpectUsageError({"--log-level", "loud"},
                    "--log-level: expected trace, debug, info, warn, error or off");
