@@ -111,6 +111,20 @@ constexpr size_t kF16Chunk = 256;
 absl::Status Refused(WireRefusal reason, absl::string_view why) {
   return WireRefused(reason, absl::StrCat("ExportWire refused: ", why));
 }
+// Index of the first NaN or infinity in x (x.size() when all are finite).
+// The all-finite pass is a branch-free OR over the exponent bits, so it
+// vectorises; only a stream with a bad value pays for locating it.
+size_t FirstNonFinite(std::span<const float> x) {
+  constexpr uint32_t kExp = 0x7f800000u;
+  uint32_t bad = 0;
+  for (float v : x) bad |= uint32_t((std::bit_cast<uint32_t>(v) & kExp) == kExp);
+  if (bad == 0) return x.size();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if ((std::bit_cast<uint32_t>(x[i]) & kExp) == kExp) return i;
+  }
+  return x.size();
+}
+
 absl::Status Corrupt(absl::string_view why) {
   return absl::DataLossError(absl::StrCat("CQKV layer blob corrupt: ", why));
 }
@@ -725,7 +739,27 @@ absl::StatusOr<LayerKvCache> LayerWireSink::Finish() {
     return sealed;
   }
   next_.SetDenseRows(S);
-  return LayerKvCache(std::move(next_));
+  LayerKvCache cache(std::move(next_));
+  // Rows a model could have written are finite: a NaN or infinity (forged,
+  // or an f16 overflow on the way) would poison every later step.
+  for (size_t h = 0; h < H; ++h) {
+    struct Part {
+      const char* what;
+      std::span<const float> values;
+    };
+    const Part parts[] = {{"key", cache.HeadKeys(h)},
+                          {"value", cache.HeadValues(h)},
+                          {"key scale", cache.HeadKeyScales(h)},
+                          {"value scale", cache.HeadValueScales(h)}};
+    for (const Part& p : parts) {
+      const size_t i = FirstNonFinite(p.values);
+      if (i == p.values.size()) continue;
+      const size_t per_row = p.values.size() / std::max<size_t>(cache.HeadLen(h), 1);
+      return Corrupt(absl::StrCat("non-finite ", p.what, " in head ", h, " at row ",
+                                  i / std::max<size_t>(per_row, 1)));
+    }
+  }
+  return cache;
 }
 
 absl::Status LayerKvCache::ImportWire(std::string_view buf, const WireImportExpect& expect) {

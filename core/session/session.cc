@@ -29,7 +29,8 @@ Session::Session(std::string id, const model::ModelConfig& config,
       created_(Clock::now()),
       kv_(config, session_config.kv_mode),
       num_attention_heads_(config.num_attention_heads),
-      vocab_size_(config.vocab_size) {}
+      vocab_size_(config.vocab_size),
+      max_positions_(static_cast<size_t>(config.max_position_embeddings)) {}
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(std::string id,
                                                          const model::Transformer& model,
@@ -83,6 +84,13 @@ absl::Status Session::RestoreHistory(std::vector<int32_t> tokens, size_t cached,
   }
   if (cached > tokens.size()) {
     return absl::InvalidArgumentError("tokens: more cached positions than tokens");
+  }
+  // A session never holds more than the model's context (admission plans
+  // history + prompt + max_tokens within it): a longer history is forged.
+  if (tokens.size() > max_positions_) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens: a history of ", tokens.size(),
+                                                   " tokens is beyond the model's context of ",
+                                                   max_positions_));
   }
   tokens_ = std::move(tokens);
   detok_pending_.assign(detok_pending);

@@ -140,8 +140,9 @@ class Session {
   // are about to be: InstallLayerCache) absorbed by the sequence, and the
   // detokenizer's held-back bytes with `detok_pending`. INVALID_ARGUMENT,
   // nothing changed, for a token outside the vocabulary ("tokens: id outside
-  // the vocabulary") or cached > tokens.size() ("tokens: more cached
-  // positions than tokens"). O(tokens).
+  // the vocabulary"), cached > tokens.size() ("tokens: more cached
+  // positions than tokens") or a history longer than the model's context
+  // (no session can hold one). O(tokens).
   absl::Status RestoreHistory(std::vector<int32_t> tokens, size_t cached,
                               std::string_view detok_pending);
   // Sets the sampler (with its RNG state), e.g. Sampler::Deserialize's.
@@ -185,6 +186,7 @@ class Session {
   std::string detok_pending_;
   int64_t num_attention_heads_ = 0;
   int64_t vocab_size_ = 0;
+  size_t max_positions_ = 0;  // the model's context
 
   std::array<std::atomic<size_t>, kNumMemoryKinds> memory_{};
   std::atomic<size_t> published_tokens_{0};

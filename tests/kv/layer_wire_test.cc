@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -204,16 +205,47 @@ TEST(LayerWireTest, F16RefusesAValueBeyondItsRange) {
       << b.status();
   EXPECT_NE(b.status().message().find("export f32"), absl::string_view::npos);
   EXPECT_TRUE(c.ExportWire({}).ok()) << "f32 carries it";
-  // Infinities and NaN are representable and travel unchanged.
+  // Infinities and NaN are representable in f16 and the exporter writes them
+  // unchanged; no importer installs them (NonFiniteRowsAreRefused): a
+  // poisoned row would make every later step of the session garbage.
   LayerKvCache inf(1, 4);
   inf.Append(Vec{INFINITY, -INFINITY, NAN, 1.0f}, Vec(4, 0.0f));
   b = inf.ExportWire({.f16 = true});
   ASSERT_TRUE(b.ok()) << b.status();
   LayerKvCache dst(1, 4);
-  ASSERT_TRUE(dst.ImportWire(*b, Expect()).ok());
-  EXPECT_TRUE(std::isinf(dst.HeadKeys(0)[0]) && dst.HeadKeys(0)[0] > 0);
-  EXPECT_TRUE(std::isinf(dst.HeadKeys(0)[1]) && dst.HeadKeys(0)[1] < 0);
-  EXPECT_TRUE(std::isnan(dst.HeadKeys(0)[2]));
+  EXPECT_EQ(dst.ImportWire(*b, Expect()).code(), absl::StatusCode::kDataLoss);
+}
+
+// A blob whose rows hold a NaN or an infinity is refused (DATA_LOSS) and the
+// importing cache is unchanged: f32 rows, f16 rows (a NaN survives f16) and
+// int8 rows with an infinite scale (an infinite input; a NaN one quantises
+// to finite rows, which are then not what this checks).
+TEST(LayerWireTest, NonFiniteRowsAreRefused) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  for (KvMode mode : {KvMode::kF32, KvMode::kInt8}) {
+    for (bool f16 : {false, true}) {
+      if (mode == KvMode::kInt8 && f16) continue;  // int8 rows never travel as f16
+      for (float bad : {nan, inf}) {
+        if (mode == KvMode::kInt8 && bad != inf) continue;
+        SCOPED_TRACE(::testing::Message() << KvModeName(mode) << " f16 " << f16 << " " << bad);
+        LayerKvCache src(2, 8, mode);
+        std::vector<float> k(16, 0.25f), v(16, -0.5f);
+        src.Append(k, v);
+        k[9] = bad;  // head 1, second row
+        src.Append(k, v);
+        auto blob = src.ExportWire({.version = 2, .f16 = f16});
+        ASSERT_TRUE(blob.ok()) << blob.status();
+        LayerKvCache dst(2, 8, mode);
+        dst.Append(v, k);
+        const size_t before = dst.MemoryBytes();
+        const absl::Status st = dst.ImportWire(*blob, {.num_q_heads = 4, .max_positions = 64});
+        EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+        EXPECT_NE(st.message().find("head 1 at row 1"), std::string::npos) << st;
+        EXPECT_EQ(dst.seq_len(), 1u);
+        EXPECT_EQ(dst.MemoryBytes(), before);
+      }
+    }
+  }
 }
 
 TEST(LayerWireTest, Int8RoundTripIsExactInVersion2) {

@@ -6,10 +6,12 @@
 // session and errors.
 #include "core/session/session_wire.h"
 
-#include "core/kv/wire_refusal.h"
-
+#include <cmath>
 #include <cstring>
+#include <limits>
 
+#include "core/kv/wire_refusal.h"
+#include "core/model/random_checkpoint.h"
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
@@ -221,6 +223,51 @@ TEST_F(SessionWireTest, EveryFlippedByteAndEveryTruncationIsRefused) {
     ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << "truncated to " << n;
   }
   EXPECT_EQ(store.num_sessions(), 1u);
+}
+
+// Impossible state is refused even when every checksum holds: a history
+// longer than the importing model's context (here: the same geometry with a
+// 64-position context, so the stream's 160 tokens cannot be real), and K/V
+// rows with a NaN or an infinity.
+TEST_F(SessionWireTest, ImpossibleStateIsRefusedWithValidChecksums) {
+  SessionStore store({});
+  const std::string id = MakeSession(store, 0, false);  // 150 + 10 tokens
+  auto wire = Export(store, id);
+  ASSERT_TRUE(wire.ok()) << wire.status();
+  auto shape = model::NamedShape("tiny");
+  ASSERT_TRUE(shape.ok());
+  shape->max_position_embeddings = 64;
+  const std::string short_dir = ::testing::TempDir() + "/cortiq_wire_short_context";
+  ASSERT_TRUE(model::WriteRandomCheckpoint(*shape, short_dir, {}).ok());
+  auto short_model = model::Transformer::Load(short_dir);
+  ASSERT_TRUE(short_model.ok()) << short_model.status();
+  auto beyond = ImportSessionWire(*wire, **short_model, kFingerprint, "x");
+  EXPECT_EQ(beyond.status().code(), absl::StatusCode::kDataLoss) << beyond.status();
+  EXPECT_NE(beyond.status().message().find("beyond the model's context of 64"), std::string::npos)
+      << beyond.status();
+
+  for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(::testing::Message() << "value " << bad);
+    const std::string poisoned = MakeSession(store, 0, false);
+    {
+      auto lease = store.Acquire(poisoned);
+      ASSERT_TRUE(lease.ok());
+      model::SequenceKv& seq = lease->sequence();
+      kv::LayerKvCache rows = seq.layer(1).cache()->Copy();
+      const size_t positions = rows.seq_len();
+      ASSERT_TRUE(rows.TruncateLast(1).ok());
+      std::vector<float> k(rows.num_kv_heads() * rows.head_dim(), 0.5f), v(k.size(), 0.5f);
+      v[3] = bad;  // one value of the last position
+      rows.Append(k, v);
+      ASSERT_TRUE(seq.layer(1).InstallCache(std::move(rows), positions).ok());
+    }
+    auto forged = Export(store, poisoned);
+    ASSERT_TRUE(forged.ok()) << forged.status();
+    auto imported = ImportSessionWire(*forged, *model_, kFingerprint, "y");
+    EXPECT_EQ(imported.status().code(), absl::StatusCode::kDataLoss) << imported.status();
+    EXPECT_NE(imported.status().message().find("non-finite value in head 0"), std::string::npos)
+        << imported.status();
+  }
 }
 
 // Fuzzing regression (tests/fuzz): a session nothing ran in travels too.
