@@ -11,6 +11,7 @@
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
+#include "core/util/log_escape.h"
 #include "server/service.h"
 #include "server/status_util.h"
 #include "spdlog/spdlog.h"
@@ -44,6 +45,8 @@ class CallLog {
 
   uint64_t id() const { return id_; }
 
+  // `message` and `detail` may quote what a client sent: both are escaped
+  // (util::EscapeForLog), so no client string can forge or split a line.
   void Done(grpc::StatusCode code, std::string_view message, std::string_view detail = {}) {
     const double s = Seconds(Clock::now() - start_);
     if (ctx_->metrics) {
@@ -52,11 +55,11 @@ class CallLog {
     }
     if (code == grpc::StatusCode::OK) {
       spdlog::info("req={} rpc={} code=OK{}{} dur_ms={:.1f}", id_, rpc_, detail.empty() ? "" : " ",
-                   detail, s * 1e3);
+                   util::EscapeForLog(detail), s * 1e3);
     } else {
       spdlog::info("req={} rpc={} code={}{}{} dur_ms={:.1f} error=\"{}\"", id_, rpc_,
-                   GrpcCodeName(static_cast<int>(code)), detail.empty() ? "" : " ", detail,
-                   s * 1e3, message);
+                   GrpcCodeName(static_cast<int>(code)), detail.empty() ? "" : " ",
+                   util::EscapeForLog(detail), s * 1e3, util::EscapeForLog(message));
     }
   }
 

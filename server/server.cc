@@ -18,6 +18,7 @@
 #include "grpcpp/server_builder.h"
 #include "core/math/kernels.h"
 #include "core/session/session_wire.h"
+#include "core/util/log_escape.h"
 #include "core/util/status_macros.h"
 #include "server/migration.h"
 #include "core/util/strings.h"
@@ -235,10 +236,13 @@ DrainReport Server::Drain(std::chrono::milliseconds grace) {
     }
     if (e.migrated) {
       ++report.migrated;
-      spdlog::info("drain: session {} migrated to {} as {}", e.session_id, e.peer, e.peer_session_id);
+      // The peer's answer is quoted: escape it (util::EscapeForLog).
+      spdlog::info("drain: session {} migrated to {} as {}", e.session_id, e.peer,
+                   util::EscapeForLog(e.peer_session_id));
     } else {
       ++report.failed;
-      spdlog::error("drain: session {} NOT migrated: {}", e.session_id, e.error);
+      spdlog::error("drain: session {} NOT migrated: {}", e.session_id,
+                    util::EscapeForLog(e.error));
     }
     report.sessions.push_back(std::move(e));
   }
