@@ -156,7 +156,8 @@ class LayerAttentionState {
   // Whether TruncateLast(n) would succeed (FailedPrecondition naming why,
   // e.g. a sealed O(1) layer cannot un-absorb a key). Changes nothing.
   virtual absl::Status CanTruncate(size_t n) const = 0;
-  // Rolls back the last n positions; CanTruncate(n) must be OK (CHECK).
+  // Rolls back the last n positions. The caller checked CanTruncate(n)
+  // (SequenceKv::TruncateLast does, for every layer, before any changes).
   virtual void TruncateLast(size_t n) = 0;
   // Frees every byte (MemoryBytes() == 0); the state starts over at
   // position 0 with its configuration. Idempotent.
@@ -170,7 +171,7 @@ class LayerAttentionState {
   // ---- wire (session export / import) ----
   // The exact rows this state keeps as a LayerKvCache (the session wire's
   // layer section is its CQKV blob), or null when the mode keeps none in
-  // that form. The mutable one lets an importer install a blob's cache.
+  // that form (then ExportRows builds one). InstallCache takes a blob's.
   virtual const kv::LayerKvCache* cache() const { return nullptr; }
   // The rows of a mode that keeps them in another form (sink + window:
   // the held rows, ascending), as a LayerKvCache built for the wire.
