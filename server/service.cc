@@ -379,11 +379,6 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionCon
         return absl::InvalidArgumentError(
             absl::StrCat("session_config.window: ", w.status().message()));
       }
-      if (c.kv_mode != kv::KvMode::kF32) {
-        return absl::InvalidArgumentError(
-            "session_config.window: sink + window attention keeps f32 rows; it does not run with "
-            "kv_dtype KV_DTYPE_INT8");
-      }
       c.window = *w;
       return c;
     }

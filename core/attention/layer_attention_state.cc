@@ -37,7 +37,7 @@ absl::Status LayerAttentionState::EndDecode(const AttentionRows&, AttentionConte
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> LayerAttentionState::CompletePrompt(size_t) { return false; }
+bool LayerAttentionState::CompletePrompt(size_t) { return false; }
 
 absl::StatusOr<kv::LayerKvCache> LayerAttentionState::ExportRows() const {
   return absl::FailedPreconditionError(

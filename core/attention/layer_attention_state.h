@@ -145,7 +145,7 @@ class LayerAttentionState {
   // The prompt is complete (the first decode step follows). O(1): seals the
   // layer (allocates its states, frees the exact rows); returns whether this
   // call sealed it. Default: nothing to do, false.
-  virtual absl::StatusOr<bool> CompletePrompt(size_t num_q_heads);
+  virtual bool CompletePrompt(size_t num_q_heads);
   // True while the state waits for CompletePrompt (O(1): collecting).
   virtual bool AwaitsPromptEnd() const { return false; }
 

@@ -52,7 +52,7 @@ void O1Attention::DecodeTask(const AttentionRows& row, size_t task, ScratchSlot&
   cache_.O1Step({row.q, qw}, {row.k, kw}, {row.v, kw}, geometry_.num_q_heads, {row.out, qw});
 }
 
-absl::StatusOr<bool> O1Attention::CompletePrompt(size_t num_q_heads) {
+bool O1Attention::CompletePrompt(size_t num_q_heads) {
   if (!cache_.O1Collecting()) return false;
   const absl::Status st = cache_.O1Seal(num_q_heads);
   if (st.ok()) return true;

@@ -37,7 +37,7 @@ class O1Attention final : public CacheAttention {
   absl::Status Prefill(const AttentionRows& rows, AttentionContext& ctx) override;
   absl::StatusOr<size_t> BeginDecode(const AttentionRows& row, AttentionContext& ctx) override;
   void DecodeTask(const AttentionRows& row, size_t task, ScratchSlot& slot) override;
-  absl::StatusOr<bool> CompletePrompt(size_t num_q_heads) override;
+  bool CompletePrompt(size_t num_q_heads) override;
   bool AwaitsPromptEnd() const override { return cache_.O1Collecting(); }
   MemoryByKind Memory() const override;
   std::unique_ptr<LayerAttentionState> Copy() const override;

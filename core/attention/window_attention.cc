@@ -32,9 +32,7 @@ absl::Status WindowConfig::Validate(size_t num_layers) const {
 }
 
 size_t WindowConfig::LayerBytes(size_t num_kv_heads, size_t head_dim) const {
-  const size_t floats = num_kv_heads * (sink + window) * head_dim;
-  return 2 * ((floats * sizeof(float) + util::AlignedBuffer<float>::kAlignment - 1) /
-              util::AlignedBuffer<float>::kAlignment * util::AlignedBuffer<float>::kAlignment);
+  return 2 * util::AlignedBuffer<float>::BytesFor(num_kv_heads * (sink + window) * head_dim);
 }
 
 absl::StatusOr<WindowConfig> MakeWindowConfig(std::string_view layer_spec, size_t sink,
@@ -213,10 +211,7 @@ absl::StatusOr<kv::LayerKvCache> WindowAttention::ExportRows() const {
     }
     out.Append(k, v);
   };
-  for (size_t p = 0; p < std::min(position_, sink_); ++p) put(p);
-  for (size_t p = std::max(sink_, position_ - std::min(position_, window_)); p < position_; ++p) {
-    put(p);
-  }
+  ForEachHeld(position_, put);
   return out;
 }
 
@@ -259,10 +254,7 @@ absl::Status WindowAttention::Install(size_t position, std::span<const float> ke
     Store(p, keys.data() + i * kw, values.data() + i * kw);
     ++i;
   };
-  for (size_t p = 0; p < std::min(position, sink_); ++p) put(p);
-  for (size_t p = std::max(sink_, position - std::min(position, window_)); p < position; ++p) {
-    put(p);
-  }
+  ForEachHeld(position, put);
   position_ = position;
   return absl::OkStatus();
 }

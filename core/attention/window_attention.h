@@ -23,6 +23,7 @@
 // Rows are f32 (int8 rows are refused when the sequence is configured).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -97,6 +98,15 @@ class WindowAttention final : public LayerAttentionState {
   size_t Slot(size_t p) const { return p < sink_ ? p : sink_ + (p - sink_) % window_; }
   size_t Offset(size_t h, size_t p) const {
     return (h * (sink_ + window_) + Slot(p)) * geometry_.head_dim;
+  }
+  // fn(p) for every position a state at `position` holds, ascending: the
+  // sink, then the window (what ExportRows writes and Install reads).
+  template <typename Fn>
+  void ForEachHeld(size_t position, Fn&& fn) const {
+    for (size_t p = 0; p < std::min(position, sink_); ++p) fn(p);
+    for (size_t p = std::max(sink_, position - std::min(position, window_)); p < position; ++p) {
+      fn(p);
+    }
   }
   void Allocate();
   void Store(size_t p, const float* k_row, const float* v_row);  // [kv_heads × head_dim] each

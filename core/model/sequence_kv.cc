@@ -131,10 +131,7 @@ bool SequenceKv::AwaitsPromptEnd() const {
 
 size_t SequenceKv::CompletePrompt(size_t num_q_heads) {
   size_t done = 0;
-  for (auto& l : layers_) {
-    absl::StatusOr<bool> st = l->CompletePrompt(num_q_heads);
-    if (st.ok() && *st) ++done;
-  }
+  for (auto& l : layers_) done += l->CompletePrompt(num_q_heads) ? 1 : 0;
   return done;
 }
 

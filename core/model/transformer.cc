@@ -1,17 +1,14 @@
 #include "core/model/transformer.h"
 
 #include <algorithm>
-#include <atomic>
+#include <utility>
 #include <cmath>
 #include <cstring>
-#include <new>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/attention/qsa_attention.h"
 #include "core/qsa/indexer_weights.h"
 #include "core/util/status_macros.h"
-#include "spdlog/spdlog.h"
 
 namespace cortiq::model {
 namespace {

@@ -109,6 +109,11 @@ absl::Status CheckSessionConfig(const SessionConfig& c, size_t max_context) {
     if (c.qsa.budget > max_context) return over("qsa.budget", c.qsa.budget);
   }
   if (c.attention == AttentionMode::kWindow) {
+    if (c.kv_mode != kv::KvMode::kF32) {
+      return absl::InvalidArgumentError(
+          "session_config.window: sink + window attention keeps f32 rows; it does not run with "
+          "kv_dtype KV_DTYPE_INT8");
+    }
     if (c.window.sink > max_context) return over("window.sink", c.window.sink);
     if (c.window.window > max_context) return over("window.window", c.window.window);
   }
@@ -123,7 +128,7 @@ MemoryByKind ProjectedSessionMemory(const model::ModelConfig& model, const Sessi
   const size_t hd = static_cast<size_t>(model.head_dim);
   const size_t exact = kv::LayerKvCache::ProjectedBytes(kv_heads, hd, config.kv_mode, positions);
   MemoryByKind m;
-  size_t& rows = m[config.kv_mode == kv::KvMode::kInt8 ? MemoryKind::kKvInt8 : MemoryKind::kKvF32];
+  size_t& rows = m[attention::RowsKind(config.kv_mode)];
   for (size_t l = 0; l < layers; ++l) {
     if (config.attention == AttentionMode::kWindow && config.window.IsWindowLayer(l)) {
       rows += config.window.LayerBytes(kv_heads, hd);  // constant: sink + window rows

@@ -61,10 +61,12 @@ class AlignedBuffer {
   T* end() { return data_ + size_; }
   const T* begin() const { return data_; }
   const T* end() const { return data_ + size_; }
-  // Heap bytes actually held (rounded up to the alignment).
-  size_t MemoryBytes() const {
-    return size_ == 0 ? 0 : (size_ * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+  // Heap bytes a buffer of n elements holds (rounded up to the alignment).
+  static constexpr size_t BytesFor(size_t n) {
+    return n == 0 ? 0 : (n * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
   }
+  // Heap bytes actually held.
+  size_t MemoryBytes() const { return BytesFor(size_); }
 
  private:
   void Free() {
