@@ -1,0 +1,261 @@
+// ExportSession and ImportSession: sessions leaving and entering this node
+// in the session wire format (core/session/session_wire.h,
+// docs/WIRE_FORMAT.md).
+//
+// Both directions use the raw (byte) API for the chunks, so the bytes are
+// copied once on each side besides the kernel's: Export leases the session
+// (ABORTED while it generates), reads its stream from the caches into chunk
+// buffers of at most kChunkBytes, returns the lease, then sends the buffers
+// as they are, one write in flight. Import feeds each chunk, straight from
+// the received slices, to a SessionWireSink, which validates it and writes
+// the layers into a new session's caches (no buffer of the whole stream); a
+// chunk that would pass --max-import-bytes is refused with
+// RESOURCE_EXHAUSTED before it is used (the rest of a stream already known
+// to be corrupt is only counted); at the end the new session is installed
+// under the cap and the budget.
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/session/session_wire.h"
+#include "core/util/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "server/call_util.h"
+#include "server/service.h"
+#include "server/wire_chunk.h"
+
+namespace cortiq::server {
+
+namespace {
+
+
+// The session's stream under its lease (the caller holds it while reading);
+// counts a refusal by reason.
+absl::StatusOr<session::SessionWireSource> ExportSource(
+    ServiceContext& ctx, const session::Session& s, const session::SessionWireOptions& options) {
+  absl::StatusOr<session::SessionWireSource> src =
+      session::SessionWireSource::Make(s, ctx.wire_fingerprint, options);
+  // By the typed reason the exporter attached (kv::WireRefusalOf), never by
+  // the message text: a reworded message cannot move the count to another
+  // label. A refusal without one counts as kOther.
+  if (!src.ok() && src.status().code() == absl::StatusCode::kFailedPrecondition && ctx.metrics) {
+    ctx.metrics->CountExportRefused(
+        kv::WireRefusalOf(src.status()).value_or(ExportRefusal::kOther));
+  }
+  return src;
+}
+
+
+// A snapshot of a session's stream as chunk slices, read under its lease
+// (which returns before a byte is sent, so a slow client never holds the
+// session). Each chunk is read from the caches into its own buffer, which
+// gRPC sends as is and frees once sent.
+absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(ServiceContext& ctx, const std::string& id,
+                                                      const session::SessionWireOptions& options) {
+  CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx.store->Acquire(id));
+  CORTIQ_ASSIGN_OR_RETURN(session::SessionWireSource src, ExportSource(ctx, *lease, options));
+  std::vector<grpc::Slice> chunks;
+  chunks.reserve((src.size() + kChunkBytes - 1) / kChunkBytes);
+  while (src.left() > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, src.left()));
+    std::unique_ptr<char[]> data = std::make_unique_for_overwrite<char[]>(n);
+    src.Read(data.get(), n);
+    chunks.emplace_back(data.release(), n, [](void* p) { delete[] static_cast<char*>(p); });
+  }
+  return chunks;
+}
+
+// ExportSession on the raw (byte) API, so that each chunk goes out from the
+// buffer it was read into.
+class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  ExportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call,
+                const grpc::ByteBuffer& request)
+      : log_(ctx, "ExportSession") {
+    v1::ExportSessionRequest req;
+    absl::Status st = CheckAuth(*ctx, call);
+    if (st.ok()) {
+      grpc::ByteBuffer copy(request);  // Deserialize consumes its input
+      if (!grpc::SerializationTraits<v1::ExportSessionRequest>::Deserialize(&copy, &req).ok()) {
+        st = absl::InvalidArgumentError("ExportSession: the request does not parse");
+      }
+    }
+    if (st.ok()) st = CheckSessionId(req.session_id());
+    if (st.ok()) st = CheckWireRequest(req.version(), req.dtype());
+    if (st.ok()) {
+      absl::StatusOr<std::vector<grpc::Slice>> chunks =
+          ExportChunks(*ctx, req.session_id(), WireOptionsFrom(req.version(), req.dtype()));
+      if (chunks.ok()) {
+        chunks_ = *std::move(chunks);
+      } else {
+        st = chunks.status();
+      }
+    }
+    if (!st.ok()) {
+      Done(ToGrpcStatus(st));
+      return;
+    }
+    NextWrite();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Done(grpc::Status(grpc::StatusCode::CANCELLED, "export stream broken"));
+      return;
+    }
+    NextWrite();
+  }
+  void OnCancel() override { Done(grpc::Status::CANCELLED); }
+  void OnDone() override {
+    log_.Done(status_.error_code(), status_.error_message(), absl::StrCat("bytes=", bytes_));
+    delete this;
+  }
+
+ private:
+  // One write in flight: called from the constructor and OnWriteDone only.
+  // Each chunk's slice moves into the message; gRPC frees it once sent.
+  void NextWrite() {
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    if (next_ == chunks_.size()) {
+      finished_ = true;
+      status_ = grpc::Status::OK;
+      Finish(status_);
+      return;
+    }
+    bytes_ += chunks_[next_].size();
+    message_ = ChunkMessage(std::move(chunks_[next_++]));
+    StartWrite(&message_);
+  }
+  void Done(const grpc::Status& s) {
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    status_ = s;
+    Finish(s);
+  }
+
+  CallLog log_;
+  std::mutex mu_;
+  std::vector<grpc::Slice> chunks_;  // the stream, at most kChunkBytes each
+  size_t next_ = 0;                  // the next chunk to send
+  size_t bytes_ = 0;                 // sent so far
+  bool finished_ = false;
+  grpc::Status status_;
+  grpc::ByteBuffer message_;  // the chunk being written
+};
+
+// ImportSession on the raw (byte) API, so that each chunk's data goes from
+// the received slices straight into the new session's caches.
+class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
+      : ctx_(ctx),
+        response_(response),
+        log_(ctx, "ImportSession"),
+        sink_(*ctx->model, ctx->wire_fingerprint, session::SessionStore::RandomId(),
+              ctx->config->max_import_bytes) {
+    absl::Status st = CheckAuth(*ctx, call);
+    if (st.ok()) st = Unavailable(*ctx);
+    if (!st.ok()) {
+      Done(ToGrpcStatus(st));
+      return;
+    }
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending: validate and install
+      Done(ToGrpcStatus(Install()));
+      return;
+    }
+    if (!chunk_.Parse(message_)) {
+      Done(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "import: a message is not a WireChunk"));
+      return;
+    }
+    const size_t limit = ctx_->config->max_import_bytes;
+    if (received_ + chunk_.size() > limit) {
+      Done(ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("import: the stream exceeds --max-import-bytes ", limit,
+                       " (refused before buffering more)"))));
+      return;
+    }
+    // Each chunk goes straight into the new session's caches. Once the
+    // stream is known to be refused (corrupt, an unknown version) the rest
+    // is only counted: a stream past the limit is still RESOURCE_EXHAUSTED,
+    // whatever it holds.
+    received_ += chunk_.size();
+    for (std::string_view piece : chunk_.pieces()) {
+      if (refused_.ok()) refused_ = sink_.Write(piece);
+    }
+    StartRead(&message_);
+  }
+  void OnCancel() override { Done(grpc::Status::CANCELLED); }
+  void OnDone() override {
+    if (ctx_->metrics) {
+      ctx_->metrics->CountMigration(MigrationDirection::kIn,
+                                    status_.ok() ? MigrationResult::kOk : MigrationResult::kFailed);
+    }
+    log_.Done(status_.error_code(), status_.error_message(),
+              absl::StrCat("bytes=", received_, " session=", id_.empty() ? "-" : id_));
+    delete this;
+  }
+
+ private:
+  absl::Status Install() {
+    if (received_ == 0) return absl::DataLossError("import: empty stream");
+    if (!refused_.ok()) return refused_;
+    CORTIQ_ASSIGN_OR_RETURN(std::unique_ptr<session::Session> s, sink_.Finish());
+    CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx_->store->Install(std::move(s)));
+    id_ = lease->id();
+    lease.Return();
+    v1::ImportSessionResponse reply;
+    auto snap = ctx_->store->Get(id_);
+    if (snap) ToProto(*snap, reply.mutable_session());
+    bool own = false;
+    const grpc::Status st =
+        grpc::SerializationTraits<v1::ImportSessionResponse>::Serialize(reply, response_, &own);
+    if (!st.ok()) return absl::InternalError(st.error_message());
+    return absl::OkStatus();
+  }
+  void Done(const grpc::Status& s) {
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    status_ = s;
+    Finish(s);
+  }
+
+  ServiceContext* ctx_;
+  grpc::ByteBuffer* response_;  // a serialised ImportSessionResponse
+  CallLog log_;
+  std::mutex mu_;
+  bool finished_ = false;
+  grpc::Status status_;
+  session::SessionWireSink sink_;  // the session being built, invisible until installed
+  absl::Status refused_;           // the sink's verdict once the stream is known to be refused
+  size_t received_ = 0;
+  std::string id_;
+  grpc::ByteBuffer message_;
+  ChunkView chunk_;
+};
+
+// Send buffers for StreamToPeer: gRPC holds each one (as a slice) until its
+// bytes are written to the socket, then hands it back here (from any
+// thread), so a migration cycles through a few warm buffers instead of
+
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::ExportSession(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return new ExportReactor(ctx_, context, *request);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* InferenceService::ImportSession(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new ImportReactor(ctx_, context, response);
+}
+
+}  // namespace cortiq::server
