@@ -17,6 +17,7 @@
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
+#include "core/util/tsan_annotations.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -58,11 +59,13 @@ class ChunkPool : public std::enable_shared_from_this<ChunkPool> {
     }
     if (b == nullptr) b = new Buffer;
     b->pool = shared_from_this();
+    util::TsanRelease(b);  // gRPC hands it back to Return on its thread
     return b;
   }
   // The slice's destroy callback.
   static void Return(void* p) {
     auto* b = static_cast<Buffer*>(p);
+    util::TsanAcquire(b);
     std::shared_ptr<ChunkPool> pool = std::move(b->pool);
     std::lock_guard lock(pool->mu_);
     pool->free_.push_back(b);

@@ -21,6 +21,7 @@
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "core/util/tsan_annotations.h"
 #include "server/call_util.h"
 #include "server/service.h"
 #include "server/wire_chunk.h"
@@ -100,14 +101,19 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnWriteDone(bool ok) override {
+    util::TsanAcquire(this);  // gRPC ran this after the op we started
     if (!ok) {
       Done(grpc::Status(grpc::StatusCode::CANCELLED, "export stream broken"));
       return;
     }
     NextWrite();
   }
-  void OnCancel() override { Done(grpc::Status::CANCELLED); }
+  void OnCancel() override {
+    util::TsanAcquire(this);
+    Done(grpc::Status::CANCELLED);
+  }
   void OnDone() override {
+    util::TsanAcquire(this);
     log_.Done(status_.error_code(), status_.error_message(), absl::StrCat("bytes=", bytes_));
     delete this;
   }
@@ -121,11 +127,13 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (next_ == chunks_.size()) {
       finished_ = true;
       status_ = grpc::Status::OK;
+      util::TsanRelease(this);
       Finish(status_);
       return;
     }
     bytes_ += chunks_[next_].size();
     message_ = ChunkMessage(std::move(chunks_[next_++]));
+    util::TsanRelease(this);
     StartWrite(&message_);
   }
   void Done(const grpc::Status& s) {
@@ -133,6 +141,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (finished_) return;
     finished_ = true;
     status_ = s;
+    util::TsanRelease(this);
     Finish(s);
   }
 
@@ -162,10 +171,12 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       Done(ToGrpcStatus(st));
       return;
     }
+    util::TsanRelease(this);
     StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
+    util::TsanAcquire(this);  // gRPC ran this after the op we started
     if (!ok) {  // the client finished sending: validate and install
       Done(ToGrpcStatus(Install()));
       return;
@@ -190,10 +201,15 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     for (std::string_view piece : chunk_.pieces()) {
       if (refused_.ok()) refused_ = sink_.Write(piece);
     }
+    util::TsanRelease(this);
     StartRead(&message_);
   }
-  void OnCancel() override { Done(grpc::Status::CANCELLED); }
+  void OnCancel() override {
+    util::TsanAcquire(this);
+    Done(grpc::Status::CANCELLED);
+  }
   void OnDone() override {
+    util::TsanAcquire(this);
     if (ctx_->metrics) {
       ctx_->metrics->CountMigration(MigrationDirection::kIn,
                                     status_.ok() ? MigrationResult::kOk : MigrationResult::kFailed);
@@ -225,6 +241,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (finished_) return;
     finished_ = true;
     status_ = s;
+    util::TsanRelease(this);
     Finish(s);
   }
 

@@ -8,6 +8,7 @@
 #include <future>
 #include <thread>
 
+#include "core/util/tsan_annotations.h"
 #include "core/session/session_wire.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -281,11 +282,19 @@ class DyingPeer final : public v1::Inference::CallbackService {
                                                         v1::ImportSessionResponse*) override {
     class Reactor : public grpc::ServerReadReactor<v1::WireChunk> {
      public:
-      Reactor() { StartRead(&chunk_); }
+      Reactor() {
+        util::TsanRelease(this);
+        StartRead(&chunk_);
+      }
       void OnReadDone(bool) override {
+        util::TsanAcquire(this);
+        util::TsanRelease(this);
         Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "peer process killed"));
       }
-      void OnDone() override { delete this; }
+      void OnDone() override {
+        util::TsanAcquire(this);
+        delete this;
+      }
       v1::WireChunk chunk_;
     };
     return new Reactor;
