@@ -392,9 +392,13 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
   bounds.deadline = context->deadline();
   bounds.cancel = reactor->cancel();
   return RunInBackground(ctx_, reactor, log, [ctx = ctx_, request, response, bounds] {
+    // Checked when the task runs: one queued before a drain began must not
+    // start a migration the drain (and so the shutdown) would wait for.
     absl::StatusOr<MigrateOutcome> out =
-        MigrateOut(*ctx, request->session_id(), request->peer(), request->peer_token(),
-                   request->dtype() == v1::WIRE_DTYPE_F16, bounds);
+        ctx->draining.load()
+            ? absl::UnavailableError("server is draining: its drain migrates the sessions")
+            : MigrateOut(*ctx, request->session_id(), request->peer(), request->peer_token(),
+                         request->dtype() == v1::WIRE_DTYPE_F16, bounds);
     if (out.ok()) {
       response->set_peer_session_id(out->peer_session_id);
       response->set_wire_bytes(out->wire_bytes);

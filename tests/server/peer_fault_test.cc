@@ -353,6 +353,12 @@ TEST(PeerFaultDrainTest, DrainEndsAtTheDrainTimeout) {
     ASSERT_TRUE(snap.has_value());
     EXPECT_FALSE(snap->busy);
   }
+  // A draining node starts no new migration (the drain owns the sessions).
+  grpc::ClientContext ctx;
+  v1::MigrateSessionResponse resp;
+  const grpc::Status st = a.stub->MigrateSession(&ctx, MigrateTo(ids[0], peer.addr()), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_NE(st.error_message().find("draining"), std::string::npos) << st.error_message();
 }
 
 // (d) SIGTERM to a real cortiq-server process whose only peer stalls: it
