@@ -66,8 +66,10 @@ EXPOSE 50051 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD ["/usr/bin/cortiq", "--server", "127.0.0.1:50051", "--timeout", "3", "health"]
 # SIGTERM drains: NOT_SERVING, new work UNAVAILABLE, streams get --grace, kept
-# sessions migrate to --peers / --peer-dns, exit 0 (nonzero if one could not
-# move). Give `docker stop` enough time: --time / compose stop_grace_period.
+# sessions migrate to --peers / --peer-dns within --drain-timeout, exit 0
+# (nonzero if one could not move). The exit comes at most
+# --grace + --drain-timeout + 10 s after the signal (defaults: 10 + 60 + 10 =
+# 80 s): give `docker stop --time` / compose stop_grace_period that much.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/bin/cortiq-server", "--listen", "0.0.0.0:50051", "--metrics-listen", "0.0.0.0:9464"]
 # Extra flags are appended (docker run IMAGE --peers ..., compose `command`,

@@ -86,6 +86,13 @@ std::string ServerUsage() {
   --peers H:P[,H:P...]    peers a drain migrates kept sessions to (or env CORTIQ_PEERS)
   --peer-dns NAME:PORT    peers from DNS: every address NAME resolves to (a headless Service)
   --peer-token T          bearer token for the peers (default: --auth-token)
+  --peer-connect-timeout SECONDS  connecting to a peer and its GetModelInfo (default 5)
+  --peer-min-throughput BYTES  slowest peer accepted, per second: a migration of B bytes
+                          gets connect timeout + B / this + 1 s (default 20M)
+  --drain-parallelism N   sessions a drain migrates at once (default 4)
+  --drain-timeout SECONDS after --grace, how long a drain's migrations may take; then the
+                          rest are cancelled and reported failed (default 60). Exit after
+                          SIGTERM takes at most --grace + --drain-timeout + 10 s
   --auth-token T          require "authorization: Bearer T" (or --auth-token-file F,
                           or env CORTIQ_AUTH_TOKEN)
   --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key
@@ -136,6 +143,10 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::ParsedFlag("peers", &c.peers, ParsePeerList),
       util::ParsedFlag("peer-dns", &c.peer_dns, ParsePeerDns),
       StringFlag("peer-token", &c.peer_token),
+      util::SecondsFlag("peer-connect-timeout", &c.peer_connect_timeout),
+      util::BytesFlag("peer-min-throughput", &c.peer_min_throughput),
+      IntFlag("drain-parallelism", &c.drain_parallelism, {.min = 1}),
+      util::SecondsFlag("drain-timeout", &c.drain_timeout),
       StringFlag("auth-token", &c.auth_token),
       StringFlag("auth-token-file", &token_file),
       StringFlag("tls-cert", &c.tls_cert),
@@ -165,6 +176,15 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
     }
   }
   if (c.peer_token.empty()) c.peer_token = c.auth_token;
+  if (c.peer_connect_timeout.count() <= 0) {
+    return absl::InvalidArgumentError("--peer-connect-timeout: must be > 0 seconds");
+  }
+  if (c.peer_min_throughput == 0) {
+    return absl::InvalidArgumentError("--peer-min-throughput: must be >= 1 byte per second");
+  }
+  if (c.drain_timeout.count() <= 0) {
+    return absl::InvalidArgumentError("--drain-timeout: must be > 0 seconds");
+  }
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
   }

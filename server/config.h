@@ -51,6 +51,13 @@ struct ServerConfig {
   std::vector<std::string> peers;           // --peers H:P,H:P or CORTIQ_PEERS: drain targets
   std::string peer_dns;                     // --peer-dns NAME:PORT (every A record is a peer)
   std::string peer_token;                   // --peer-token (default: the auth token)
+  // Peer calls (migrations, drain): connect + GetModelInfo get the connect
+  // timeout; an ImportSession stream of B bytes gets connect timeout +
+  // B / min throughput + kPeerDeadlineFloor (server/migration.h).
+  std::chrono::milliseconds peer_connect_timeout{5'000};
+  size_t peer_min_throughput = 20 << 20;            // bytes per second, >= 1
+  size_t drain_parallelism = 4;                     // migrations a drain runs at once
+  std::chrono::milliseconds drain_timeout{60'000};  // after --grace; then the rest are cancelled
   std::string auth_token;                   // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
   std::string tls_cert, tls_key;            // PEM files; both or neither
   std::string log_level = "info";           // trace | debug | info | warn | error | off

@@ -5,9 +5,14 @@
 // is sent, to the peer's ImportSession (server/wire_calls.cc on the other
 // side), and release locally (reason "migrated") only after the peer
 // answered OK; on any failure the lease is returned and the session stays as
-// it was.
+// it was. Every peer call has a deadline (the connect timeout, or one that
+// scales with the bytes to send, never past the caller's), and the caller's
+// cancel, a ReleaseSession of the session, or shutdown TryCancels it
+// (MigrationCancel).
 #include "server/migration.h"
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +27,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
+#include "server/config.h"
 #include "server/wire_chunk.h"
 
 namespace cortiq::server {
@@ -157,28 +163,77 @@ grpc::Status StreamToPeer(const std::shared_ptr<grpc::Channel>& channel, grpc::C
   return status;
 }
 
+// The earlier of now + `budget` and `bound`.
+std::chrono::system_clock::time_point DeadlineWithin(std::chrono::milliseconds budget,
+                                                     std::chrono::system_clock::time_point bound) {
+  const auto now = std::chrono::system_clock::now();
+  return bound - now < budget ? bound : now + budget;
+}
+
+// A failed peer call as a status: DEADLINE_EXCEEDED when bounds.deadline
+// passed, CANCELLED when `cancel` fired, UNAVAILABLE
+// for an unreachable or too slow peer (`slow` says what it was too slow
+// for), else the peer's own code. `what` names the call.
+absl::Status PeerCallError(const grpc::Status& st, const MigrationCancel& cancel,
+                           const MigrateBounds& bounds, const std::string& peer,
+                           std::string_view what, std::string_view slow) {
+  // First: a caller whose deadline passed is also cancelled (OnCancel).
+  if (std::chrono::system_clock::now() >= bounds.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat("migration to ", peer, ": ",
+                                                    util::Sv(bounds.deadline_name),
+                                                    " passed during ", util::Sv(what)));
+  }
+  if (cancel.cancelled()) {
+    return absl::CancelledError(absl::StrCat("migration to ", peer, " cancelled during ",
+                                             util::Sv(what),
+                                             " (caller cancelled, session released, or the "
+                                             "node stops)"));
+  }
+  const std::string peer_says =
+      absl::StrCat(util::Sv(GrpcCodeName(st.error_code())), ": ", st.error_message());
+  if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", util::Sv(what), " ",
+                                               util::Sv(slow), " (", peer_says, ")"));
+  }
+  if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(
+        absl::StrCat("peer ", peer, ": ", util::Sv(what), ": ", peer_says));
+  }
+  return absl::Status(
+      static_cast<absl::StatusCode>(st.error_code()),
+      absl::StrCat("peer ", peer, " refused ",
+                   what == "ImportSession" ? "the import" : util::Sv(what), ": ", peer_says));
+}
+
 // The client side of a migration: the peer's versions, then its ImportSession.
 absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const std::string& peer,
                                                      const std::string& peer_token, bool f16,
                                                      session::SessionStore::Lease& lease,
-                                                     uint32_t* version, size_t* wire_bytes) {
+                                                     const MigrateBounds& bounds,
+                                                     MigrationCancel& cancel, uint32_t* version,
+                                                     size_t* wire_bytes) {
+  const ServerConfig& config = *ctx.config;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   auto channel = grpc::CreateCustomChannel(peer, grpc::InsecureChannelCredentials(), args);
   auto stub = v1::Inference::NewStub(channel);
-  auto with_token = [&](grpc::ClientContext& c, int seconds) {
+  auto prepare = [&](grpc::ClientContext& c, std::chrono::milliseconds budget) {
     if (!peer_token.empty()) c.AddMetadata("authorization", "Bearer " + peer_token);
-    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+    c.set_deadline(DeadlineWithin(budget, bounds.deadline));
   };
+  // The channel connects on this first call (not wait-for-ready: a refused
+  // connection fails at once), so the connect timeout bounds both.
   v1::ModelInfo info;
   {
     grpc::ClientContext c;
-    with_token(c, 10);
-    grpc::Status st = stub->GetModelInfo(&c, {}, &info);
+    prepare(c, config.peer_connect_timeout);
+    cancel.Attach(&c);
+    const grpc::Status st = stub->GetModelInfo(&c, {}, &info);
+    cancel.Detach();
     if (!st.ok()) {
-      return absl::UnavailableError(absl::StrCat("peer ", peer, ": GetModelInfo: ",
-                                                 st.error_message(), " (",
-                                                 util::Sv(GrpcCodeName(st.error_code())), ")"));
+      return PeerCallError(st, cancel, bounds, peer, "GetModelInfo",
+                           absl::StrCat("did not connect and answer within --peer-connect-timeout ",
+                                        config.peer_connect_timeout.count() / 1000.0, " s"));
     }
   }
   std::vector<uint32_t> versions(info.wire_versions().begin(), info.wire_versions().end());
@@ -193,36 +248,73 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const 
   if (ImportSessionPath().empty()) {
     return absl::InternalError("the generated descriptors have no ImportSession(stream WireChunk)");
   }
+  const std::chrono::milliseconds budget =
+      PeerStreamBudget(config.peer_connect_timeout, config.peer_min_throughput, src.size());
   grpc::ClientContext c;
-  with_token(c, 600);
+  prepare(c, budget);
   v1::ImportSessionResponse resp;
+  cancel.Attach(&c);
   const grpc::Status st = StreamToPeer(channel, c, src, &resp);
+  cancel.Detach();
   if (!st.ok()) {
-    const absl::StatusCode code = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                                          st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                                      ? absl::StatusCode::kUnavailable
-                                      : static_cast<absl::StatusCode>(st.error_code());
-    return absl::Status(code, absl::StrCat("peer ", peer, " refused the import: ",
-                                           util::Sv(GrpcCodeName(st.error_code())), ": ",
-                                           st.error_message()));
+    return PeerCallError(
+        st, cancel, bounds, peer, "ImportSession",
+        absl::StrCat("did not take ", src.size(), " bytes within ", budget.count() / 1000.0,
+                     " s (--peer-min-throughput ", config.peer_min_throughput, " bytes/s)"));
   }
   return resp;
 }
 
 }  // namespace
 
+std::chrono::milliseconds PeerStreamBudget(std::chrono::milliseconds connect_timeout,
+                                           size_t min_throughput, size_t wire_bytes) {
+  const double send_ms = 1000.0 * static_cast<double>(wire_bytes) /
+                         static_cast<double>(std::max<size_t>(min_throughput, 1));
+  return connect_timeout + std::chrono::milliseconds(static_cast<int64_t>(std::ceil(send_ms))) +
+         kPeerDeadlineFloor;
+}
+
+void MigrationCancel::Cancel() {
+  std::lock_guard lock(mu_);
+  cancelled_ = true;
+  if (call_ != nullptr) call_->TryCancel();
+}
+
+bool MigrationCancel::cancelled() const {
+  std::lock_guard lock(mu_);
+  return cancelled_;
+}
+
+void MigrationCancel::Attach(grpc::ClientContext* c) {
+  std::lock_guard lock(mu_);
+  call_ = c;
+  // A context cancelled before its call starts cancels the call as it starts.
+  if (cancelled_) c->TryCancel();
+}
+
+void MigrationCancel::Detach() {
+  std::lock_guard lock(mu_);
+  call_ = nullptr;
+}
+
 absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string& session_id,
                                           const std::string& peer, const std::string& peer_token,
-                                          bool f16) {
+                                          bool f16, const MigrateBounds& bounds) {
+  const std::shared_ptr<MigrationCancel> cancel =
+      bounds.cancel ? bounds.cancel : std::make_shared<MigrationCancel>();
   absl::StatusOr<MigrateOutcome> result;
   {
     absl::StatusOr<session::SessionStore::Lease> lease = ctx.store->Acquire(session_id);
     if (!lease.ok()) {
       result = lease.status();
     } else {
+      // ReleaseSession (and shutdown's CancelAll) stop the peer call, so the
+      // lease comes back at once instead of after the peer's deadline.
+      lease->SetCanceller([cancel] { cancel->Cancel(); });
       MigrateOutcome out;
-      absl::StatusOr<v1::ImportSessionResponse> sent =
-          SendToPeer(ctx, peer, peer_token, f16, *lease, &out.version, &out.wire_bytes);
+      absl::StatusOr<v1::ImportSessionResponse> sent = SendToPeer(
+          ctx, peer, peer_token, f16, *lease, bounds, *cancel, &out.version, &out.wire_bytes);
       if (sent.ok()) {
         // The peer holds a complete copy: only now does the source let go.
         lease->ReleaseOnReturn(session::ReleaseReason::kMigrated);
@@ -274,22 +366,42 @@ grpc::ServerUnaryReactor* RunInBackground(ServiceContext* ctx, grpc::ServerUnary
   return reactor;
 }
 
+// MigrateSession's reactor: the caller's cancel (or its deadline passing)
+// cancels the migration's peer call (OnCancel, on a gRPC thread, never
+// blocks). The background task calls Finish once; OnDone deletes it after.
+class MigrateReactor : public grpc::ServerUnaryReactor {
+ public:
+  const std::shared_ptr<MigrationCancel>& cancel() const { return cancel_; }
+  void OnCancel() override { cancel_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::shared_ptr<MigrationCancel> cancel_ = std::make_shared<MigrationCancel>();
+};
+
 }  // namespace
 
 grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerContext* context,
                                                            const v1::MigrateSessionRequest* request,
                                                            v1::MigrateSessionResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new MigrateReactor;
   auto log = std::make_shared<CallLog>(ctx_, "MigrateSession");
   absl::Status st = CheckAuth(*ctx_, context);
   if (st.ok()) st = CheckSessionId(request->session_id());
   if (st.ok() && request->peer().empty()) st = absl::InvalidArgumentError("peer: empty (HOST:PORT)");
   if (st.ok()) st = CheckWireRequest(0, request->dtype());
   if (!st.ok()) return FinishRefused(reactor, *log, st);
-  return RunInBackground(ctx_, reactor, log, [ctx = ctx_, request, response] {
+  MigrateBounds bounds;
+  bounds.deadline = context->deadline();
+  bounds.cancel = reactor->cancel();
+  return RunInBackground(ctx_, reactor, log, [ctx = ctx_, request, response, bounds] {
+    // Checked when the task runs: one queued before a drain began must not
+    // start a migration the drain (and so the shutdown) would wait for.
     absl::StatusOr<MigrateOutcome> out =
-        MigrateOut(*ctx, request->session_id(), request->peer(), request->peer_token(),
-                   request->dtype() == v1::WIRE_DTYPE_F16);
+        ctx->draining.load()
+            ? absl::UnavailableError("server is draining: its drain migrates the sessions")
+            : MigrateOut(*ctx, request->session_id(), request->peer(), request->peer_token(),
+                         request->dtype() == v1::WIRE_DTYPE_F16, bounds);
     if (out.ok()) {
       response->set_peer_session_id(out->peer_session_id);
       response->set_wire_bytes(out->wire_bytes);

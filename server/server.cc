@@ -6,9 +6,11 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,7 +41,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, std::string_view f
 constexpr const char* kServiceName = v1::Inference::service_full_name();
 
 // Background workers for MigrateSession and Drain calls (each blocks on a
-// peer for up to minutes; an operator runs a few at a time), and how many
+// peer up to its deadline; an operator runs a few at a time), and how many
 // more may wait for one before a call is refused with RESOURCE_EXHAUSTED.
 constexpr size_t kBackgroundWorkers = 4;
 constexpr size_t kBackgroundQueue = 64;
@@ -206,34 +208,65 @@ std::vector<std::string> Server::ResolvePeers() const {
   return peers;
 }
 
+DrainReport::Entry Server::DrainOne(const std::string& session_id,
+                                    const std::vector<std::string>& peers, size_t first_peer,
+                                    std::chrono::system_clock::time_point deadline) {
+  DrainReport::Entry e;
+  e.session_id = session_id;
+  if (peers.empty()) e.error = "no peer configured (--peers, CORTIQ_PEERS or --peer-dns)";
+  // A peer that fails is skipped for this session (the next one is tried)
+  // while the drain has time left.
+  for (size_t t = 0; t < peers.size() && !e.migrated; ++t) {
+    const std::string& peer = peers[(first_peer + t) % peers.size()];
+    if (std::chrono::system_clock::now() >= deadline) {
+      e.error = absl::StrCat(e.error.empty() ? "" : e.error + "; ",
+                             "--drain-timeout passed before a migration to ", peer, " started");
+      break;
+    }
+    absl::StatusOr<MigrateOutcome> out =
+        MigrateOut(*ctx_, session_id, peer, config_.peer_token,
+                   /*f16=*/false,
+                   {.deadline = deadline, .cancel = nullptr, .deadline_name = "--drain-timeout"});
+    if (out.ok()) {
+      e.migrated = true;
+      e.peer = peer;
+      e.peer_session_id = out->peer_session_id;
+      e.error.clear();
+    } else {
+      e.error =
+          absl::StrCat(e.error.empty() ? "" : e.error + "; ", peer, ": ", out.status().ToString());
+    }
+  }
+  return e;
+}
+
 DrainReport Server::Drain(std::chrono::milliseconds grace) {
   std::lock_guard lock(drain_mu_);
   if (drain_report_) return *drain_report_;
   spdlog::info("drain: NOT_SERVING; streams in flight get {} ms", grace.count());
   Quiesce(grace);
   const std::vector<std::string> peers = ResolvePeers();
+  // Every migration's peer calls end by this deadline (MigrateBounds): what
+  // has not moved by then is cancelled, reported failed and stays intact here.
+  const auto deadline = std::chrono::system_clock::now() + config_.drain_timeout;
+  const std::vector<session::SessionSnapshot> sessions = store_->List();
   DrainReport report;
-  size_t next = 0;
-  for (const session::SessionSnapshot& snap : store_->List()) {
-    DrainReport::Entry e;
-    e.session_id = snap.id;
-    if (peers.empty()) e.error = "no peer configured (--peers, CORTIQ_PEERS or --peer-dns)";
-    // Spread the sessions over the peers; a peer that fails is skipped for
-    // this session (the next one is tried).
-    for (size_t t = 0; t < peers.size() && !e.migrated; ++t) {
-      const std::string& peer = peers[(next + t) % peers.size()];
-      absl::StatusOr<MigrateOutcome> out =
-          MigrateOut(*ctx_, snap.id, peer, config_.peer_token, /*f16=*/false);
-      if (out.ok()) {
-        e.migrated = true;
-        e.peer = peer;
-        e.peer_session_id = out->peer_session_id;
-        e.error.clear();
-        next = (next + t + 1) % peers.size();
-      } else {
-        e.error = absl::StrCat(e.error.empty() ? "" : e.error + "; ", peer, ": ", out.status().ToString());
-      }
+  report.sessions.resize(sessions.size());
+  // config_.drain_parallelism workers take the sessions in order; session i
+  // tries peer i first, so the sessions spread over the peers.
+  std::atomic<size_t> next{0};
+  {
+    std::vector<std::jthread> workers;
+    const size_t n = std::min(config_.drain_parallelism, sessions.size());
+    for (size_t w = 0; w < n; ++w) {
+      workers.emplace_back([&] {
+        for (size_t i; (i = next.fetch_add(1)) < sessions.size();) {
+          report.sessions[i] = DrainOne(sessions[i].id, peers, i, deadline);
+        }
+      });
     }
+  }  // joins the workers
+  for (const DrainReport::Entry& e : report.sessions) {
     if (e.migrated) {
       ++report.migrated;
       // The peer's answer is quoted: escape it (util::EscapeForLog).
@@ -244,7 +277,6 @@ DrainReport Server::Drain(std::chrono::milliseconds grace) {
       spdlog::error("drain: session {} NOT migrated: {}", e.session_id,
                     util::EscapeForLog(e.error));
     }
-    report.sessions.push_back(std::move(e));
   }
   spdlog::info("drain: {} session(s) migrated, {} failed", report.migrated, report.failed);
   drain_report_ = report;
@@ -264,9 +296,10 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   if (reaper_.joinable()) reaper_.join();
   if (grpc_server_) {
     Quiesce(grace);
-    // Migrations and drains already accepted finish (each is bounded by its
-    // calls' deadlines) and answer their callers before the gRPC server
-    // stops; new ones are refused from here on.
+    // Quiesce cancelled the migrations that hold a session; drains and
+    // migrations still queued finish (each bounded by its peer deadlines)
+    // and answer their callers before the gRPC server stops; new ones are
+    // refused from here on.
     background_->Shutdown();
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }

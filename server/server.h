@@ -5,8 +5,9 @@
 // Lifetime: Start() loads and binds everything (errors name the file or the
 // address); Shutdown() drains: health goes NOT_SERVING, new generations get
 // UNAVAILABLE, streams in flight get `grace` to finish, then the rest are
-// cancelled; migrations and drains still running on the background workers
-// finish (new ones get UNAVAILABLE) and the workers are joined; the gRPC
+// cancelled, and so are MigrateSession calls holding a session (the lease's
+// canceller); drains still running on the background workers finish (within
+// --drain-timeout; new calls get UNAVAILABLE) and the workers are joined; the gRPC
 // server stops and the engine joins. Every wait is on a condition variable
 // (util::InFlight), none polls. Thread-safe.
 //
@@ -49,9 +50,13 @@ class Server {
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
 
   // Drains (see the banner) and moves every session left to a peer
-  // (--peers, CORTIQ_PEERS, --peer-dns), trying the next peer when one
-  // fails. Idempotent: a second call returns the first report. The server
-  // keeps running (NOT_SERVING) until Shutdown.
+  // (--peers, CORTIQ_PEERS, --peer-dns), --drain-parallelism at a time,
+  // trying the next peer when one fails. Returns within `grace` + 5 s (the
+  // engine's cancel wait, only when jobs outlive the grace) +
+  // --drain-timeout + a few ms: migrations still running at the timeout are
+  // cancelled and reported failed, their sessions intact here. Idempotent: a
+  // second call returns the first report. The server keeps running
+  // (NOT_SERVING) until Shutdown.
   DrainReport Drain(std::chrono::milliseconds grace);
   // Drains new work and stops (see the banner). Idempotent; returns once stopped.
   void Shutdown(std::chrono::milliseconds grace);
@@ -77,6 +82,10 @@ class Server {
   // Stops new work, lets streams run up to `grace`, cancels the rest and
   // waits for the engine to let go of every session.
   void Quiesce(std::chrono::milliseconds grace);
+  // Drain's migration of one session: peers[first_peer] first, then the
+  // others, each bounded by `deadline`.
+  DrainReport::Entry DrainOne(const std::string& session_id, const std::vector<std::string>& peers,
+                              size_t first_peer, std::chrono::system_clock::time_point deadline);
 
   ServerConfig config_;
   std::unique_ptr<util::ThreadPool> pool_;

@@ -182,12 +182,16 @@ ReleaseResult SessionStore::Release(const std::string& id, ReleaseReason reason)
   const bool first = !e.release_requested;
   e.release_requested = true;
   e.release_on_return = reason;
-  r.freed_bytes = e.session->Memory().total();
+  if (!e.pending_release) e.pending_release = std::make_shared<PendingRelease>();
+  const std::shared_ptr<PendingRelease> pending = e.pending_release;
   std::function<void()> cancel = first ? e.canceller : nullptr;
   lock.unlock();
   if (cancel) cancel();
   lock.lock();
-  returned_cv_.wait_for(lock, options_.release_wait, [&] { return !sessions_.contains(id); });
+  // Done only after ReturnLease has erased the entry and freed the state, so
+  // freed_bytes, the counts and the memory agree when this answers.
+  returned_cv_.wait_for(lock, options_.release_wait, [&] { return pending->done; });
+  r.freed_bytes = pending->done ? pending->freed_bytes : 0;
   return r;
 }
 
@@ -288,6 +292,7 @@ std::array<uint64_t, kNumReleaseReasons> SessionStore::releases() const {
 
 void SessionStore::ReturnLease(Session* session) {
   std::unique_ptr<Session> dead;
+  std::shared_ptr<PendingRelease> pending;
   {
     std::unique_lock lock(mu_);
     auto it = sessions_.find(session->id());
@@ -298,10 +303,15 @@ void SessionStore::ReturnLease(Session* session) {
     e.canceller = nullptr;
     e.last_used = Clock::now();
     if (e.release_on_return) {
-      dead = EraseLocked(it, *e.release_on_return, nullptr);
+      pending = std::move(e.pending_release);
+      dead = EraseLocked(it, *e.release_on_return, pending ? &pending->freed_bytes : nullptr);
     }
   }
   if (dead) dead->ReleaseState();
+  if (pending) {
+    std::unique_lock lock(mu_);
+    pending->done = true;
+  }
   returned_cv_.notify_all();
 }
 

@@ -111,9 +111,11 @@ class SessionStore {
 
   // Frees a session. Idempotent: unknown / already released → released=false.
   // A leased session has its canceller called, is marked for release, and
-  // this waits (up to options.release_wait) until the lease returns and the
-  // bytes are freed; after the wait it reports released=true with the bytes
-  // it will free.
+  // this waits (up to options.release_wait) until the lease returns and its
+  // state is freed: then freed_bytes is what was freed, and the store's
+  // counts (num_sessions, MemoryByKindTotal) no longer include it. If the
+  // holder does not return the lease within the wait, it reports
+  // released=true with freed_bytes 0 (the release happens when it returns).
   ReleaseResult Release(const std::string& id, ReleaseReason reason = ReleaseReason::kExplicit);
 
   // Releases (reason ttl) every idle, unleased session whose last use is
@@ -181,6 +183,10 @@ class SessionStore {
   };
 
  private:
+  struct PendingRelease {
+    size_t freed_bytes = 0;
+    bool done = false;  // under mu_
+  };
   struct Entry {
     std::unique_ptr<Session> session;
     bool leased = false;
@@ -188,6 +194,9 @@ class SessionStore {
     std::function<void()> canceller;
     std::optional<ReleaseReason> release_on_return;
     bool release_requested = false;
+    // Shared by Release calls waiting for the lease; ReturnLease fills it
+    // and sets done once the state is freed.
+    std::shared_ptr<PendingRelease> pending_release;
     Clock::time_point last_used;
   };
 

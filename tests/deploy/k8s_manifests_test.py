@@ -7,6 +7,8 @@ deploy/compose.yaml, with the Prometheus and Grafana files they mount.
 Every YAML document parses (python3-yaml) and has what its kind needs; the
 StatefulSet, its Services, PodDisruptionBudget and PodMonitor agree on names,
 labels and ports; probes are gRPC health on 50051; the preStop hook drains;
+the kill timeouts (terminationGracePeriodSeconds, stop_grace_period) cover
+--grace + --drain-timeout + 10 s for the flags in the manifest;
 requests cover the model and the memory budget; the kustomization lists every
 file; compose runs two nodes that name each other as peers, Prometheus with
 the rules and Grafana with the dashboard.
@@ -72,6 +74,30 @@ def flag(args, name):
         elif a.startswith(name + "="):
             value = a[len(name) + 1:]
     return value
+
+
+# SIGTERM to exit takes at most --grace + --drain-timeout + DRAIN_SLACK_S
+# seconds (README, docs/ARCHITECTURE.md: the engine's cancel wait and gRPC's
+# shutdown); the kill timeouts in the manifests must cover it.
+DRAIN_SLACK_S = 10
+FORMULA = "--grace + --drain-timeout + 10"
+
+
+def drain_bound(args):
+    """--grace + --drain-timeout + DRAIN_SLACK_S for a server argument list (defaults 10 and 60)."""
+    grace = float(flag(args, "--grace") or 10)
+    drain_timeout = float(flag(args, "--drain-timeout") or 60)
+    return grace, drain_timeout, grace + drain_timeout + DRAIN_SLACK_S
+
+
+def duration_s(d):
+    """A compose duration ("100s", "1m40s", "90") -> seconds."""
+    total, text = 0.0, str(d).strip()
+    if re.fullmatch(r"[0-9.]+", text):
+        return float(text)
+    for n, unit in re.findall(r"([0-9.]+)(h|ms|m|s|us)", text):
+        total += float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6}[unit]
+    return total
 
 
 def matches(selector, labels):
@@ -167,10 +193,20 @@ def check_k8s(root):
         env = {e.get("name") for e in server.get("env") or []}
         for var in re.findall(r"\$\((\w+)\)", peer_dns):
             check(var in env, f"--peer-dns variable {var} is set in env")
-    grace = flag(args, "--grace")
+    grace, drain_timeout, bound = drain_bound(args)
+    sts_files = [f for f, d in docs if d.get("kind") == "StatefulSet"]
+    with open(os.path.join(k8s, sts_files[0]), encoding="utf-8") as f:
+        check(FORMULA in f.read(), f"deploy/k8s/{sts_files[0]} gives the formula: {FORMULA}")
     tgp = pod.get("terminationGracePeriodSeconds")
-    check(tgp is not None and tgp > float(grace or 10),
-          f"terminationGracePeriodSeconds {tgp} > --grace {grace or 10} (room for migrations)")
+    check(tgp is not None and tgp >= bound,
+          f"terminationGracePeriodSeconds {tgp} >= {FORMULA} = {grace:g} + {drain_timeout:g} + "
+          f"{DRAIN_SLACK_S} = {bound:g}")
+    if pre and "exec" in pre:
+        cmd = [str(c) for c in get(pre, "exec", "command", default=[])]
+        hook_timeout = float(flag(cmd, "--timeout") or 0)
+        check(grace + drain_timeout <= hook_timeout <= (tgp or 0),
+              f"preStop drain --timeout {hook_timeout:g} covers --grace + --drain-timeout "
+              f"({grace + drain_timeout:g}) within terminationGracePeriodSeconds {tgp}")
     check(get(pod, "securityContext", "runAsNonRoot") is True or
           get(server, "securityContext", "runAsNonRoot") is True, "runAsNonRoot")
 
@@ -213,6 +249,8 @@ def check_compose(root):
         check(False, f"deploy/compose.yaml parses: {e}")
         return
     check(len(docs) == 1, "deploy/compose.yaml parses (one document)")
+    with open(path, encoding="utf-8") as f:
+        check(FORMULA in f.read(), f"deploy/compose.yaml gives the formula: {FORMULA}")
     services = docs[0].get("services") or {}
 
     def is_server(s):
@@ -231,7 +269,11 @@ def check_compose(root):
         others = [o for o in servers if o != n]
         for o in others:
             check(any(p.split(":")[0] == o for p in peers), f"{n} names {o} as a peer (--peers {','.join(peers)})")
-        check(services[n].get("stop_grace_period") is not None, f"{n} has a stop_grace_period for the drain")
+        stop = services[n].get("stop_grace_period")
+        grace, drain_timeout, bound = drain_bound(cmd)
+        check(stop is not None and duration_s(stop) >= bound,
+              f"{n} stop_grace_period {stop} >= {FORMULA} = {grace:g} + {drain_timeout:g} + "
+              f"{DRAIN_SLACK_S} = {bound:g} s")
 
     prom = next((n for n, s in services.items() if "prometheus" in str(s.get("image", ""))), None)
     graf = next((n for n, s in services.items() if "grafana" in str(s.get("image", ""))), None)

@@ -113,6 +113,10 @@ Fields FieldsOf(const ServerConfig& c) {
       {"peers", Text(c.peers)},
       {"peer-dns", Text(c.peer_dns)},
       {"peer-token", Text(c.peer_token)},
+      {"peer-connect-timeout", Text(c.peer_connect_timeout)},
+      {"peer-min-throughput", Text(c.peer_min_throughput)},
+      {"drain-parallelism", Text(c.drain_parallelism)},
+      {"drain-timeout", Text(c.drain_timeout)},
       {"auth-token", Text(c.auth_token)},
       {"tls-cert", Text(c.tls_cert)},
       {"tls-key", Text(c.tls_key)},
@@ -157,6 +161,10 @@ TEST_F(ConfigTest, Defaults) {
       {"peers", ""},
       {"peer-dns", ""},
       {"peer-token", ""},
+      {"peer-connect-timeout", "5000ms"},
+      {"peer-min-throughput", std::to_string(size_t{20} << 20)},
+      {"drain-parallelism", "4"},
+      {"drain-timeout", "60000ms"},
       {"auth-token", ""},
       {"tls-cert", ""},
       {"tls-key", ""},
@@ -203,6 +211,10 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"peers", "a:1,b:2", "a:1,b:2"},
       {"peer-dns", "svc:50051", "svc:50051"},
       {"peer-token", "pt", "pt"},
+      {"peer-connect-timeout", "0.5", "500ms"},
+      {"peer-min-throughput", "1M", std::to_string(size_t{1} << 20)},
+      {"drain-parallelism", "8", "8"},
+      {"drain-timeout", "3", "3000ms"},
       {"auth-token", "at", "at"},
       {"tls-cert", "c.pem", "c.pem"},
       {"tls-key", "k.pem", "k.pem"},
@@ -265,6 +277,10 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--o1-rect", "max"}, "--o1-rect");
   ExpectUsageError({"--peers", "a:1,b"}, "--peers: expected HOST:PORT");
   ExpectUsageError({"--peer-dns", "svc"}, "--peer-dns: expected NAME:PORT");
+  ExpectUsageError({"--peer-connect-timeout", "0"}, "--peer-connect-timeout: must be > 0");
+  ExpectUsageError({"--peer-min-throughput", "0"}, "--peer-min-throughput: must be >= 1");
+  ExpectUsageError({"--drain-parallelism", "0"}, "--drain-parallelism: must be at least 1");
+  ExpectUsageError({"--drain-timeout", "0"}, "--drain-timeout: must be > 0");
   ExpectUsageError({"--tls-cert", "c.pem"}, "--tls-cert and --tls-key");
   ExpectUsageError({"--auth-token-file", "/nonexistent/token"}, "--auth-token-file: cannot read");
 }

@@ -90,6 +90,7 @@ TEST_F(StoreTest, ReleasingALeasedSessionCancelsItsHolderAndWaits) {
   ASSERT_TRUE(lease.ok());
   Fill(*lease, 20);
   const std::string id = (*lease)->id();
+  const size_t bytes = store.MemoryByKindTotal().total();
   std::atomic<bool> cancelled{false};
   lease->SetCanceller([&] { cancelled = true; });
   // The "engine": returns the lease once it sees the cancel.
@@ -102,8 +103,30 @@ TEST_F(StoreTest, ReleasingALeasedSessionCancelsItsHolderAndWaits) {
   holder.join();
   EXPECT_TRUE(cancelled);
   EXPECT_TRUE(r.released);
-  EXPECT_GT(r.freed_bytes, 0u);
+  EXPECT_EQ(r.freed_bytes, bytes);
   // Release returned only after the lease came back and the bytes were freed.
+  EXPECT_EQ(store.num_sessions(), 0u);
+  EXPECT_EQ(store.MemoryByKindTotal().total(), 0u);
+}
+
+// A holder that ignores the cancel: Release gives up after release_wait and
+// says it freed nothing (the session is still there, and still counted),
+// instead of reporting bytes the gauges still show.
+TEST_F(StoreTest, ReleaseThatTimesOutReportsNothingFreed) {
+  StoreOptions o;
+  o.release_wait = milliseconds(50);
+  SessionStore store(o);
+  auto lease = store.Create(*model_, {}, 0);
+  ASSERT_TRUE(lease.ok());
+  Fill(*lease, 20);
+  const std::string id = (*lease)->id();
+  const size_t bytes = store.MemoryByKindTotal().total();
+  ReleaseResult r = store.Release(id);
+  EXPECT_TRUE(r.released);
+  EXPECT_EQ(r.freed_bytes, 0u);
+  EXPECT_EQ(store.num_sessions(), 1u);
+  EXPECT_EQ(store.MemoryByKindTotal().total(), bytes);
+  lease->Return();  // the release happens now
   EXPECT_EQ(store.num_sessions(), 0u);
   EXPECT_EQ(store.MemoryByKindTotal().total(), 0u);
 }
