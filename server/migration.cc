@@ -240,31 +240,31 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
 namespace {
 
 // Finishes a unary call refused before any work (logged and counted).
-grpc::ServerUnaryReactor* FinishRefused(grpc::ServerUnaryReactor* reactor, CallLog& log,
+grpc::ServerUnaryReactor* FinishRefused(UnaryReactor* reactor, CallLog& log,
                                         const absl::Status& st) {
   const grpc::Status gs = ToGrpcStatus(st);
   log.Done(gs.error_code(), gs.error_message());
-  reactor->Finish(gs);
+  reactor->Reply(gs);
   return reactor;
 }
 
 // Runs a blocking unary call (a client of a peer) on the server's background
 // workers (ctx->background), so it never holds a gRPC callback thread.
-// `body` returns the call's status and a log detail; `then` runs after the
+// `body` returns the call's status and its log fields; `then` runs after the
 // reply is sent, and the task counts as in flight (Server::Shutdown waits
 // for it) until `then` has returned. A task the workers refuse (the server
 // stops: UNAVAILABLE; too many queued: RESOURCE_EXHAUSTED) is answered at
 // once.
 template <typename Body>
-grpc::ServerUnaryReactor* RunInBackground(ServiceContext* ctx, grpc::ServerUnaryReactor* reactor,
+grpc::ServerUnaryReactor* RunInBackground(ServiceContext* ctx, UnaryReactor* reactor,
                                           std::shared_ptr<CallLog> log, Body body,
                                           std::function<void()> then = nullptr) {
   const absl::Status queued = ctx->background->Submit(
       [reactor, log, body = std::move(body), then = std::move(then)]() mutable {
-        const auto [status, detail] = body();
+        auto [status, fields] = body();
         const grpc::Status gs = ToGrpcStatus(status);
-        log->Done(gs.error_code(), gs.error_message(), detail);
-        reactor->Finish(gs);
+        log->Done(gs.error_code(), gs.error_message(), std::move(fields));
+        reactor->Reply(gs);
         if (then) then();
       });
   if (!queued.ok()) return FinishRefused(reactor, *log, queued);
@@ -275,9 +275,9 @@ grpc::ServerUnaryReactor* RunInBackground(ServiceContext* ctx, grpc::ServerUnary
 
 grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerContext* context,
                                                            const v1::MigrateSessionRequest* request,
-                                                           v1::MigrateSessionResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto log = std::make_shared<CallLog>(ctx_, "MigrateSession");
+                                                           v1::MigrateSessionResponse* response,
+                                                           UnaryReactor* reactor) {
+  auto log = std::make_shared<CallLog>(ctx_, context, "MigrateSession");
   absl::Status st = CheckAuth(*ctx_, context);
   if (st.ok()) st = CheckSessionId(request->session_id());
   if (st.ok() && request->peer().empty()) st = absl::InvalidArgumentError("peer: empty (HOST:PORT)");
@@ -292,16 +292,16 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
       response->set_wire_bytes(out->wire_bytes);
       response->set_version(out->version);
     }
-    return std::make_pair(out.status(), absl::StrCat("session=", request->session_id(),
-                                                     " peer=", request->peer()));
+    return std::make_pair(out.status(),
+                          LogFields{{"session", request->session_id()}, {"to", request->peer()}});
   });
 }
 
 grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* context,
                                                   const v1::DrainRequest* request,
-                                                  v1::DrainResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto log = std::make_shared<CallLog>(ctx_, "Drain");
+                                                  v1::DrainResponse* response,
+                                                  UnaryReactor* reactor) {
+  auto log = std::make_shared<CallLog>(ctx_, context, "Drain");
   absl::Status st = CheckAuth(*ctx_, context);
   if (st.ok() && request->has_grace_seconds() &&
       !(request->grace_seconds() >= 0 && request->grace_seconds() <= 3600)) {
@@ -326,8 +326,9 @@ grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* c
         }
         response->set_migrated(static_cast<uint32_t>(report.migrated));
         response->set_failed(static_cast<uint32_t>(report.failed));
-        return std::make_pair(absl::OkStatus(), absl::StrCat("migrated=", report.migrated,
-                                                             " failed=", report.failed));
+        return std::make_pair(absl::OkStatus(),
+                              LogFields{{"migrated", static_cast<int64_t>(report.migrated)},
+                                        {"failed", static_cast<int64_t>(report.failed)}});
       },
       ctx_->after_drain);
 }
