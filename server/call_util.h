@@ -163,15 +163,16 @@ grpc::ServerUnaryReactor* ServeUnary(ServiceContext* ctx, grpc::CallbackServerCo
 }
 
 // Runs a unary handler body with auth, logging and metrics around it, and
-// replies on `reactor`.
+// replies on `reactor`; `fields` go into the call's log line.
 template <typename Body>
 grpc::ServerUnaryReactor* Unary(ServiceContext* ctx, grpc::CallbackServerContext* call,
-                                UnaryReactor* reactor, std::string_view rpc, Body&& body) {
+                                UnaryReactor* reactor, std::string_view rpc, Body&& body,
+                                LogFields fields = {}) {
   CallLog log(ctx, call, rpc);
   absl::Status st = CheckAuth(*ctx, call);
   if (st.ok()) st = body();
   grpc::Status gs = ToGrpcStatus(st);
-  log.Done(gs.error_code(), gs.error_message());
+  log.Done(gs.error_code(), gs.error_message(), std::move(fields));
   reactor->Reply(gs);
   return reactor;
 }

@@ -463,7 +463,7 @@ grpc::ServerUnaryReactor* InferenceService::GetSession(grpc::CallbackServerConte
     }
     ToProto(*snap, response);
     return absl::OkStatus();
-  });
+  }, {{"session", request->session_id()}});
 }
 
 grpc::ServerUnaryReactor* InferenceService::ListSessions(grpc::CallbackServerContext* context,
@@ -491,7 +491,7 @@ grpc::ServerUnaryReactor* InferenceService::ReleaseSession(grpc::CallbackServerC
     response->set_released(r.released);
     response->set_freed_bytes(r.freed_bytes);
     return absl::OkStatus();
-  });
+  }, {{"session", request->session_id()}});
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
