@@ -61,7 +61,7 @@ class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
 // One call of `method` ("/cortiq.v1.Inference/Tokenize") carrying one
 // message of raw `bytes`, whatever the method's streaming shape; its status.
 grpc::Status CallRaw(grpc::GenericStub& stub, const std::string& method, const std::string& bytes,
-                     const std::string& token = "") {
+                     const std::string& token = "", std::string* replies = nullptr) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
@@ -87,6 +87,10 @@ grpc::Status CallRaw(grpc::GenericStub& stub, const std::string& method, const s
   while (ok) {  // a reply, if any, until the stream ends
     call->Read(&reply, nullptr);
     ok = wait();
+    std::vector<grpc::Slice> slices;
+    if (ok && replies != nullptr && reply.Dump(&slices).ok()) {
+      for (const grpc::Slice& sl : slices) replies->append(sl.begin(), sl.end());
+    }
   }
   grpc::Status status;
   call->Finish(&status, nullptr);
@@ -210,6 +214,26 @@ TEST(MalformedTest, WithoutTheTokenGarbageIsUnauthenticated) {
               grpc::StatusCode::UNAUTHENTICATED);
     const grpc::Status st = CallRaw(*n.stub, Path(m), Garbage()[0], "s3cret");
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  }
+}
+
+// Server reflection still describes the service (its methods are raw on
+// the server, typed in the descriptors reflection serves).
+TEST(MalformedTest, ReflectionStillDescribesTheService) {
+  RawNode n = StartRawNode();
+  ASSERT_NE(n.server, nullptr);
+  // ServerReflectionRequest{file_containing_symbol (4): "cortiq.v1.Inference"}
+  const std::string symbol = v1::Inference::service_full_name();
+  std::string request = "\x22";
+  request += static_cast<char>(symbol.size());
+  request += symbol;
+  std::string replies;
+  const grpc::Status st =
+      CallRaw(*n.stub, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", request,
+              "", &replies);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  for (const char* name : {"GenerateRequest", "MigrateSession", "Drain", "WireChunk"}) {
+    EXPECT_NE(replies.find(name), std::string::npos) << name;
   }
 }
 
