@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "google/protobuf/descriptor.h"
@@ -174,7 +175,14 @@ TEST(MalformedTest, EveryRpcAnswersInvalidArgumentNamingRpcAndTypeCountedAndLogg
   EXPECT_TRUE(out.status.ok()) << out.status.error_message();
   EXPECT_GT(out.ids.size(), 0u);
 
-  const testing::Exposition e = testing::Parse(testing::HttpGet(n.server->metrics_port()));
+  // A Generate is counted when its reactor is done, which gRPC may run just
+  // after the client has its status: scrape until it shows (at most 5 s).
+  testing::Exposition e;
+  for (int tries = 0; tries < 100; ++tries) {
+    e = testing::Parse(testing::HttpGet(n.server->metrics_port()));
+    if (e.Value("cortiq_requests_total", {{"rpc", "Generate"}, {"code", "OK"}}) == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   for (int i = 0; i < service.method_count(); ++i) {
     const std::string rpc = service.method(i)->name();
     EXPECT_EQ(e.Value("cortiq_requests_total", {{"rpc", rpc}, {"code", "INVALID_ARGUMENT"}}),
