@@ -6,7 +6,6 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "core/session/request_plan.h"
 #include "core/session/session.h"
 #include "core/session/session_wire.h"
@@ -277,7 +276,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   std::shared_ptr<util::InFlight::Token> job_in_flight_;
   std::string session_id_;
   size_t prompt_tokens_ = 0;
-  std::string finish_reason_ = "-";
+  std::string finish_reason_;  // empty until the job is drained
 
   std::mutex mu_;
   bool writing_ = false;
