@@ -37,19 +37,23 @@ absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerCont
 // ---- the per-call log line ----
 
 bool IsValidTraceparent(std::string_view v) {
-  // 00-<trace id: 32>-<parent id: 16>-<flags: 2>, 55 characters.
-  constexpr size_t kTraceAt = 3, kTraceLen = 32, kParentAt = 36, kParentLen = 16, kFlagsAt = 53;
-  if (v.size() != 55 || v.substr(0, 3) != "00-" || v[35] != '-' || v[52] != '-') return false;
+  // "00-" trace id (32) "-" parent id (16) "-" flags (2): 55 characters.
+  constexpr size_t kSize = 55, kTraceAt = 3, kParentAt = 36, kFlagsAt = 53;
+  if (v.size() != kSize || v.substr(0, kTraceAt) != "00-" || v[kParentAt - 1] != '-' ||
+      v[kFlagsAt - 1] != '-') {
+    return false;
+  }
   auto hex = [](std::string_view s) {
     return std::all_of(s.begin(), s.end(),
                        [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
   };
-  auto zero = [](std::string_view s) {
-    return std::all_of(s.begin(), s.end(), [](char c) { return c == '0'; });
+  auto nonzero = [](std::string_view s) {
+    return std::any_of(s.begin(), s.end(), [](char c) { return c != '0'; });
   };
-  const std::string_view trace = v.substr(kTraceAt, kTraceLen);
-  const std::string_view parent = v.substr(kParentAt, kParentLen);
-  return hex(trace) && hex(parent) && hex(v.substr(kFlagsAt, 2)) && !zero(trace) && !zero(parent);
+  const std::string_view trace = v.substr(kTraceAt, 32);
+  const std::string_view parent = v.substr(kParentAt, 16);
+  return hex(trace) && hex(parent) && hex(v.substr(kFlagsAt, 2)) && nonzero(trace) &&
+         nonzero(parent);
 }
 
 void ForwardTraceContext(std::string_view traceparent, grpc::ClientContext& c) {
