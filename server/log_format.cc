@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "core/util/log_escape.h"
 #include "core/util/strings.h"
+#include "google/protobuf/stubs/logging.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/spdlog.h"
@@ -59,9 +60,22 @@ class JsonFormatter final : public spdlog::formatter {
   }
 };
 
+// libprotobuf's own messages (e.g. that a request's string field is not
+// UTF-8: the field's name, never its bytes) through spdlog, so that they
+// share the format instead of going raw to stderr.
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                 const std::string& message) {
+  const spdlog::level::level_enum l = level == google::protobuf::LOGLEVEL_INFO ? spdlog::level::info
+                                      : level == google::protobuf::LOGLEVEL_WARNING
+                                          ? spdlog::level::warn
+                                          : spdlog::level::err;
+  spdlog::log(l, "protobuf {}:{}: {}", file, line, message);
+}
+
 }  // namespace
 
 void ConfigureLogging(LogFormat format) {
+  google::protobuf::SetLogHandler(&ProtobufLog);
   std::shared_ptr<spdlog::logger> base = spdlog::default_logger();
   if (format == LogFormat::kJson) base->set_formatter(std::make_unique<JsonFormatter>());
   auto request =

@@ -26,9 +26,10 @@ namespace cortiq::server {
 enum class LogFormat { kText, kJson };
 
 // Sets the format of every line (the default logger's sinks get the JSON
-// formatter in kJson; kText leaves their pattern) and (re)creates the
-// "request" logger on the default logger's sinks, at its level. Call again
-// after replacing the default logger (tests do, to capture lines).
+// formatter in kJson; kText leaves their pattern), (re)creates the "request"
+// logger on the default logger's sinks, at its level, and routes
+// libprotobuf's messages to the default logger. Call again after replacing
+// the default logger (tests do, to capture lines).
 void ConfigureLogging(LogFormat format);
 // The format set by the last ConfigureLogging (kText before any).
 LogFormat CurrentLogFormat();

@@ -225,6 +225,18 @@ TEST(MalformedTest, WithoutTheTokenGarbageIsUnauthenticated) {
   }
 }
 
+// proto3 forbids invalid UTF-8 in a string field: such a request does not
+// parse either.
+TEST(MalformedTest, InvalidUtf8InAStringFieldIsInvalidArgument) {
+  RawNode n = StartRawNode();
+  ASSERT_NE(n.server, nullptr);
+  const std::string bytes("\x0a\x02\xff\xfe", 4);  // session_id (1): 2 bytes, not UTF-8
+  const grpc::Status st = CallRaw(*n.stub, "/cortiq.v1.Inference/GetSession", bytes);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(),
+            "GetSession: the request is not a cortiq.v1.GetSessionRequest (4 bytes do not parse)");
+}
+
 // Server reflection still describes the service (its methods are raw on
 // the server, typed in the descriptors reflection serves).
 TEST(MalformedTest, ReflectionStillDescribesTheService) {

@@ -156,6 +156,18 @@ TEST_F(LogTest, JsonOtherLinesAreObjectsWithTheMessageEscaped) {
   EXPECT_FALSE(lines[1].contains("forged"));
 }
 
+TEST_F(LogTest, ProtobufMessagesShareTheFormat) {
+  Capture(LogFormat::kJson);
+  v1::GetSessionRequest r;  // session_id (1): 2 bytes, not UTF-8
+  EXPECT_FALSE(r.ParseFromString(std::string("\x0a\x02\xff\xfe", 4)));
+  const std::vector<json> lines = JsonLines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].at("level"), "error");
+  const std::string msg = lines[0].at("msg");
+  EXPECT_EQ(msg.rfind("protobuf ", 0), 0u) << msg;
+  EXPECT_NE(msg.find("cortiq.v1.GetSessionRequest.session_id"), std::string::npos) << msg;
+}
+
 TEST_F(LogTest, TextRequestLineIsOneLineWithEveryStringEscaped) {
   Capture(LogFormat::kText);
   LogRequest(Record({{"session", kHostileId}, {"prompt_tokens", int64_t{7}}}));
