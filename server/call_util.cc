@@ -1,5 +1,7 @@
 #include "server/call_util.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace cortiq::server {
@@ -30,6 +32,62 @@ absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerCont
     return absl::UnauthenticatedError("invalid bearer token");
   }
   return absl::OkStatus();
+}
+
+// ---- the per-call log line ----
+
+bool IsValidTraceparent(std::string_view v) {
+  // "00-" trace id (32) "-" parent id (16) "-" flags (2): 55 characters.
+  constexpr size_t kSize = 55, kTraceAt = 3, kParentAt = 36, kFlagsAt = 53;
+  if (v.size() != kSize || v.substr(0, kTraceAt) != "00-" || v[kParentAt - 1] != '-' ||
+      v[kFlagsAt - 1] != '-') {
+    return false;
+  }
+  auto hex = [](std::string_view s) {
+    return std::all_of(s.begin(), s.end(),
+                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  };
+  auto nonzero = [](std::string_view s) {
+    return std::any_of(s.begin(), s.end(), [](char c) { return c != '0'; });
+  };
+  const std::string_view trace = v.substr(kTraceAt, 32);
+  const std::string_view parent = v.substr(kParentAt, 16);
+  return hex(trace) && hex(parent) && hex(v.substr(kFlagsAt, 2)) && nonzero(trace) &&
+         nonzero(parent);
+}
+
+void ForwardTraceContext(std::string_view traceparent, grpc::ClientContext& c) {
+  if (IsValidTraceparent(traceparent)) c.AddMetadata("traceparent", std::string(traceparent));
+}
+
+CallLog::CallLog(ServiceContext* ctx, const grpc::CallbackServerContext* call, std::string_view rpc)
+    : ctx_(ctx),
+      rpc_(rpc),
+      id_(ctx->next_request_id.fetch_add(1)),
+      start_(Clock::now()),
+      peer_(call->peer()) {
+  const auto& md = call->client_metadata();
+  auto it = md.find("traceparent");
+  if (it != md.end()) {
+    const std::string_view v(it->second.data(), it->second.size());
+    if (IsValidTraceparent(v)) traceparent_ = std::string(v);
+  }
+}
+
+void CallLog::Done(grpc::StatusCode code, std::string_view message, LogFields fields) {
+  const double s = Seconds(Clock::now() - start_);
+  if (ctx_->metrics) {
+    ctx_->metrics->CountRequest(rpc_, static_cast<int>(code));
+    ctx_->metrics->ObserveRequest(rpc_, s);
+  }
+  LogRequest({.request_id = id_,
+              .rpc = rpc_,
+              .code = GrpcCodeName(static_cast<int>(code)),
+              .error = message,
+              .duration_ms = s * 1e3,
+              .peer = peer_,
+              .traceparent = traceparent_,
+              .fields = std::move(fields)});
 }
 
 // ---- conversions ----

@@ -1,20 +1,27 @@
 // Shared by the service's handlers: the bearer-token check, the per-call log
-// line and request metrics, common validation, and proto conversions.
+// line and request metrics, the typed view of the raw (byte) API, common
+// validation, and proto conversions.
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cortiq/v1/inference.grpc.pb.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
-#include "core/util/log_escape.h"
+#include "core/util/strings.h"
+#include "core/util/tsan_annotations.h"
+#include "cortiq/v1/inference.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/log_format.h"
 #include "server/service.h"
 #include "server/status_util.h"
-#include "spdlog/spdlog.h"
 
 namespace cortiq::server {
 
@@ -38,49 +45,170 @@ v1::FinishReason ToProto(session::FinishReason r);
 
 // ---- one log line and the request metrics per call ----
 
+// True when `v` is a W3C trace context traceparent of version 00:
+// "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>", lowercase, ids
+// not all zero. Anything else is not logged and not forwarded.
+bool IsValidTraceparent(std::string_view v);
+
+// Adds `traceparent` (a call's CallLog::traceparent()) to an outgoing call to
+// a peer made on that call's behalf, so the peer logs the same trace. The
+// value is passed through unchanged (the server opens no span of its own);
+// an empty or invalid one adds nothing.
+void ForwardTraceContext(std::string_view traceparent, grpc::ClientContext& c);
+
 class CallLog {
  public:
-  CallLog(ServiceContext* ctx, std::string_view rpc)
-      : ctx_(ctx), rpc_(rpc), id_(ctx->next_request_id.fetch_add(1)), start_(Clock::now()) {}
+  // Starts the call's clock; keeps the caller's address (call->peer()) and
+  // its "traceparent" metadata when valid (IsValidTraceparent).
+  CallLog(ServiceContext* ctx, const grpc::CallbackServerContext* call, std::string_view rpc);
 
   uint64_t id() const { return id_; }
+  // The caller's traceparent, or "" when it sent none or an invalid one.
+  const std::string& traceparent() const { return traceparent_; }
 
-  // `message` and `detail` may quote what a client sent: both are escaped
-  // (util::EscapeForLog), so no client string can forge or split a line.
-  void Done(grpc::StatusCode code, std::string_view message, std::string_view detail = {}) {
-    const double s = Seconds(Clock::now() - start_);
-    if (ctx_->metrics) {
-      ctx_->metrics->CountRequest(rpc_, static_cast<int>(code));
-      ctx_->metrics->ObserveRequest(rpc_, s);
-    }
-    if (code == grpc::StatusCode::OK) {
-      spdlog::info("req={} rpc={} code=OK{}{} dur_ms={:.1f}", id_, rpc_, detail.empty() ? "" : " ",
-                   util::EscapeForLog(detail), s * 1e3);
-    } else {
-      spdlog::info("req={} rpc={} code={}{}{} dur_ms={:.1f} error=\"{}\"", id_, rpc_,
-                   GrpcCodeName(static_cast<int>(code)), detail.empty() ? "" : " ",
-                   util::EscapeForLog(detail), s * 1e3, util::EscapeForLog(message));
-    }
-  }
+  // Counts the call in the request metrics and writes its line (LogRequest,
+  // in --log-format). `message` and the string fields may quote what a
+  // client sent: they are escaped for the format, so no client string can
+  // forge or split a line. Call once, when the call ends.
+  void Done(grpc::StatusCode code, std::string_view message, LogFields fields = {});
 
  private:
   ServiceContext* ctx_;
   std::string_view rpc_;
   uint64_t id_;
   Clock::time_point start_;
+  std::string peer_;
+  std::string traceparent_;
 };
 
-// Runs a unary handler body with auth, logging and metrics around it.
+// ---- the raw (byte) API, seen typed ----
+//
+// Every method of the service is registered on gRPC's raw callback API, so
+// that a request which does not parse reaches the server's code (gRPC's
+// typed handlers answer it UNIMPLEMENTED, unlogged) and gets
+// INVALID_ARGUMENT, logged and counted like any other error. The handlers
+// stay typed: ServeUnary parses the request and serialises the response.
+
+// Parses a request that arrived as bytes. One that does not parse is
+// INVALID_ARGUMENT naming the RPC and the message type, unless the call
+// fails the bearer-token check, which answers first (UNAUTHENTICATED).
+template <typename Request>
+absl::StatusOr<Request> ParseRequest(const ServiceContext& ctx,
+                                     const grpc::CallbackServerContext* call, std::string_view rpc,
+                                     const grpc::ByteBuffer& bytes) {
+  Request request;
+  grpc::ByteBuffer copy(bytes);  // shares the slices; Deserialize consumes its buffer
+  if (grpc::SerializationTraits<Request>::Deserialize(&copy, &request).ok()) return request;
+  absl::Status auth = CheckAuth(ctx, call);
+  if (!auth.ok()) return auth;
+  return absl::InvalidArgumentError(absl::StrCat(util::Sv(rpc), ": the request is not a ",
+                                                 Request::descriptor()->full_name(), " (",
+                                                 bytes.Length(), " bytes do not parse)"));
+}
+
+// The reactor of a unary call, as its typed handler sees it. Reply
+// serialises the typed response into the call's bytes (when `status` is OK)
+// and finishes the call; exactly one Reply per call, from any thread.
+class UnaryReactor : public grpc::ServerUnaryReactor {
+ public:
+  virtual void Reply(const grpc::Status& status) = 0;
+
+  // Runs `cancel` when the caller cancels the call or its deadline passes
+  // (on a gRPC thread: it must not block), or at once if that has happened.
+  void OnCancelled(std::function<void()> cancel) {
+    {
+      std::lock_guard lock(cancel_mu_);
+      if (!cancelled_) {
+        on_cancel_ = std::move(cancel);
+        return;
+      }
+    }
+    cancel();
+  }
+  void OnCancel() override {
+    std::function<void()> cancel;
+    {
+      std::lock_guard lock(cancel_mu_);
+      cancelled_ = true;
+      cancel = std::move(on_cancel_);
+    }
+    if (cancel) cancel();
+  }
+
+ private:
+  std::mutex cancel_mu_;
+  bool cancelled_ = false;
+  std::function<void()> on_cancel_;
+};
+
+// Owns a unary call's typed request and response until gRPC is done with
+// the call (OnDone deletes it), so a handler that answers later (on the
+// background workers) may keep pointers to both until it has replied.
+template <typename Request, typename Response>
+class TypedUnaryReactor final : public UnaryReactor {
+ public:
+  explicit TypedUnaryReactor(grpc::ByteBuffer* response_bytes) : response_bytes_(response_bytes) {}
+
+  void Reply(const grpc::Status& status) override {
+    if (status.ok()) {
+      bool own = false;
+      // Fails only for a message over 2 GiB, which no response comes near.
+      const grpc::Status s =
+          grpc::SerializationTraits<Response>::Serialize(response, response_bytes_, &own);
+      if (!s.ok()) {
+        util::TsanRelease(this);
+        Finish(s);
+        return;
+      }
+    }
+    util::TsanRelease(this);  // OnDone (another thread) destroys what Reply wrote
+    Finish(status);
+  }
+  void OnDone() override {
+    util::TsanAcquire(this);
+    delete this;
+  }
+
+  Request request;
+  Response response;
+
+ private:
+  grpc::ByteBuffer* response_bytes_;  // the call's response, owned by gRPC
+};
+
+// Serves one unary call of the raw API with a typed handler
+// `handler(call, const Request*, Response*, UnaryReactor*)`, which returns
+// the reactor and replies on it (now or later). A request that does not
+// parse is answered here (ParseRequest), logged and counted as `rpc`.
+template <typename Request, typename Response, typename Handler>
+grpc::ServerUnaryReactor* ServeUnary(ServiceContext* ctx, grpc::CallbackServerContext* call,
+                                     std::string_view rpc, const grpc::ByteBuffer* request_bytes,
+                                     grpc::ByteBuffer* response_bytes, Handler&& handler) {
+  auto* reactor = new TypedUnaryReactor<Request, Response>(response_bytes);
+  absl::StatusOr<Request> request = ParseRequest<Request>(*ctx, call, rpc, *request_bytes);
+  if (!request.ok()) {
+    CallLog log(ctx, call, rpc);
+    const grpc::Status gs = ToGrpcStatus(request.status());
+    log.Done(gs.error_code(), gs.error_message());
+    reactor->Reply(gs);
+    return reactor;
+  }
+  reactor->request = *std::move(request);
+  return handler(call, &reactor->request, &reactor->response, reactor);
+}
+
+// Runs a unary handler body with auth, logging and metrics around it, and
+// replies on `reactor`; `fields` go into the call's log line.
 template <typename Body>
 grpc::ServerUnaryReactor* Unary(ServiceContext* ctx, grpc::CallbackServerContext* call,
-                                std::string_view rpc, Body&& body) {
-  CallLog log(ctx, rpc);
+                                UnaryReactor* reactor, std::string_view rpc, Body&& body,
+                                LogFields fields = {}) {
+  CallLog log(ctx, call, rpc);
   absl::Status st = CheckAuth(*ctx, call);
   if (st.ok()) st = body();
   grpc::Status gs = ToGrpcStatus(st);
-  log.Done(gs.error_code(), gs.error_message());
-  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
-  reactor->Finish(gs);
+  log.Done(gs.error_code(), gs.error_message(), std::move(fields));
+  reactor->Reply(gs);
   return reactor;
 }
 

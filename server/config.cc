@@ -97,6 +97,7 @@ std::string ServerUsage() {
                           or env CORTIQ_AUTH_TOKEN)
   --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key
   --log-level L           trace | debug | info | warn | error | off (default info)
+  --log-format text|json  log lines as text or as one JSON object each (default text)
   --help                  this text
 
 Flags are --name value or --name=value; a usage error exits with status 2.
@@ -153,6 +154,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       StringFlag("tls-key", &c.tls_key),
       util::ChoiceFlag("log-level", &c.log_level,
                        {"trace", "debug", "info", "warn", "error", "off"}),
+      util::ChoiceFlag("log-format", &c.log_format, {"text", "json"}),
   };
   absl::StatusOr<util::ParsedArgs> parsed =
       util::ParseFlags(flags, args, {.positionals = util::Positionals::kNone});

@@ -61,6 +61,7 @@ struct ServerConfig {
   std::string auth_token;                   // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
   std::string tls_cert, tls_key;            // PEM files; both or neither
   std::string log_level = "info";           // trace | debug | info | warn | error | off
+  std::string log_format = "text";          // text | json (one object per line)
 };
 
 // Parses argv[1..]; env CORTIQ_AUTH_TOKEN, CORTIQ_PEERS and CORTIQ_MODEL fill

@@ -59,10 +59,10 @@ namespace cortiq::server {
 inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9464";
 
 // The RPCs of cortiq.v1.Inference, the label values of rpc="...".
-inline constexpr size_t kNumRpcs = 10;
+inline constexpr size_t kNumRpcs = 11;
 inline constexpr std::array<std::string_view, kNumRpcs> kRpcNames = {
-    "Generate", "CreateSession", "GetSession",    "ListSessions",  "ReleaseSession",
-    "Tokenize", "GetModelInfo",  "ExportSession", "ImportSession", "MigrateSession"};
+    "Generate", "CreateSession", "GetSession",    "ListSessions",  "ReleaseSession", "Tokenize",
+    "GetModelInfo", "ExportSession", "ImportSession", "MigrateSession", "Drain"};
 
 // gRPC status code names indexed by the code's number (grpc::StatusCode and
 // absl::StatusCode agree on 0..16): the label values of code="...".

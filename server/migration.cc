@@ -219,6 +219,7 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const 
   auto stub = v1::Inference::NewStub(channel);
   auto prepare = [&](grpc::ClientContext& c, std::chrono::milliseconds budget) {
     if (!peer_token.empty()) c.AddMetadata("authorization", "Bearer " + peer_token);
+    ForwardTraceContext(bounds.traceparent, c);
     c.set_deadline(DeadlineWithin(budget, bounds.deadline));
   };
   // The channel connects on this first call (not wait-for-ready: a refused
@@ -335,57 +336,44 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
 namespace {
 
 // Finishes a unary call refused before any work (logged and counted).
-grpc::ServerUnaryReactor* FinishRefused(grpc::ServerUnaryReactor* reactor, CallLog& log,
+grpc::ServerUnaryReactor* FinishRefused(UnaryReactor* reactor, CallLog& log,
                                         const absl::Status& st) {
   const grpc::Status gs = ToGrpcStatus(st);
   log.Done(gs.error_code(), gs.error_message());
-  reactor->Finish(gs);
+  reactor->Reply(gs);
   return reactor;
 }
 
 // Runs a blocking unary call (a client of a peer) on the server's background
 // workers (ctx->background), so it never holds a gRPC callback thread.
-// `body` returns the call's status and a log detail; `then` runs after the
+// `body` returns the call's status and its log fields; `then` runs after the
 // reply is sent, and the task counts as in flight (Server::Shutdown waits
 // for it) until `then` has returned. A task the workers refuse (the server
 // stops: UNAVAILABLE; too many queued: RESOURCE_EXHAUSTED) is answered at
 // once.
 template <typename Body>
-grpc::ServerUnaryReactor* RunInBackground(ServiceContext* ctx, grpc::ServerUnaryReactor* reactor,
+grpc::ServerUnaryReactor* RunInBackground(ServiceContext* ctx, UnaryReactor* reactor,
                                           std::shared_ptr<CallLog> log, Body body,
                                           std::function<void()> then = nullptr) {
   const absl::Status queued = ctx->background->Submit(
       [reactor, log, body = std::move(body), then = std::move(then)]() mutable {
-        const auto [status, detail] = body();
+        auto [status, fields] = body();
         const grpc::Status gs = ToGrpcStatus(status);
-        log->Done(gs.error_code(), gs.error_message(), detail);
-        reactor->Finish(gs);
+        log->Done(gs.error_code(), gs.error_message(), std::move(fields));
+        reactor->Reply(gs);
         if (then) then();
       });
   if (!queued.ok()) return FinishRefused(reactor, *log, queued);
   return reactor;
 }
 
-// MigrateSession's reactor: the caller's cancel (or its deadline passing)
-// cancels the migration's peer call (OnCancel, on a gRPC thread, never
-// blocks). The background task calls Finish once; OnDone deletes it after.
-class MigrateReactor : public grpc::ServerUnaryReactor {
- public:
-  const std::shared_ptr<MigrationCancel>& cancel() const { return cancel_; }
-  void OnCancel() override { cancel_->Cancel(); }
-  void OnDone() override { delete this; }
-
- private:
-  const std::shared_ptr<MigrationCancel> cancel_ = std::make_shared<MigrationCancel>();
-};
-
 }  // namespace
 
 grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerContext* context,
                                                            const v1::MigrateSessionRequest* request,
-                                                           v1::MigrateSessionResponse* response) {
-  auto* reactor = new MigrateReactor;
-  auto log = std::make_shared<CallLog>(ctx_, "MigrateSession");
+                                                           v1::MigrateSessionResponse* response,
+                                                           UnaryReactor* reactor) {
+  auto log = std::make_shared<CallLog>(ctx_, context, "MigrateSession");
   absl::Status st = CheckAuth(*ctx_, context);
   if (st.ok()) st = CheckSessionId(request->session_id());
   if (st.ok() && request->peer().empty()) st = absl::InvalidArgumentError("peer: empty (HOST:PORT)");
@@ -393,7 +381,11 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
   if (!st.ok()) return FinishRefused(reactor, *log, st);
   MigrateBounds bounds;
   bounds.deadline = context->deadline();
-  bounds.cancel = reactor->cancel();
+  // The caller's cancel (or its deadline passing) cancels the migration's
+  // peer call.
+  bounds.cancel = std::make_shared<MigrationCancel>();
+  bounds.traceparent = log->traceparent();
+  reactor->OnCancelled([cancel = bounds.cancel] { cancel->Cancel(); });
   return RunInBackground(ctx_, reactor, log, [ctx = ctx_, request, response, bounds] {
     // Checked when the task runs: one queued before a drain began must not
     // start a migration the drain (and so the shutdown) would wait for.
@@ -407,16 +399,16 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
       response->set_wire_bytes(out->wire_bytes);
       response->set_version(out->version);
     }
-    return std::make_pair(out.status(), absl::StrCat("session=", request->session_id(),
-                                                     " peer=", request->peer()));
+    return std::make_pair(out.status(),
+                          LogFields{{"session", request->session_id()}, {"to", request->peer()}});
   });
 }
 
 grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* context,
                                                   const v1::DrainRequest* request,
-                                                  v1::DrainResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto log = std::make_shared<CallLog>(ctx_, "Drain");
+                                                  v1::DrainResponse* response,
+                                                  UnaryReactor* reactor) {
+  auto log = std::make_shared<CallLog>(ctx_, context, "Drain");
   absl::Status st = CheckAuth(*ctx_, context);
   if (st.ok() && request->has_grace_seconds() &&
       !(request->grace_seconds() >= 0 && request->grace_seconds() <= 3600)) {
@@ -441,8 +433,9 @@ grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* c
         }
         response->set_migrated(static_cast<uint32_t>(report.migrated));
         response->set_failed(static_cast<uint32_t>(report.failed));
-        return std::make_pair(absl::OkStatus(), absl::StrCat("migrated=", report.migrated,
-                                                             " failed=", report.failed));
+        return std::make_pair(absl::OkStatus(),
+                              LogFields{{"migrated", static_cast<int64_t>(report.migrated)},
+                                        {"failed", static_cast<int64_t>(report.failed)}});
       },
       ctx_->after_drain);
 }

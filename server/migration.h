@@ -57,6 +57,7 @@ struct MigrateBounds {
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   std::shared_ptr<MigrationCancel> cancel;
   std::string deadline_name = "the caller's deadline";  // for the error message
+  std::string traceparent;  // the caller's W3C trace context, forwarded to the peer (may be empty)
 };
 
 // Leases `session_id`, learns the peer's wire versions (GetModelInfo, which

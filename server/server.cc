@@ -226,7 +226,8 @@ DrainReport::Entry Server::DrainOne(const std::string& session_id,
     absl::StatusOr<MigrateOutcome> out =
         MigrateOut(*ctx_, session_id, peer, config_.peer_token,
                    /*f16=*/false,
-                   {.deadline = deadline, .cancel = nullptr, .deadline_name = "--drain-timeout"});
+                   {.deadline = deadline, .cancel = nullptr, .deadline_name = "--drain-timeout",
+                    .traceparent = {}});
     if (out.ok()) {
       e.migrated = true;
       e.peer = peer;

@@ -11,6 +11,7 @@
 
 #include "core/util/flags.h"
 #include "server/config.h"
+#include "server/log_format.h"
 #include "server/server.h"
 #include "spdlog/spdlog.h"
 
@@ -25,6 +26,8 @@ int main(int argc, char** argv) {
   }
   if (!config.ok()) return cortiq::util::ReportUsageError("cortiq-server", config.status());
   spdlog::set_level(spdlog::level::from_str(config->log_level));
+  cortiq::server::ConfigureLogging(config->log_format == "json" ? cortiq::server::LogFormat::kJson
+                                                                : cortiq::server::LogFormat::kText);
 
   // Signals are taken synchronously by this thread: block them before any
   // other thread starts, so every thread inherits the mask.
@@ -46,8 +49,7 @@ int main(int argc, char** argv) {
                (*server)->metrics_port()
                    ? host + ":" + std::to_string((*server)->metrics_port()) + "/metrics"
                    : std::string("off"),
-               (*server)->kernel_tier(),
-               (*server)->model().bf16_activations() ? "bf16" : "f32");
+               (*server)->kernel_tier(), (*server)->model().bf16_activations() ? "bf16" : "f32");
   // A machine-readable line for scripts and tests.
   std::printf("listening on %s:%d metrics %d\n", host.c_str(), (*server)->port(),
               (*server)->metrics_port());

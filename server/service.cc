@@ -6,7 +6,6 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "core/session/request_plan.h"
 #include "core/session/session.h"
 #include "core/session/session_wire.h"
@@ -46,14 +45,21 @@ model::SamplingParams SamplingFrom(const v1::SamplingParams& p) {
 // is a client's own cancel that close to its deadline).
 constexpr auto kDeadlineSlack = std::chrono::milliseconds(25);
 
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+// On the raw API: the request is parsed in Start, and each GenerateResponse
+// is serialised into wire_ before it is written.
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateReactor(ServiceContext* ctx, grpc::CallbackServerContext* call)
-      : ctx_(ctx), call_(call), log_(ctx, "Generate"), stream_(ctx->streams_in_flight.Enter()) {}
+      : ctx_(ctx),
+        call_(call),
+        log_(ctx, call, "Generate"),
+        stream_(ctx->streams_in_flight.Enter()) {}
 
   // Runs in the handler, before gRPC calls any reaction.
-  void Start(const v1::GenerateRequest& request) {
-    absl::Status st = Setup(request);
+  void Start(const grpc::ByteBuffer& bytes) {
+    absl::StatusOr<v1::GenerateRequest> request =
+        ParseRequest<v1::GenerateRequest>(*ctx_, call_, "Generate", bytes);
+    absl::Status st = request.ok() ? Setup(*request) : request.status();
     if (!st.ok()) {
       std::lock_guard lock(mu_);
       FinishLocked(ToGrpcStatus(st));
@@ -111,9 +117,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       code = grpc::StatusCode::DEADLINE_EXCEEDED;
     }
     log_.Done(code, final_message_,
-              absl::StrFormat("session=%s prompt_tokens=%d completion_tokens=%d finish=%s",
-                              session_id_.empty() ? "-" : session_id_, prompt_tokens_, completion,
-                              finish_reason_));
+              {{"session", session_id_},
+               {"prompt_tokens", static_cast<int64_t>(prompt_tokens_)},
+               {"completion_tokens", static_cast<int64_t>(completion)},
+               {"finish", finish_reason_}});
     stream_.Release();
     delete this;
   }
@@ -207,9 +214,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         fill(ev.logprobs->chosen, t->mutable_logprob());
         for (const auto& alt : ev.logprobs->top) fill(alt, t->add_top_logprobs());
       }
+      const grpc::Status st = SerializeMessage();
+      if (!st.ok()) {
+        job_->Cancel();
+        FinishLocked(st);
+        return;
+      }
       writing_ = true;
       util::TsanRelease(this);
-      StartWrite(&msg_);
+      StartWrite(&wire_);
       return;
     }
     if (!job_->Drained()) return;  // the engine will notify again
@@ -232,10 +245,24 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     s->set_session_id(session_id_);
     s->set_session_kept(ctx_->store->Get(session_id_).has_value());
     ToProto(r.memory, s->mutable_memory());
+    const grpc::Status st = SerializeMessage();
+    if (!st.ok()) {
+      FinishLocked(st);
+      return;
+    }
     finished_ = true;
     final_code_ = grpc::StatusCode::OK;
     util::TsanRelease(this);
-    StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
+    StartWriteAndFinish(&wire_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  // msg_ into wire_, the bytes StartWrite sends (the previous write is done:
+  // one in flight). Fails only for a message over 2 GiB, which no response
+  // comes near.
+  grpc::Status SerializeMessage() {
+    wire_.Clear();  // Serialize writes into an empty buffer only
+    bool own = false;
+    return grpc::SerializationTraits<v1::GenerateResponse>::Serialize(msg_, &wire_, &own);
   }
 
   void FinishLocked(const grpc::Status& status) {
@@ -257,14 +284,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::shared_ptr<util::InFlight::Token> job_in_flight_;
   std::string session_id_;
   size_t prompt_tokens_ = 0;
-  std::string finish_reason_ = "-";
+  std::string finish_reason_;  // empty until the job is drained
 
   std::mutex mu_;
   bool writing_ = false;
   bool finished_ = false;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
   std::string final_message_;
-  v1::GenerateResponse msg_;  // the message in flight
+  v1::GenerateResponse msg_;  // the message being built
+  grpc::ByteBuffer wire_;     // msg_ serialised: the write in flight
 };
 
 }  // namespace
@@ -401,8 +429,8 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionCon
 // ---------------------------------------------------------------------------
 // Handlers
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   auto* reactor = new GenerateReactor(ctx_, context);
   reactor->Start(*request);
   return reactor;
@@ -410,8 +438,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
 
 grpc::ServerUnaryReactor* InferenceService::CreateSession(grpc::CallbackServerContext* context,
                                                           const v1::CreateSessionRequest* request,
-                                                          v1::SessionInfo* response) {
-  return Unary(ctx_, context, "CreateSession", [&]() -> absl::Status {
+                                                          v1::SessionInfo* response,
+                                                          UnaryReactor* reactor) {
+  return Unary(ctx_, context, reactor, "CreateSession", [&]() -> absl::Status {
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
     auto config = ResolveSessionConfig(request->config(), *ctx_);
     if (!config.ok()) return config.status();
@@ -430,8 +459,9 @@ grpc::ServerUnaryReactor* InferenceService::CreateSession(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* InferenceService::GetSession(grpc::CallbackServerContext* context,
                                                        const v1::GetSessionRequest* request,
-                                                       v1::SessionInfo* response) {
-  return Unary(ctx_, context, "GetSession", [&]() -> absl::Status {
+                                                       v1::SessionInfo* response,
+                                                       UnaryReactor* reactor) {
+  return Unary(ctx_, context, reactor, "GetSession", [&]() -> absl::Status {
     CORTIQ_RETURN_IF_ERROR(CheckSessionId(request->session_id()));
     auto snap = ctx_->store->Get(request->session_id());
     if (!snap) {
@@ -440,13 +470,14 @@ grpc::ServerUnaryReactor* InferenceService::GetSession(grpc::CallbackServerConte
     }
     ToProto(*snap, response);
     return absl::OkStatus();
-  });
+  }, {{"session", request->session_id()}});
 }
 
 grpc::ServerUnaryReactor* InferenceService::ListSessions(grpc::CallbackServerContext* context,
                                                          const v1::ListSessionsRequest*,
-                                                         v1::ListSessionsResponse* response) {
-  return Unary(ctx_, context, "ListSessions", [&]() -> absl::Status {
+                                                         v1::ListSessionsResponse* response,
+                                                         UnaryReactor* reactor) {
+  return Unary(ctx_, context, reactor, "ListSessions", [&]() -> absl::Status {
     session::MemoryByKind total;
     for (const auto& s : ctx_->store->List()) {
       ToProto(s, response->add_sessions());
@@ -459,20 +490,22 @@ grpc::ServerUnaryReactor* InferenceService::ListSessions(grpc::CallbackServerCon
 
 grpc::ServerUnaryReactor* InferenceService::ReleaseSession(grpc::CallbackServerContext* context,
                                                            const v1::ReleaseSessionRequest* request,
-                                                           v1::ReleaseSessionResponse* response) {
-  return Unary(ctx_, context, "ReleaseSession", [&]() -> absl::Status {
+                                                           v1::ReleaseSessionResponse* response,
+                                                           UnaryReactor* reactor) {
+  return Unary(ctx_, context, reactor, "ReleaseSession", [&]() -> absl::Status {
     CORTIQ_RETURN_IF_ERROR(CheckSessionId(request->session_id()));
     const session::ReleaseResult r = ctx_->store->Release(request->session_id());
     response->set_released(r.released);
     response->set_freed_bytes(r.freed_bytes);
     return absl::OkStatus();
-  });
+  }, {{"session", request->session_id()}});
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
                                                      const v1::TokenizeRequest* request,
-                                                     v1::TokenizeResponse* response) {
-  return Unary(ctx_, context, "Tokenize", [&]() -> absl::Status {
+                                                     v1::TokenizeResponse* response,
+                                                     UnaryReactor* reactor) {
+  return Unary(ctx_, context, reactor, "Tokenize", [&]() -> absl::Status {
     if (request->text().size() > ctx_->config->max_prompt_bytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("text: ", request->text().size(), " bytes, the limit is ",
@@ -489,8 +522,9 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* context,
                                                          const v1::GetModelInfoRequest*,
-                                                         v1::ModelInfo* response) {
-  return Unary(ctx_, context, "GetModelInfo", [&]() -> absl::Status {
+                                                         v1::ModelInfo* response,
+                                                         UnaryReactor* reactor) {
+  return Unary(ctx_, context, reactor, "GetModelInfo", [&]() -> absl::Status {
     const auto& c = ctx_->model->config();
     response->set_name(ctx_->model_name);
     response->set_model_type(model::ModelConfig::ArchName(c.arch));
@@ -514,6 +548,72 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
     ToProto(ctx_->default_session, response->mutable_default_session_config());
     return absl::OkStatus();
   });
+}
+
+// ---------------------------------------------------------------------------
+// The raw entry points of the unary methods: parse, then the typed handler.
+
+grpc::ServerUnaryReactor* InferenceService::CreateSession(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return ServeUnary<v1::CreateSessionRequest, v1::SessionInfo>(
+      ctx_, context, "CreateSession", request, response,
+      [this](auto... args) { return CreateSession(args...); });
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetSession(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return ServeUnary<v1::GetSessionRequest, v1::SessionInfo>(
+      ctx_, context, "GetSession", request, response,
+      [this](auto... args) { return GetSession(args...); });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ListSessions(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return ServeUnary<v1::ListSessionsRequest, v1::ListSessionsResponse>(
+      ctx_, context, "ListSessions", request, response,
+      [this](auto... args) { return ListSessions(args...); });
+}
+
+grpc::ServerUnaryReactor* InferenceService::ReleaseSession(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return ServeUnary<v1::ReleaseSessionRequest, v1::ReleaseSessionResponse>(
+      ctx_, context, "ReleaseSession", request, response,
+      [this](auto... args) { return ReleaseSession(args...); });
+}
+
+grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return ServeUnary<v1::TokenizeRequest, v1::TokenizeResponse>(
+      ctx_, context, "Tokenize", request, response,
+      [this](auto... args) { return Tokenize(args...); });
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return ServeUnary<v1::GetModelInfoRequest, v1::ModelInfo>(
+      ctx_, context, "GetModelInfo", request, response,
+      [this](auto... args) { return GetModelInfo(args...); });
+}
+
+grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return ServeUnary<v1::MigrateSessionRequest, v1::MigrateSessionResponse>(
+      ctx_, context, "MigrateSession", request, response,
+      [this](auto... args) { return MigrateSession(args...); });
+}
+
+grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return ServeUnary<v1::DrainRequest, v1::DrainResponse>(
+      ctx_, context, "Drain", request, response, [this](auto... args) { return Drain(args...); });
 }
 
 }  // namespace cortiq::server

@@ -1,5 +1,9 @@
 // InferenceService: the cortiq.v1.Inference gRPC service on the callback API.
 //
+// Every method is on the raw (byte) API with typed handlers (see
+// InferenceService below): a request that does not parse gets
+// INVALID_ARGUMENT like any other bad input.
+//
 // Threads: handlers run on gRPC's callback threads and do only cheap work
 // there (validation, tokenization, store bookkeeping); every forward pass
 // runs on the Engine's thread. Generate is one GenerateReactor per call (see
@@ -9,25 +13,26 @@
 // Every RPC: bearer-token check first (when configured), then validation —
 // bad input gets INVALID_ARGUMENT naming the field and the limit and changes
 // nothing. Each call ends with one log line (request id, RPC, code, tokens,
-// duration; never the prompt text at info) and the request metrics.
+// duration, session, caller, traceparent; never the prompt text; text or
+// JSON: server/log_format.h) and the request metrics.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cortiq/v1/inference.grpc.pb.h"
 #include "core/model/transformer.h"
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/in_flight.h"
 #include "core/util/task_runner.h"
+#include "cortiq/v1/inference.grpc.pb.h"
 #include "server/config.h"
 #include "server/metrics.h"
 
@@ -51,12 +56,12 @@ struct ServiceContext {
   const tokenizer::Tokenizer* tokenizer = nullptr;
   session::SessionStore* store = nullptr;
   session::Engine* engine = nullptr;
-  Metrics* metrics = nullptr;         // may be null (metrics off)
-  std::string model_name;             // directory basename
-  std::string fingerprint;            // hex of wire_fingerprint
-  uint64_t wire_fingerprint = 0;      // session::ModelWireFingerprint (checkpoint + tokenizer)
+  Metrics* metrics = nullptr;              // may be null (metrics off)
+  std::string model_name;                  // directory basename
+  std::string fingerprint;                 // hex of wire_fingerprint
+  uint64_t wire_fingerprint = 0;           // session::ModelWireFingerprint (checkpoint + tokenizer)
   session::SessionConfig default_session;  // resolved from the flags
-  std::atomic<bool> draining{false};  // new generations / sessions → UNAVAILABLE
+  std::atomic<bool> draining{false};       // new generations / sessions → UNAVAILABLE
   std::atomic<uint64_t> next_request_id{1};
   // Generate calls whose reactor has not finished (OnDone not yet run).
   util::InFlight streams_in_flight;
@@ -92,47 +97,96 @@ absl::StatusOr<session::SessionConfig> DefaultSessionConfig(const ServerConfig& 
                                                             const model::Transformer& model,
                                                             const std::string& model_dir);
 
-// ExportSession and ImportSession run on the raw (byte) API: chunks go out
-// from the buffers they were read into, and in from the received slices
-// straight into the new session's caches (server/migration.cc).
-class InferenceService final
-    : public v1::Inference::WithRawCallbackMethod_ExportSession<
-          v1::Inference::WithRawCallbackMethod_ImportSession<v1::Inference::CallbackService>> {
+class UnaryReactor;  // server/call_util.h
+
+// Every method is on gRPC's raw (byte) API, so that a request which does not
+// parse gets INVALID_ARGUMENT naming the RPC and the message type, logged and
+// counted (gRPC's typed handlers would answer UNIMPLEMENTED, unseen).
+using RawInferenceService = v1::Inference::WithRawCallbackMethod_Generate<
+    v1::Inference::WithRawCallbackMethod_CreateSession<
+        v1::Inference::WithRawCallbackMethod_GetSession<
+            v1::Inference::WithRawCallbackMethod_ListSessions<
+                v1::Inference::WithRawCallbackMethod_ReleaseSession<
+                    v1::Inference::WithRawCallbackMethod_Tokenize<
+                        v1::Inference::WithRawCallbackMethod_GetModelInfo<
+                            v1::Inference::WithRawCallbackMethod_ExportSession<
+                                v1::Inference::WithRawCallbackMethod_ImportSession<
+                                    v1::Inference::WithRawCallbackMethod_MigrateSession<
+                                        v1::Inference::WithRawCallbackMethod_Drain<
+                                            v1::Inference::Service>>>>>>>>>>>;
+
+// The public methods are gRPC's raw entry points. The unary ones parse the
+// request and hand it to the typed handler of the same name (private, below;
+// ServeUnary in server/call_util.h), which replies on its UnaryReactor.
+// Generate parses in its reactor and writes serialised GenerateResponses.
+// ExportSession and ImportSession stay on bytes: chunks go out from the
+// buffers they were read into, and in from the received slices straight into
+// the new session's caches (server/wire_calls.cc).
+class InferenceService final : public RawInferenceService {
  public:
   explicit InferenceService(ServiceContext* ctx) : ctx_(ctx) {}
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
-                                          const v1::CreateSessionRequest* request,
-                                          v1::SessionInfo* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
-                                       const v1::GetSessionRequest* request,
-                                       v1::SessionInfo* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const v1::ListSessionsRequest* request,
-                                         v1::ListSessionsResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReleaseSession(grpc::CallbackServerContext* context,
-                                           const v1::ReleaseSessionRequest* request,
-                                           v1::ReleaseSessionResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const v1::GetModelInfoRequest* request,
-                                         v1::ModelInfo* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportSession(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* ImportSession(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* MigrateSession(grpc::CallbackServerContext* context,
-                                           const v1::MigrateSessionRequest* request,
-                                           v1::MigrateSessionResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
-                                  const v1::DrainRequest* request,
-                                  v1::DrainResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
 
  private:
+  // The typed handlers: each returns `reactor` and replies on it, at once or
+  // (MigrateSession, Drain) from the background workers.
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const v1::CreateSessionRequest* request,
+                                          v1::SessionInfo* response, UnaryReactor* reactor);
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const v1::GetSessionRequest* request,
+                                       v1::SessionInfo* response, UnaryReactor* reactor);
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response, UnaryReactor* reactor);
+  grpc::ServerUnaryReactor* ReleaseSession(grpc::CallbackServerContext* context,
+                                           const v1::ReleaseSessionRequest* request,
+                                           v1::ReleaseSessionResponse* response,
+                                           UnaryReactor* reactor);
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response, UnaryReactor* reactor);
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response, UnaryReactor* reactor);
+  grpc::ServerUnaryReactor* MigrateSession(grpc::CallbackServerContext* context,
+                                           const v1::MigrateSessionRequest* request,
+                                           v1::MigrateSessionResponse* response,
+                                           UnaryReactor* reactor);
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const v1::DrainRequest* request, v1::DrainResponse* response,
+                                  UnaryReactor* reactor);
+
   ServiceContext* ctx_;
 };
 

@@ -73,20 +73,16 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ExportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call,
                 const grpc::ByteBuffer& request)
-      : log_(ctx, "ExportSession") {
-    v1::ExportSessionRequest req;
-    absl::Status st = CheckAuth(*ctx, call);
-    if (st.ok()) {
-      grpc::ByteBuffer copy(request);  // Deserialize consumes its input
-      if (!grpc::SerializationTraits<v1::ExportSessionRequest>::Deserialize(&copy, &req).ok()) {
-        st = absl::InvalidArgumentError("ExportSession: the request does not parse");
-      }
-    }
-    if (st.ok()) st = CheckSessionId(req.session_id());
-    if (st.ok()) st = CheckWireRequest(req.version(), req.dtype());
+      : log_(ctx, call, "ExportSession") {
+    absl::StatusOr<v1::ExportSessionRequest> req =
+        ParseRequest<v1::ExportSessionRequest>(*ctx, call, "ExportSession", request);
+    absl::Status st = req.status();
+    if (st.ok()) st = CheckAuth(*ctx, call);
+    if (st.ok()) st = CheckSessionId(req->session_id());
+    if (st.ok()) st = CheckWireRequest(req->version(), req->dtype());
     if (st.ok()) {
       absl::StatusOr<std::vector<grpc::Slice>> chunks =
-          ExportChunks(*ctx, req.session_id(), WireOptionsFrom(req.version(), req.dtype()));
+          ExportChunks(*ctx, req->session_id(), WireOptionsFrom(req->version(), req->dtype()));
       if (chunks.ok()) {
         chunks_ = *std::move(chunks);
       } else {
@@ -114,7 +110,8 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
   void OnDone() override {
     util::TsanAcquire(this);
-    log_.Done(status_.error_code(), status_.error_message(), absl::StrCat("bytes=", bytes_));
+    log_.Done(status_.error_code(), status_.error_message(),
+              {{"bytes", static_cast<int64_t>(bytes_)}});
     delete this;
   }
 
@@ -162,7 +159,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
       : ctx_(ctx),
         response_(response),
-        log_(ctx, "ImportSession"),
+        log_(ctx, call, "ImportSession"),
         sink_(*ctx->model, ctx->wire_fingerprint, session::SessionStore::RandomId(),
               ctx->config->max_import_bytes) {
     absl::Status st = CheckAuth(*ctx, call);
@@ -181,9 +178,11 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       Done(ToGrpcStatus(Install()));
       return;
     }
+    const size_t message_bytes = message_.Length();  // Parse consumes the message
     if (!chunk_.Parse(message_)) {
-      Done(
-          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "import: a message is not a WireChunk"));
+      Done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("ImportSession: a message is not a cortiq.v1.WireChunk (",
+                                     message_bytes, " bytes do not parse)")));
       return;
     }
     const size_t limit = ctx_->config->max_import_bytes;
@@ -215,7 +214,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                     status_.ok() ? MigrationResult::kOk : MigrationResult::kFailed);
     }
     log_.Done(status_.error_code(), status_.error_message(),
-              absl::StrCat("bytes=", received_, " session=", id_.empty() ? "-" : id_));
+              {{"bytes", static_cast<int64_t>(received_)}, {"session", id_}});
     delete this;
   }
 

@@ -121,6 +121,7 @@ Fields FieldsOf(const ServerConfig& c) {
       {"tls-cert", Text(c.tls_cert)},
       {"tls-key", Text(c.tls_key)},
       {"log-level", Text(c.log_level)},
+      {"log-format", Text(c.log_format)},
   };
 }
 
@@ -169,6 +170,7 @@ TEST_F(ConfigTest, Defaults) {
       {"tls-cert", ""},
       {"tls-key", ""},
       {"log-level", "info"},
+      {"log-format", "text"},
   };
   EXPECT_THAT(FieldsOf(*c), ::testing::ContainerEq(defaults));
 }
@@ -219,6 +221,7 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"tls-cert", "c.pem", "c.pem"},
       {"tls-key", "k.pem", "k.pem"},
       {"log-level", "warn", "warn"},
+      {"log-format", "json", "json"},
   };
   for (bool inline_values : {false, true}) {
     Args args;
@@ -274,6 +277,7 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--activations", "f16"}, "--activations: expected bf16 or f32");
   ExpectUsageError({"--log-level", "loud"},
                    "--log-level: expected trace, debug, info, warn, error or off");
+  ExpectUsageError({"--log-format", "xml"}, "--log-format: expected text or json");
   ExpectUsageError({"--o1-rect", "max"}, "--o1-rect");
   ExpectUsageError({"--peers", "a:1,b"}, "--peers: expected HOST:PORT");
   ExpectUsageError({"--peer-dns", "svc"}, "--peer-dns: expected NAME:PORT");

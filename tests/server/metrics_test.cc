@@ -533,7 +533,8 @@ TEST(MetricsHotPath, NoAllocation) {
 
 TEST(MetricsNames, RpcIndexAndRefusalNames) {
   EXPECT_EQ(RpcIndex("Generate"), 0u);
-  EXPECT_EQ(RpcIndex("MigrateSession"), kNumRpcs - 1);
+  EXPECT_EQ(RpcIndex("MigrateSession"), 9u);
+  EXPECT_EQ(RpcIndex("Drain"), kNumRpcs - 1);
   EXPECT_FALSE(RpcIndex("generate").has_value());
   EXPECT_EQ(kGrpcCodeNames[9], "FAILED_PRECONDITION");
   EXPECT_EQ(kGrpcCodeNames[16], "UNAUTHENTICATED");

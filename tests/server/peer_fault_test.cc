@@ -71,13 +71,21 @@ class StallingPeer final : public v1::Inference::Service {
     return stalled_;
   }
 
-  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
+  // The traceparent metadata of every call received ("" when none came).
+  std::vector<std::string> traceparents() {
+    std::lock_guard lock(mu_);
+    return traceparents_;
+  }
+
+  grpc::Status GetModelInfo(grpc::ServerContext* ctx, const v1::GetModelInfoRequest*,
                             v1::ModelInfo* out) override {
+    Record(*ctx);
     *out = info_;
     return grpc::Status::OK;
   }
   grpc::Status ImportSession(grpc::ServerContext* ctx, grpc::ServerReader<v1::WireChunk>* reader,
                              v1::ImportSessionResponse*) override {
+    Record(*ctx);
     v1::WireChunk first;
     if (!reader->Read(&first)) return {grpc::StatusCode::INVALID_ARGUMENT, "no chunk"};
     std::unique_lock lock(mu_);
@@ -89,8 +97,17 @@ class StallingPeer final : public v1::Inference::Service {
   }
 
  private:
+  void Record(const grpc::ServerContext& ctx) {
+    auto it = ctx.client_metadata().find("traceparent");
+    std::lock_guard lock(mu_);
+    traceparents_.emplace_back(it == ctx.client_metadata().end()
+                                   ? std::string()
+                                   : std::string(it->second.data(), it->second.size()));
+  }
+
   const v1::ModelInfo info_;
   int port_ = 0;
+  std::vector<std::string> traceparents_;
   std::unique_ptr<grpc::Server> server_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -213,6 +230,20 @@ TEST_F(PeerFaultTest, CallerCancelOrDeadlineUnlocksTheSessionIntact) {
     ASSERT_TRUE(a.status.ok()) << a.status.error_message();
     EXPECT_EQ(a.ids, b.ids);
   }
+}
+
+// A caller's W3C traceparent travels with the migration: both peer calls
+// (GetModelInfo, ImportSession) carry it.
+TEST_F(PeerFaultTest, TheCallersTraceContextReachesThePeer) {
+  testing::StreamOut s = Turn(a_, "", "a traced session");
+  ASSERT_TRUE(s.status.ok());
+  const std::string trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("traceparent", trace);
+  ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(400));
+  v1::MigrateSessionResponse resp;
+  EXPECT_FALSE(a_.stub->MigrateSession(&ctx, MigrateTo(s.session, peer_->addr()), &resp).ok());
+  EXPECT_EQ(peer_->traceparents(), (std::vector<std::string>{trace, trace}));
 }
 
 // The ImportSession deadline scales with the bytes (connect timeout +
