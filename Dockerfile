@@ -69,6 +69,12 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
 # sessions migrate to --peers / --peer-dns, exit 0 (nonzero if one could not
 # move). Give `docker stop` enough time: --time / compose stop_grace_period.
 STOPSIGNAL SIGTERM
+# Secure by default: on 0.0.0.0 the server refuses to start without an auth
+# token. Give it one from a secret: a file (--auth-token-file
+# /run/secrets/cortiq_token, as deploy/compose.yaml does) or the environment
+# (CORTIQ_AUTH_TOKEN from a Kubernetes Secret, as deploy/k8s does); peers get
+# the same token. Make one with `openssl rand -hex 32`. --insecure serves
+# without one (a trusted network only). /metrics stays unauthenticated.
 ENTRYPOINT ["/usr/bin/cortiq-server", "--listen", "0.0.0.0:50051", "--metrics-listen", "0.0.0.0:9464"]
 # Extra flags are appended (docker run IMAGE --peers ..., compose `command`,
 # Kubernetes `args`); a repeated flag takes its last value.
