@@ -134,15 +134,25 @@ absl::Status SessionStore::CheckLeasableLocked(const std::string& id) const {
 absl::Status SessionStore::WaitLeasableLocked(std::unique_lock<std::mutex>& lock,
                                               const std::string& id,
                                               Clock::time_point deadline) const {
-  // The wait is on a condition variable (ReturnLease notifies), bounded by
-  // lease_wait: a cancelled job returns its lease at the engine's next step
-  // (milliseconds), so the caller's thread is held about that long, never
-  // longer than --lease-wait. A holder that is not ending stops the wait at
-  // once: a truly concurrent call is refused without delay.
-  const Clock::time_point until = std::min(deadline, Clock::now() + options_.lease_wait);
-  returned_cv_.wait_until(lock, until, [&] {
+  // The waits are on a condition variable (ReturnLease and LeaseEnding::Mark
+  // notify), bounded: a cancelled job returns its lease at the engine's next
+  // step (milliseconds), so the caller's thread is held about that long,
+  // never longer than cancel_settle + lease_wait.
+  const Clock::time_point start = Clock::now();
+  auto gone = [&](const Entry*& e) {
     auto it = sessions_.find(id);
-    return it == sessions_.end() || !it->second.leased || Clock::now() < it->second.ending_at;
+    e = it == sessions_.end() ? nullptr : &it->second;
+    return e == nullptr || !e->leased;
+  };
+  const Entry* e = nullptr;
+  // A running holder: give its cancel, maybe in flight, cancel_settle to
+  // arrive; a truly concurrent call is refused after that.
+  returned_cv_.wait_until(lock, std::min(deadline, start + options_.cancel_settle), [&] {
+    return gone(e) || Clock::now() >= e->ending_at;
+  });
+  // An ending holder: wait for its lease, up to lease_wait.
+  returned_cv_.wait_until(lock, std::min(deadline, start + options_.lease_wait), [&] {
+    return gone(e) || Clock::now() < e->ending_at;
   });
   return CheckLeasableLocked(id);
 }
@@ -403,6 +413,8 @@ void SessionStore::LeaseEnding::Mark() const {
   if (it == store_->sessions_.end()) return;
   Entry& e = it->second;
   if (e.leased && e.lease_serial == serial_) e.ending_at = Clock::time_point::min();
+  lock.unlock();
+  store_->returned_cv_.notify_all();  // a caller in its settle window waits on for the lease
 }
 
 bool SessionStore::Lease::release_requested() const {

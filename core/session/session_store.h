@@ -18,7 +18,8 @@
 // (Lease::EndsBy), so the lease comes back at the engine's next step — is
 // waited for by Peek / Acquire, up to options.lease_wait and the caller's
 // own deadline, instead of answering ABORTED. A session whose holder is
-// still running (a truly concurrent call) answers ABORTED at once.
+// still running (a truly concurrent call) answers ABORTED once
+// options.cancel_settle (20 ms) has passed without its cancel arriving.
 //
 // Admission takes a RequestPlan's bytes (PlanRequest projects them once):
 // Create(model, plan) for a new session; Peek → PlanRequest → Acquire(id,
@@ -60,6 +61,12 @@ struct StoreOptions {
   std::chrono::milliseconds release_wait{10'000};
   // How long Peek / Acquire wait for the lease of an ending call (--lease-wait).
   std::chrono::milliseconds lease_wait{1'000};
+  // How long Peek / Acquire give a running holder's cancel to arrive before
+  // answering ABORTED. A client that cancels a call and retries at once
+  // sends both on one connection, but the server learns of the cancel on
+  // another thread, often after the retry (on loopback, about a millisecond
+  // later); without this window that retry would be refused.
+  std::chrono::milliseconds cancel_settle{20};
 };
 
 // A snapshot of one session for GetSession / ListSessions.
@@ -259,7 +266,7 @@ class SessionStore {
 
   const StoreOptions options_;
   mutable std::mutex mu_;
-  mutable std::condition_variable returned_cv_;  // a lease returned
+  mutable std::condition_variable returned_cv_;  // a lease returned or was marked ending
   uint64_t next_serial_ = 0;
   std::map<std::string, Entry> sessions_;
   std::array<uint64_t, kNumReleaseReasons> releases_{};

@@ -264,7 +264,8 @@ TEST_F(EngineTest, ARetryRightAfterACancelWaitsForTheLeaseAConcurrentCallDoesNot
     job->Cancel();
     absl::StatusOr<SessionStore::Lease> retry = store.Acquire(id);
     ASSERT_TRUE(retry.ok()) << "try " << i << ": " << retry.status();
-    auto next = engine->Submit(*std::move(retry), Greedy({4}, 4000));
+    // (A paused job holds at most a queue of 64 tokens: 20 turns fit the context.)
+    auto next = engine->Submit(*std::move(retry), Greedy({4}, 1000));
     ASSERT_TRUE(next.ok()) << next.status();
     job = *next;
     ASSERT_TRUE(job->WaitPop(&ev));
