@@ -56,7 +56,7 @@ struct ServerConfig {
   std::string peer_dns;                     // --peer-dns NAME:PORT (every A record is a peer)
   std::string peer_token;                   // --peer-token (default: the auth token)
   std::string auth_token;                   // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
-  bool insecure = false;                    // --insecure: allow a non-loopback --listen without a token
+  bool insecure = false;                    // --insecure: a non-loopback --listen without a token
   std::string tls_cert, tls_key;            // PEM files; both or neither
   std::string log_level = "info";           // trace | debug | info | warn | error | off
 };

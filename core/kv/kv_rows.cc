@@ -217,11 +217,13 @@ size_t KvRows::TailPageBytes(size_t from, bool drop) {
   auto tails = [&](auto& buf, size_t row_elems) {
     if (buf.empty()) return;
     for (size_t h = 0; h < num_kv_heads_; ++h) {
-      const uintptr_t a = reinterpret_cast<uintptr_t>(buf.data() + (h * capacity_ + from) * row_elems);
-      const uintptr_t b =
-          reinterpret_cast<uintptr_t>(buf.data() + (h + 1) * capacity_ * row_elems);
+      const uintptr_t a =
+          reinterpret_cast<uintptr_t>(buf.data() + (h * capacity_ + from) * row_elems);
+      const uintptr_t b = reinterpret_cast<uintptr_t>(buf.data() + (h + 1) * capacity_ * row_elems);
       const uintptr_t first = (a + page - 1) / page * page, last = b / page * page;
       if (last <= first) continue;
+      // A page-aligned range inside our own private anonymous buffer: the
+      // call cannot fail short of a bug, and its result is not needed.
       if (drop) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
       bytes += last - first;
     }

@@ -137,8 +137,9 @@ absl::Status SessionStore::WaitLeasableLocked(std::unique_lock<std::mutex>& lock
   // The waits are on a condition variable (ReturnLease and LeaseEnding::Mark
   // notify), bounded: a cancelled job returns its lease at the engine's next
   // step (milliseconds), so the caller's thread is held about that long,
-  // never longer than cancel_settle + lease_wait.
+  // never longer than lease_wait (the settle window is part of it).
   const Clock::time_point start = Clock::now();
+  const auto settle = std::min(options_.cancel_settle, options_.lease_wait);
   auto gone = [&](const Entry*& e) {
     auto it = sessions_.find(id);
     e = it == sessions_.end() ? nullptr : &it->second;
@@ -147,7 +148,7 @@ absl::Status SessionStore::WaitLeasableLocked(std::unique_lock<std::mutex>& lock
   const Entry* e = nullptr;
   // A running holder: give its cancel, maybe in flight, cancel_settle to
   // arrive; a truly concurrent call is refused after that.
-  returned_cv_.wait_until(lock, std::min(deadline, start + options_.cancel_settle), [&] {
+  returned_cv_.wait_until(lock, std::min(deadline, start + settle), [&] {
     return gone(e) || Clock::now() >= e->ending_at;
   });
   // An ending holder: wait for its lease, up to lease_wait.

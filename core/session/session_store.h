@@ -65,7 +65,8 @@ struct StoreOptions {
   // answering ABORTED. A client that cancels a call and retries at once
   // sends both on one connection, but the server learns of the cancel on
   // another thread, often after the retry (on loopback, about a millisecond
-  // later); without this window that retry would be refused.
+  // later); without this window that retry would be refused. Capped by
+  // lease_wait (--lease-wait 0: no wait at all).
   std::chrono::milliseconds cancel_settle{20};
 };
 

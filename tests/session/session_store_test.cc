@@ -122,7 +122,7 @@ TEST_F(StoreTest, LeaseWaitBoundsTheWaitAndPastDeadlinesCountAsEnding) {
   held->EndsBy(Clock::now() - milliseconds(1));
   auto t0 = Clock::now();
   EXPECT_EQ(store.Acquire(id).status().code(), absl::StatusCode::kAborted);
-  EXPECT_GE(MsSince(t0), 70.0);  // waited --lease-wait ...
+  EXPECT_GE(MsSince(t0), 70.0);    // waited --lease-wait ...
   EXPECT_LT(MsSince(t0), 1000.0);  // ... and no longer
 
   // A handle that outlived its lease marks nothing.
