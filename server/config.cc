@@ -1,5 +1,6 @@
 #include "server/config.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -51,7 +52,38 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   return t;
 }
 
+// The refusal of a reachable, unauthenticated server: says how to add a token
+// and names the way out.
+absl::Status InsecureListenError(const std::string& listen) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--listen ", listen,
+      ": refusing to serve a non-loopback address without an auth token (anyone who reaches "
+      "the port could generate, read and release every session). Add a token: "
+      "`openssl rand -hex 32 > token && chmod 600 token`, then --auth-token-file token (or env "
+      "CORTIQ_AUTH_TOKEN); clients send \"authorization: Bearer <token>\". To serve without "
+      "one anyway (a trusted network), pass --insecure"));
+}
+
 }  // namespace
+
+bool IsLoopbackListen(std::string_view listen) {
+  if (listen.starts_with("unix:") || listen.starts_with("unix-abstract:")) return true;
+  std::string_view host = listen;
+  if (host.starts_with("[")) {  // [V6]:PORT
+    const size_t close = host.find(']');
+    if (close == std::string_view::npos) return false;
+    host = host.substr(1, close - 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  const std::string h(host);
+  if (absl::AsciiStrToLower(h) == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  if (inet_pton(AF_INET6, h.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;  // a hostname: it may resolve to any interface
+}
 
 std::string ServerUsage() {
   return R"(usage: cortiq-server [flags]
@@ -83,6 +115,8 @@ std::string ServerUsage() {
   --prefill-chunk N       prompt tokens per prefill call (default 256)
   --queue-capacity N      tokens buffered per stream before its job pauses (default 64)
   --grace SECONDS         on SIGTERM/SIGINT, streams get this long to finish (default 10)
+  --lease-wait SECONDS    a Generate on a session whose previous call is ending (cancelled)
+                          waits this long for it, within its own deadline (default 1)
   --peers H:P[,H:P...]    peers a drain migrates kept sessions to (or env CORTIQ_PEERS)
   --peer-dns NAME:PORT    peers from DNS: every address NAME resolves to (a headless Service)
   --peer-token T          bearer token for the peers (default: --auth-token)
@@ -95,6 +129,8 @@ std::string ServerUsage() {
                           SIGTERM takes at most --grace + --drain-timeout + 10 s
   --auth-token T          require "authorization: Bearer T" (or --auth-token-file F,
                           or env CORTIQ_AUTH_TOKEN)
+  --insecure              allow a non-loopback --listen without an auth token (refused
+                          otherwise; /metrics is never authenticated, see README)
   --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key
   --log-level L           trace | debug | info | warn | error | off (default info)
   --log-format text|json  log lines as text or as one JSON object each (default text)
@@ -141,6 +177,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       IntFlag("prefill-chunk", &c.prefill_chunk, {.min = 1}),
       IntFlag("queue-capacity", &c.queue_capacity, {.min = 1}),
       util::SecondsFlag("grace", &c.grace),
+      util::SecondsFlag("lease-wait", &c.lease_wait),
       util::ParsedFlag("peers", &c.peers, ParsePeerList),
       util::ParsedFlag("peer-dns", &c.peer_dns, ParsePeerDns),
       StringFlag("peer-token", &c.peer_token),
@@ -150,6 +187,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::SecondsFlag("drain-timeout", &c.drain_timeout),
       StringFlag("auth-token", &c.auth_token),
       StringFlag("auth-token-file", &token_file),
+      util::SwitchFlag("insecure", &c.insecure),
       StringFlag("tls-cert", &c.tls_cert),
       StringFlag("tls-key", &c.tls_key),
       util::ChoiceFlag("log-level", &c.log_level,
@@ -186,6 +224,9 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   }
   if (c.drain_timeout.count() <= 0) {
     return absl::InvalidArgumentError("--drain-timeout: must be > 0 seconds");
+  }
+  if (c.auth_token.empty() && !c.insecure && !IsLoopbackListen(c.listen)) {
+    return InsecureListenError(c.listen);
   }
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,6 +49,9 @@ struct ServerConfig {
   size_t prefill_chunk = 256;
   size_t queue_capacity = 64;
   std::chrono::milliseconds grace{10'000};  // shutdown: streams get this long to finish
+  // How long a Generate waits for a session whose previous call is ending
+  // (cancelled, lease on its way back) before ABORTED; capped by its deadline.
+  std::chrono::milliseconds lease_wait{1'000};
   std::vector<std::string> peers;           // --peers H:P,H:P or CORTIQ_PEERS: drain targets
   std::string peer_dns;                     // --peer-dns NAME:PORT (every A record is a peer)
   std::string peer_token;                   // --peer-token (default: the auth token)
@@ -59,16 +63,25 @@ struct ServerConfig {
   size_t drain_parallelism = 4;                     // migrations a drain runs at once
   std::chrono::milliseconds drain_timeout{60'000};  // after --grace; then the rest are cancelled
   std::string auth_token;                   // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
+  bool insecure = false;                    // --insecure: a non-loopback --listen without a token
   std::string tls_cert, tls_key;            // PEM files; both or neither
   std::string log_level = "info";           // trace | debug | info | warn | error | off
   std::string log_format = "text";          // text | json (one object per line)
 };
 
 // Parses argv[1..]; env CORTIQ_AUTH_TOKEN, CORTIQ_PEERS and CORTIQ_MODEL fill
-// the token, the peers and the model when the flags do not. Sets *help (and
+// the token, the peers and the model when the flags do not. A --listen that
+// is not loopback (IsLoopbackListen) with no auth token is refused
+// (InvalidArgument saying how to add one) unless --insecure. Sets *help (and
 // checks nothing else) when --help or -h was given: the caller prints
 // ServerUsage() and exits 0; on an error it exits util::kExitUsage.
 absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& args, bool* help);
+
+// True when `listen` (HOST:PORT, [V6]:PORT or unix:PATH) can only be reached
+// from this machine: a unix socket, localhost, 127.0.0.0/8 or ::1. Any other
+// host (0.0.0.0, [::], another address, a hostname) is not loopback; names
+// other than localhost are not resolved.
+bool IsLoopbackListen(std::string_view listen);
 
 // The flag reference printed by --help.
 std::string ServerUsage();

@@ -78,6 +78,7 @@ absl::Status Server::Init() {
   so.max_sessions = c.max_sessions;
   so.memory_budget_bytes = c.memory_budget_bytes;
   so.ttl = c.session_ttl;
+  so.lease_wait = c.lease_wait;
   store_ = std::make_unique<session::SessionStore>(so);
 
   const bool metrics_on = !c.metrics_listen.empty() && c.metrics_listen != "off";

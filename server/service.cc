@@ -173,10 +173,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     session::SessionStore::Lease lease;
     if (!req.session_id().empty()) {
       CORTIQ_RETURN_IF_ERROR(CheckSessionId(req.session_id()));
+      // Peek and Acquire block this gRPC thread (on a condition variable)
+      // only while the session's previous call is ending — a cancelled job
+      // returns its lease at the engine's next step, milliseconds — and at
+      // most --lease-wait and this call's deadline. Bounded and rare, that is
+      // simpler and safer than parking the request and resuming it from the
+      // engine thread when the lease returns. A session whose holder is still
+      // generating is refused (ABORTED) at once, without waiting.
       CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
-                              ctx_->store->Peek(req.session_id()));
+                              ctx_->store->Peek(req.session_id(), g.deadline));
       CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, existing));
-      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Acquire(req.session_id(), plan));
+      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Acquire(req.session_id(), plan, g.deadline));
     } else {
       CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
                               ResolveSessionConfig(req.session_config(), *ctx_));

@@ -53,6 +53,7 @@ class CacheAttention : public LayerAttentionState {
  public:
   size_t position() const override { return cache_.seq_len(); }
   void Reserve(size_t positions) override { cache_.Reserve(positions); }
+  void ReleaseUnused() override { cache_.ReleaseUnused(); }
   absl::Status CanTruncate(size_t n) const override;
   void TruncateLast(size_t n) override;
   void Release() override { cache_.Release(); }

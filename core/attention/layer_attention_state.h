@@ -153,6 +153,10 @@ class LayerAttentionState {
   // Grows to hold `positions` without further allocation (no-op where the
   // state is constant-size or already large enough).
   virtual void Reserve(size_t positions) = 0;
+  // Gives back what Reserve committed past position() (a call that ended
+  // early), without a copy; the next Reserve commits it again. Default:
+  // nothing (constant-size states).
+  virtual void ReleaseUnused() {}
   // Whether TruncateLast(n) would succeed (FailedPrecondition naming why,
   // e.g. a sealed O(1) layer cannot un-absorb a key). Changes nothing.
   virtual absl::Status CanTruncate(size_t n) const = 0;

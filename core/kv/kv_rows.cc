@@ -1,7 +1,11 @@
 // KvRows (see the header for the contract).
 #include "core/kv/kv_rows.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -71,6 +75,8 @@ KvRows& KvRows::operator=(KvRows&& other) noexcept {
   head_dim_ = other.head_dim_;
   capacity_ = std::exchange(other.capacity_, 0);
   seq_len_ = std::exchange(other.seq_len_, 0);
+  committed_ = std::exchange(other.committed_, 0);
+  dropped_bytes_ = std::exchange(other.dropped_bytes_, 0);
   head_len_ = std::move(other.head_len_);
   k_f32_ = std::move(other.k_f32_);
   v_f32_ = std::move(other.v_f32_);
@@ -86,6 +92,7 @@ KvRows& KvRows::operator=(KvRows&& other) noexcept {
 KvRows KvRows::Copy() const {
   KvRows c(num_kv_heads_, head_dim_, mode_);
   c.capacity_ = capacity_;
+  c.committed_ = capacity_;  // fresh buffers: every page resident
   c.seq_len_ = seq_len_;
   c.head_len_ = head_len_.Copy();
   c.k_f32_ = k_f32_.Copy();
@@ -118,7 +125,8 @@ size_t KvRows::ProjectedBytes(size_t num_kv_heads, size_t head_dim, KvMode mode,
 size_t KvRows::MemoryBytes() const {
   return head_len_.MemoryBytes() + k_f32_.MemoryBytes() + v_f32_.MemoryBytes() +
          k_i8_.MemoryBytes() + v_i8_.MemoryBytes() + k_scale_.MemoryBytes() +
-         v_scale_.MemoryBytes() + importance_.MemoryBytes() + alive_log_.MemoryBytes();
+         v_scale_.MemoryBytes() + importance_.MemoryBytes() + alive_log_.MemoryBytes() -
+         dropped_bytes_;
 }
 
 size_t KvRows::HeadLen(size_t kv_head) const {
@@ -139,6 +147,7 @@ HeadRowsView KvRows::Head(size_t kv_head) const {
 
 HeadRowsFill KvRows::Fill(size_t kv_head, size_t rows) {
   CORTIQ_KV_CHECK(kv_head < num_kv_heads_ && rows <= capacity_);
+  CORTIQ_KV_CHECK(rows <= committed_);  // Reserve(rows) first
   return HeadSpans<HeadRowsFill>(mode_, RowBase(kv_head), ScaleBase(kv_head), rows * head_dim_,
                                  rows, k_f32_, v_f32_, k_i8_, v_i8_, k_scale_, v_scale_);
 }
@@ -190,10 +199,76 @@ void KvRows::Reallocate(size_t new_capacity) {
     alive_log_ = std::move(next);
   }
   capacity_ = new_capacity;
+  committed_ = new_capacity;  // fresh, zero-filled buffers
+  dropped_bytes_ = 0;
 }
 
 void KvRows::Reserve(size_t positions) {
-  if (positions > capacity_) Reallocate(positions);
+  if (positions > capacity_) {
+    Reallocate(positions);
+  } else if (positions > committed_) {
+    CommitRows(positions);
+  }
+}
+
+size_t KvRows::TailPageBytes(size_t from, bool drop) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  size_t bytes = 0;
+  auto tails = [&](auto& buf, size_t row_elems) {
+    if (buf.empty()) return;
+    for (size_t h = 0; h < num_kv_heads_; ++h) {
+      const uintptr_t a =
+          reinterpret_cast<uintptr_t>(buf.data() + (h * capacity_ + from) * row_elems);
+      const uintptr_t b = reinterpret_cast<uintptr_t>(buf.data() + (h + 1) * capacity_ * row_elems);
+      const uintptr_t first = (a + page - 1) / page * page, last = b / page * page;
+      if (last <= first) continue;
+      // A page-aligned range inside our own private anonymous buffer: the
+      // call cannot fail short of a bug, and its result is not needed.
+      if (drop) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+      bytes += last - first;
+    }
+  };
+  if (mode_ == KvMode::kF32) {
+    tails(k_f32_, head_dim_);
+    tails(v_f32_, head_dim_);
+  } else {
+    tails(k_i8_, head_dim_);
+    tails(v_i8_, head_dim_);
+    tails(k_scale_, 1);
+    tails(v_scale_, 1);
+  }
+  return bytes;
+}
+
+void KvRows::ReleaseUnused() {
+  if (seq_len_ >= committed_) return;  // nothing committed past the rows held
+  dropped_bytes_ = TailPageBytes(seq_len_, /*drop=*/true);
+  committed_ = seq_len_;
+}
+
+void KvRows::CommitRows(size_t rows) {
+  CORTIQ_KV_CHECK(rows <= capacity_);
+  if (rows <= committed_) return;
+  // Touching the rows faults their pages in (zeros), so what MemoryBytes()
+  // counts stays resident.
+  auto zero = [&](auto& buf, size_t row_elems) {
+    if (buf.empty()) return;
+    for (size_t h = 0; h < num_kv_heads_; ++h) {
+      std::memset(static_cast<void*>(buf.data() + (h * capacity_ + committed_) * row_elems), 0,
+                  (rows - committed_) * row_elems * sizeof(buf[0]));
+    }
+  };
+  if (mode_ == KvMode::kF32) {
+    zero(k_f32_, head_dim_);
+    zero(v_f32_, head_dim_);
+  } else {
+    zero(k_i8_, head_dim_);
+    zero(v_i8_, head_dim_);
+    zero(k_scale_, 1);
+    zero(v_scale_, 1);
+  }
+  committed_ = rows;
+  dropped_bytes_ = rows == capacity_ ? 0 : TailPageBytes(rows, /*drop=*/false);
 }
 
 void KvRows::ShrinkToFit() {
@@ -212,6 +287,8 @@ void KvRows::Append(std::span<const float> k_new, std::span<const float> v_new,
 
   if (seq_len_ == capacity_) {
     Reallocate(std::max<size_t>(16, 2 * capacity_));
+  } else if (seq_len_ == committed_) {
+    CommitRows(capacity_);  // past what ReleaseUnused kept: no Reserve came first
   }
   const bool any_dead =
       !alive.empty() && std::find(alive.begin(), alive.end(), false) != alive.end();

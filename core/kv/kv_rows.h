@@ -19,7 +19,10 @@
 //   * MemoryBytes() is the exact heap bytes held (capacity-based, 64-byte
 //     rounded per buffer: rows, scales, head lengths, importance, alive
 //     log). A fresh or Release()d store holds 0 bytes. Allocations are
-//     zero-filled, so the bytes counted are also resident.
+//     zero-filled, so the bytes counted are also resident. ReleaseUnused
+//     gives the pages of each head block beyond seq_len() back to the OS
+//     and MemoryBytes() stops counting them, until Reserve / Append
+//     commits them again (zero-filled, so again resident).
 //   * Dead heads: a KV head whose alive[h] is false at Append stores nothing
 //     for that position. seq_len() counts every position appended;
 //     HeadLen(h) counts the rows head h actually stored (<= seq_len()).
@@ -89,10 +92,21 @@ class KvRows {
 
   // ---- capacity ----
   // Grows capacity to at least `positions` in one reallocation per buffer
-  // (no-op if it is already large enough), keeping every stored row.
+  // (no-op if it is already large enough), keeping every stored row; rows
+  // up to `positions` given back by ReleaseUnused are committed again.
   void Reserve(size_t positions);
   // Reallocates to exactly seq_len() positions (0 → frees every buffer).
   void ShrinkToFit();
+  // Gives back the unused tail of every head block — the whole pages past
+  // seq_len() rows — with madvise(MADV_DONTNEED): no copy, capacity() and
+  // every stored row unchanged, and MemoryBytes() drops by the bytes given
+  // back. Preferred over ShrinkToFit at the end of a call: a kept session
+  // that continues re-commits the pages it needs (Reserve, zero-filled, a
+  // memset) instead of copying every row twice. The rows' buffers are
+  // private anonymous memory (glibc's mmap path for big blocks, else its
+  // heap), where MADV_DONTNEED frees the pages and later reads see zeros.
+  // O(num_kv_heads) system calls; allocates nothing.
+  void ReleaseUnused();
 
   // ---- mutation ----
   // Appends one position. k_new, v_new: [num_kv_heads × head_dim]; alive:
@@ -136,6 +150,13 @@ class KvRows {
   // keeping stored rows; 0 frees them all. The only place storage is
   // (re)allocated, apart from the lazy importance / alive log.
   void Reallocate(size_t new_capacity);
+  // Makes rows [committed_, rows) of every head block resident again
+  // (zero-filled) and recounts the pages still given back. rows <= capacity_.
+  void CommitRows(size_t rows);
+  // Bytes of the whole pages inside rows [from, capacity_) of every head
+  // block, summed over the row buffers; with `drop`, madvise(MADV_DONTNEED)
+  // gives them back first.
+  size_t TailPageBytes(size_t from, bool drop);
   // Offsets of head h's blocks.
   size_t RowBase(size_t kv_head) const { return kv_head * capacity_ * head_dim_; }
   size_t ScaleBase(size_t kv_head) const { return kv_head * capacity_; }
@@ -145,6 +166,11 @@ class KvRows {
   size_t head_dim_;
   size_t capacity_ = 0;  // positions per head block
   size_t seq_len_ = 0;   // positions appended (dead heads included)
+  // Rows per head block that are resident (seq_len_ <= committed_ <=
+  // capacity_); the whole pages past them were given back (ReleaseUnused)
+  // and are the dropped_bytes_ MemoryBytes() does not count.
+  size_t committed_ = 0;
+  size_t dropped_bytes_ = 0;
 
   util::AlignedBuffer<size_t> head_len_;  // [num_kv_heads]; with storage
   // kF32 storage (empty in kInt8):

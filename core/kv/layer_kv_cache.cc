@@ -50,6 +50,10 @@ void LayerKvCache::Reserve(size_t positions) {
   if (!O1Sealed()) rows_.Reserve(positions);
 }
 
+void LayerKvCache::ReleaseUnused() {
+  if (!O1Sealed()) rows_.ReleaseUnused();
+}
+
 void LayerKvCache::ShrinkToFit() {
   if (!O1Sealed()) rows_.ShrinkToFit();
 }

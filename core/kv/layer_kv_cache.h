@@ -148,6 +148,9 @@ class LayerKvCache {
   void Reserve(size_t positions);
   // Reallocates to exactly seq_len() positions (0 → releases the storage).
   void ShrinkToFit();
+  // Gives the row capacity past seq_len() back to the OS without a copy
+  // (KvRows::ReleaseUnused); no-op once sealed.
+  void ReleaseUnused();
 
   // ---- mutation ----
   // Appends one position. k_new, v_new: [num_kv_heads × head_dim]. Heads

@@ -36,6 +36,10 @@ void SequenceKv::Reserve(size_t positions) {
   for (auto& l : layers_) l->Reserve(positions);
 }
 
+void SequenceKv::ReleaseUnused() {
+  for (auto& l : layers_) l->ReleaseUnused();
+}
+
 absl::Status SequenceKv::TruncateLast(size_t n) {
   if (n > position()) {
     return absl::InvalidArgumentError(

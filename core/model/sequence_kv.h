@@ -54,6 +54,9 @@ class SequenceKv {
 
   // Grows every layer to hold `positions` without further allocation.
   void Reserve(size_t positions);
+  // Every layer gives back what it holds past position() (see
+  // LayerAttentionState::ReleaseUnused).
+  void ReleaseUnused();
   // Speculative rollback of the last n positions in every layer, all or
   // nothing: InvalidArgument when n > position(); FailedPrecondition, naming
   // the layer, when any layer cannot roll back (sealed O(1), a window that

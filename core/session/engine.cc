@@ -49,6 +49,7 @@ size_t HeldSuffix(std::string_view text, const std::vector<std::string>& stops) 
 Job::Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request, size_t positions)
     : engine_(engine),
       lease_(std::move(lease)),
+      ending_(lease_.ending()),
       session_id_(lease_->id()),
       request_(std::move(request)),
       positions_(positions) {}
@@ -90,6 +91,7 @@ const GenerationResult& Job::result() const { return result_; }
 
 void Job::Cancel() {
   if (!cancelled_.exchange(true)) {
+    ending_.Mark();
     std::unique_lock lock(mu_);
     if (!finished_) {
       lock.unlock();
@@ -217,6 +219,8 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
   }
   std::shared_ptr<Job> job(new Job(this, std::move(lease), std::move(request), plan.total));
   job->submitted_ = Clock::now();
+  // Past its deadline the job ends at the next step: a next call waits for it.
+  job->lease_.EndsBy(job->request_.deadline);
   std::weak_ptr<Job> weak = job;
   job->lease_.SetCanceller([weak] {
     if (auto j = weak.lock()) j->Cancel();
@@ -263,7 +267,14 @@ void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
   GenerationResult& res = job.result_;
   Session& s = *job.lease_;
   if (job.detok_) s.KeepDetokPending(job.detok_->pending_bytes());
-  s.PublishMemory();
+  // A kept session holds, after the call, what its tokens need: the rows
+  // reserved for max_tokens and not used are given back (the store's
+  // reservation ends with the lease). A one-shot session is freed whole.
+  if (job.request_.release_at_end) {
+    s.PublishMemory();
+  } else {
+    s.ReleaseUnusedPositions();
+  }
   res.prompt_tokens = job.request_.prompt.size();
   res.session_tokens = s.tokens().size();
   res.memory = s.Memory();

@@ -111,7 +111,9 @@ class Job {
   // Final result; valid once finished() (the engine publishes it last).
   bool finished() const;
   const GenerationResult& result() const;
-  // Stops the job at the next step boundary (finish reason cancelled).
+  // Stops the job at the next step boundary (finish reason cancelled), and
+  // marks its lease ending so a next call on the session waits for it
+  // (SessionStore::LeaseEnding) instead of answering ABORTED.
   void Cancel();
   // Called on the engine thread after each event push and at the finish (may
   // be called while the consumer runs: it must be cheap and thread-safe).
@@ -132,6 +134,7 @@ class Job {
 
   Engine* engine_;
   SessionStore::Lease lease_;
+  const SessionStore::LeaseEnding ending_;  // lease_'s, for Cancel on any thread
   const std::string session_id_;
   GenerationRequest request_;
   const size_t positions_;  // RequestPlan::total: what the session's caches reserve

@@ -67,6 +67,11 @@ absl::Status Session::ChooseSampler(const model::SamplingParams& params, bool se
 
 void Session::ReservePositions(size_t positions) { kv_.Reserve(positions); }
 
+void Session::ReleaseUnusedPositions() {
+  kv_.ReleaseUnused();
+  PublishMemory();
+}
+
 int32_t Session::SampleNext(std::span<const float> logits) {
   const int32_t t = sampler_->Sample(logits, tokens_);
   tokens_.push_back(t);

@@ -123,6 +123,10 @@ class Session {
   // Grows every layer of the sequence to hold `positions` positions in all,
   // so the call's decode steps do not allocate (SequenceKv::Reserve).
   void ReservePositions(size_t positions);
+  // The end of a call on a kept session: gives back the positions reserved
+  // for it and not used (a deadline, cancel, stop or EOS cut it short;
+  // SequenceKv::ReleaseUnused), then publishes the smaller bytes.
+  void ReleaseUnusedPositions();
   // Samples the next token from `logits` ([vocab]) with the session's
   // sampler (its penalties see the history) and appends it to the history.
   // Requires a sampler (ChooseSampler first). Allocates nothing once the

@@ -57,9 +57,15 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Sessio
   }
   Entry& e = sessions_[session->id()];
   e.session = std::move(session);
+  return LeaseLocked(e);
+}
+
+SessionStore::Lease SessionStore::LeaseLocked(Entry& e) {
   e.leased = true;
+  e.lease_serial = ++next_serial_;
+  e.ending_at = Clock::time_point::max();
   e.last_used = Clock::now();
-  return Lease(this, e.session.get());
+  return Lease(this, e.session.get(), e.lease_serial);
 }
 
 size_t SessionStore::CommittedLocked() const {
@@ -98,10 +104,8 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transforme
   if (!s.ok()) return s.status();
   Entry& e = sessions_[id];
   e.session = *std::move(s);
-  e.leased = true;
   e.reservation = projected_bytes;
-  e.last_used = Clock::now();
-  return Lease(this, e.session.get());
+  return LeaseLocked(e);
 }
 
 absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transformer& model,
@@ -114,34 +118,67 @@ absl::Status SessionStore::CheckLeasableLocked(const std::string& id) const {
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "' on this node"));
   }
-  if (it->second.leased) {
+  const Entry& e = it->second;
+  if (e.leased && Clock::now() >= e.ending_at) {
+    return absl::AbortedError(absl::StrCat(
+        "session busy: '", id, "' is still ending its previous call after the wait (at most ",
+        options_.lease_wait.count(), " ms, --lease-wait, and this call's deadline); retry"));
+  }
+  if (e.leased) {
     return absl::AbortedError(
         absl::StrCat("session busy: '", id, "' is in use by another call"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id) {
-  std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(CheckLeasableLocked(id));
-  Entry& e = sessions_.at(id);
-  e.leased = true;
-  e.last_used = Clock::now();
-  return Lease(this, e.session.get());
+absl::Status SessionStore::WaitLeasableLocked(std::unique_lock<std::mutex>& lock,
+                                              const std::string& id,
+                                              Clock::time_point deadline) const {
+  // The waits are on a condition variable (ReturnLease and LeaseEnding::Mark
+  // notify), bounded: a cancelled job returns its lease at the engine's next
+  // step (milliseconds), so the caller's thread is held about that long,
+  // never longer than lease_wait (the settle window is part of it).
+  const Clock::time_point start = Clock::now();
+  const auto settle = std::min(options_.cancel_settle, options_.lease_wait);
+  auto gone = [&](const Entry*& e) {
+    auto it = sessions_.find(id);
+    e = it == sessions_.end() ? nullptr : &it->second;
+    return e == nullptr || !e->leased;
+  };
+  const Entry* e = nullptr;
+  // A running holder: give its cancel, maybe in flight, cancel_settle to
+  // arrive; a truly concurrent call is refused after that.
+  returned_cv_.wait_until(lock, std::min(deadline, start + settle), [&] {
+    return gone(e) || Clock::now() >= e->ending_at;
+  });
+  // An ending holder: wait for its lease, up to lease_wait.
+  returned_cv_.wait_until(lock, std::min(deadline, start + options_.lease_wait), [&] {
+    return gone(e) || Clock::now() < e->ending_at;
+  });
+  return CheckLeasableLocked(id);
 }
 
-absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id) const {
+absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
+                                                          Clock::time_point deadline) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(CheckLeasableLocked(id));
+  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline));
+  return LeaseLocked(sessions_.at(id));
+}
+
+absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id,
+                                                   Clock::time_point deadline) const {
+  std::unique_lock lock(mu_);
+  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline));
   // Unleased: no call mutates the history while mu_ is held.
   const Session& s = *sessions_.at(id).session;
   return ExistingSession{s.tokens().size(), s.config()};
 }
 
 absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
-                                                          const RequestPlan& plan) {
+                                                          const RequestPlan& plan,
+                                                          Clock::time_point deadline) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(CheckLeasableLocked(id));
+  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline));
   Entry& e = sessions_.at(id);
   const size_t history = e.session->tokens().size();
   if (history != plan.history) {
@@ -150,9 +187,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
                      plan.history, " tokens then, ", history, " now); retry"));
   }
   CORTIQ_RETURN_IF_ERROR(ReserveLocked(e, plan.projected.total()));
-  e.leased = true;
-  e.last_used = Clock::now();
-  return Lease(this, e.session.get());
+  return LeaseLocked(e);
 }
 
 std::unique_ptr<Session> SessionStore::EraseLocked(std::map<std::string, Entry>::iterator it,
@@ -299,6 +334,7 @@ void SessionStore::ReturnLease(Session* session) {
     if (it == sessions_.end()) return;  // cannot happen: leased sessions are never erased
     Entry& e = it->second;
     e.leased = false;
+    e.ending_at = Clock::time_point::max();
     e.reservation = 0;
     e.canceller = nullptr;
     e.last_used = Clock::now();
@@ -322,6 +358,7 @@ SessionStore::Lease& SessionStore::Lease::operator=(Lease&& o) noexcept {
     Return();
     store_ = std::exchange(o.store_, nullptr);
     session_ = std::exchange(o.session_, nullptr);
+    serial_ = std::exchange(o.serial_, 0);
   }
   return *this;
 }
@@ -364,6 +401,31 @@ void SessionStore::Lease::ReleaseOnReturn(ReleaseReason reason) {
   std::unique_lock lock(store_->mu_);
   Entry& e = store_->sessions_.at(session_->id());
   if (!e.release_requested) e.release_on_return = reason;
+}
+
+void SessionStore::Lease::EndsBy(Clock::time_point deadline) {
+  std::unique_lock lock(store_->mu_);
+  Entry& e = store_->sessions_.at(session_->id());
+  e.ending_at = std::min(e.ending_at, deadline);
+}
+
+SessionStore::LeaseEnding SessionStore::Lease::ending() const {
+  LeaseEnding h;
+  h.store_ = store_;
+  h.session_id_ = session_->id();
+  h.serial_ = serial_;
+  return h;
+}
+
+void SessionStore::LeaseEnding::Mark() const {
+  if (store_ == nullptr) return;
+  std::unique_lock lock(store_->mu_);
+  auto it = store_->sessions_.find(session_id_);
+  if (it == store_->sessions_.end()) return;
+  Entry& e = it->second;
+  if (e.leased && e.lease_serial == serial_) e.ending_at = Clock::time_point::min();
+  lock.unlock();
+  store_->returned_cv_.notify_all();  // a caller in its settle window waits on for the lease
 }
 
 bool SessionStore::Lease::release_requested() const {

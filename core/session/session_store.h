@@ -13,6 +13,14 @@
 // of the running call), so two admitted calls can never together exceed the
 // budget.
 //
+// Waiting for a lease: a session leased by a call that is ending — its job
+// was cancelled (LeaseEnding::Mark) or its deadline has passed
+// (Lease::EndsBy), so the lease comes back at the engine's next step — is
+// waited for by Peek / Acquire, up to options.lease_wait and the caller's
+// own deadline, instead of answering ABORTED. A session whose holder is
+// still running (a truly concurrent call) answers ABORTED once
+// options.cancel_settle (20 ms) has passed without its cancel arriving.
+//
 // Admission takes a RequestPlan's bytes (PlanRequest projects them once):
 // Create(model, plan) for a new session; Peek → PlanRequest → Acquire(id,
 // plan) for a continuation, so a request that fails its plan never leases.
@@ -51,6 +59,15 @@ struct StoreOptions {
   std::chrono::milliseconds ttl{600'000};
   // How long ReleaseSession waits for a generating session's lease to return.
   std::chrono::milliseconds release_wait{10'000};
+  // How long Peek / Acquire wait for the lease of an ending call (--lease-wait).
+  std::chrono::milliseconds lease_wait{1'000};
+  // How long Peek / Acquire give a running holder's cancel to arrive before
+  // answering ABORTED. A client that cancels a call and retries at once
+  // sends both on one connection, but the server learns of the cancel on
+  // another thread, often after the retry (on loopback, about a millisecond
+  // later); without this window that retry would be refused. Capped by
+  // lease_wait (--lease-wait 0: no wait at all).
+  std::chrono::milliseconds cancel_settle{20};
 };
 
 // A snapshot of one session for GetSession / ListSessions.
@@ -74,6 +91,7 @@ struct ReleaseResult {
 class SessionStore {
  public:
   class Lease;
+  class LeaseEnding;
 
   explicit SessionStore(StoreOptions options);
   ~SessionStore();  // releases every session
@@ -96,18 +114,24 @@ class SessionStore {
   // A fresh session id: 32 hex digits of 128 bits from the kernel CSPRNG.
   static std::string RandomId();
   // Leases an existing session. NOT_FOUND for an unknown id; ABORTED when
-  // another call holds it ("session busy").
-  absl::StatusOr<Lease> Acquire(const std::string& id);
+  // another call holds it ("session busy"). When the holder is ending (see
+  // the banner) this blocks the calling thread until its lease returns, at
+  // most options.lease_wait and until `deadline`; ABORTED if it has not.
+  absl::StatusOr<Lease> Acquire(const std::string& id,
+                                Clock::time_point deadline = Clock::time_point::max());
   // What a continuation is planned against (PlanRequest): the session's
   // history length and config, without leasing it or touching it. NOT_FOUND
-  // / ABORTED as Acquire would answer now.
-  absl::StatusOr<ExistingSession> Peek(const std::string& id) const;
+  // / ABORTED as Acquire would answer now, after the same wait for an ending
+  // holder.
+  absl::StatusOr<ExistingSession> Peek(const std::string& id,
+                                       Clock::time_point deadline = Clock::time_point::max()) const;
   // Leases the session `plan` was made for (from Peek) and reserves
   // plan.projected.total() bytes for the call, in one step: nothing changes
   // on an error. NOT_FOUND / ABORTED as Acquire; ABORTED ("session busy")
   // also when its history is no longer plan.history (another call ran since
   // the Peek: plan again); RESOURCE_EXHAUSTED as Lease::Reserve.
-  absl::StatusOr<Lease> Acquire(const std::string& id, const RequestPlan& plan);
+  absl::StatusOr<Lease> Acquire(const std::string& id, const RequestPlan& plan,
+                                Clock::time_point deadline = Clock::time_point::max());
 
   // Frees a session. Idempotent: unknown / already released → released=false.
   // A leased session has its canceller called, is marked for release, and
@@ -172,14 +196,38 @@ class SessionStore {
     void ReleaseOnReturn(ReleaseReason reason);
     // True once Release() was asked for this session while leased.
     bool release_requested() const;
+    // The call holding this lease ends by `deadline` at the latest: from
+    // then on a waiting Peek / Acquire treats it as ending. O(log n).
+    void EndsBy(Clock::time_point deadline);
+    // A handle another thread uses to mark this lease ending (a job's
+    // Cancel). Requires a held lease.
+    LeaseEnding ending() const;
     // Returns the lease now (idempotent).
     void Return();
 
    private:
     friend class SessionStore;
-    Lease(SessionStore* store, Session* session) : store_(store), session_(session) {}
+    Lease(SessionStore* store, Session* session, uint64_t serial)
+        : store_(store), session_(session), serial_(serial) {}
     SessionStore* store_ = nullptr;
     Session* session_ = nullptr;
+    uint64_t serial_ = 0;  // which lease of the session this is (Entry::lease_serial)
+  };
+
+  // Marks one lease as ending: its holder has been told to stop and returns
+  // it at its next step. Copyable; any thread; Mark() is a no-op once that
+  // lease has returned (the session's next lease is not touched) or on a
+  // default-constructed handle. The store must outlive it.
+  class LeaseEnding {
+   public:
+    LeaseEnding() = default;
+    void Mark() const;
+
+   private:
+    friend class SessionStore;
+    SessionStore* store_ = nullptr;
+    std::string session_id_;
+    uint64_t serial_ = 0;
   };
 
  private:
@@ -190,6 +238,10 @@ class SessionStore {
   struct Entry {
     std::unique_ptr<Session> session;
     bool leased = false;
+    uint64_t lease_serial = 0;  // the current (or last) lease's serial
+    // While leased: from this time on the holder is ending (a cancel sets it
+    // to the past; EndsBy to the call's deadline).
+    Clock::time_point ending_at = Clock::time_point::max();
     size_t reservation = 0;
     std::function<void()> canceller;
     std::optional<ReleaseReason> release_on_return;
@@ -207,6 +259,13 @@ class SessionStore {
   absl::Status AdmitLocked(size_t bytes, std::string_view what) const;
   // NOT_FOUND / ABORTED ("session busy") unless `id` names an unleased session.
   absl::Status CheckLeasableLocked(const std::string& id) const;
+  // Waits (releasing mu_ meanwhile) while `id` is leased by an ending
+  // holder, until options_.lease_wait has passed or `deadline`; then
+  // CheckLeasableLocked.
+  absl::Status WaitLeasableLocked(std::unique_lock<std::mutex>& lock, const std::string& id,
+                                  Clock::time_point deadline) const;
+  // Leases e's session (a new serial, not ending) and stamps its use.
+  Lease LeaseLocked(Entry& e);
   // Lease::Reserve with mu_ held.
   absl::Status ReserveLocked(Entry& e, size_t projected_bytes);
   SessionSnapshot SnapshotLocked(const Entry& e, Clock::time_point now) const;
@@ -217,7 +276,8 @@ class SessionStore {
 
   const StoreOptions options_;
   mutable std::mutex mu_;
-  std::condition_variable returned_cv_;
+  mutable std::condition_variable returned_cv_;  // a lease returned or was marked ending
+  uint64_t next_serial_ = 0;
   std::map<std::string, Entry> sessions_;
   std::array<uint64_t, kNumReleaseReasons> releases_{};
 };

@@ -261,6 +261,11 @@ def main():
     check("cortiq-server" in start, "ENTRYPOINT/CMD starts cortiq-server")
     check(re.search(r"--listen[ =]0\.0\.0\.0:50051", start) is not None, "listens on 0.0.0.0:50051")
     check(re.search(r"--metrics-listen[ =]0\.0\.0\.0:9464", start) is not None, "metrics on 0.0.0.0:9464")
+    # Secure by default: no way around the token baked in (the server then
+    # refuses 0.0.0.0 until a token is given from a secret), no token either.
+    check("--insecure" not in start, "ENTRYPOINT/CMD does not pass --insecure")
+    check(re.search(r"--(auth|peer)-token[ =]", start) is None, "ENTRYPOINT/CMD has no literal token")
+    check(not any(w == "ENV" and "TOKEN" in arg for w, arg in runtime["instrs"]), "no token in ENV")
     copies = [exec_form(arg) for w, arg in runtime["instrs"] if w == "COPY"]
     check(any(c[-1].rstrip("/") == "/usr/share/cortiq/model" and any("models/cortiq-byte-4m" in x for x in c)
               for c in copies), "the embedded model is copied to /usr/share/cortiq/model")

@@ -10,8 +10,10 @@ labels and ports; probes are gRPC health on 50051; the preStop hook drains;
 the kill timeouts (terminationGracePeriodSeconds, stop_grace_period) cover
 --grace + --drain-timeout + 10 s for the flags in the manifest;
 requests cover the model and the memory budget; the kustomization lists every
-file; compose runs two nodes that name each other as peers, Prometheus with
-the rules and Grafana with the dashboard.
+file; the auth token comes from a Secret (generated from a file the user
+makes, never a literal) for the server and the drain hook; compose runs two
+nodes that name each other as peers and read the token from a compose
+secret file, Prometheus with the rules and Grafana with the dashboard.
 """
 import argparse
 import os
@@ -130,6 +132,20 @@ def check_k8s(root):
         for r in listed:
             check(os.path.exists(os.path.join(k8s, r)), f"kustomization resource {r} exists")
 
+    secrets_made = set()  # Secrets the kustomization generates or lists
+    if kust:
+        for g in kust[0].get("secretGenerator") or []:
+            secrets_made.add(g.get("name"))
+            for src in g.get("files") or []:
+                path = str(src).split("=", 1)[-1]
+                check(path.startswith("secrets/"),
+                      f"secretGenerator {g.get('name')} reads {path} under the ignored deploy/k8s/secrets/")
+            check(not g.get("literals"), f"secretGenerator {g.get('name')} has no literal token")
+    for f, d in docs:
+        if d.get("kind") == "Secret":
+            secrets_made.add(get(d, "metadata", "name"))
+            check(False, f"{f}: no Secret manifest with a token in the repository")
+
     objs = [(f, d) for f, d in docs if d.get("kind") != "Kustomization"]
     for f, d in objs:
         check(isinstance(d, dict) and d.get("apiVersion") and d.get("kind") and get(d, "metadata", "name"),
@@ -197,6 +213,18 @@ def check_k8s(root):
     sts_files = [f for f, d in docs if d.get("kind") == "StatefulSet"]
     with open(os.path.join(k8s, sts_files[0]), encoding="utf-8") as f:
         check(FORMULA in f.read(), f"deploy/k8s/{sts_files[0]} gives the formula: {FORMULA}")
+    # The auth token: from a Secret, never a literal; the server (on
+    # 0.0.0.0 it refuses to start without one) and the preStop drain (the
+    # client's CORTIQ_TOKEN) both get it; peers get it as --peer-token's default.
+    env = {e.get("name"): e for e in server.get("env") or []}
+    for var in ("CORTIQ_AUTH_TOKEN", "CORTIQ_TOKEN"):
+        ref = get(env.get(var, {}), "valueFrom", "secretKeyRef", default={})
+        check(ref.get("name") in secrets_made and ref.get("key"),
+              f"env {var} comes from the Secret the kustomization makes ({ref})")
+        check("value" not in env.get(var, {}), f"env {var} has no literal value")
+    check(not any(a.startswith(("--auth-token=", "--peer-token=")) or a in ("--auth-token", "--peer-token")
+                  for a in args), "no token on the command line")
+    check("--insecure" not in args, "the StatefulSet does not pass --insecure")
     tgp = pod.get("terminationGracePeriodSeconds")
     check(tgp is not None and tgp >= bound,
           f"terminationGracePeriodSeconds {tgp} >= {FORMULA} = {grace:g} + {drain_timeout:g} + "
@@ -274,6 +302,17 @@ def check_compose(root):
         check(stop is not None and duration_s(stop) >= bound,
               f"{n} stop_grace_period {stop} >= {FORMULA} = {grace:g} + {drain_timeout:g} + "
               f"{DRAIN_SLACK_S} = {bound:g} s")
+        # The token: a compose secret file, mounted at /run/secrets/NAME.
+        token_file = flag(cmd, "--auth-token-file") or ""
+        name = token_file.removeprefix("/run/secrets/")
+        svc_secrets = [s if isinstance(s, str) else s.get("source") for s in services[n].get("secrets") or []]
+        check(token_file.startswith("/run/secrets/") and name in svc_secrets,
+              f"{n} reads --auth-token-file from its compose secret ({token_file}, secrets {svc_secrets})")
+        src = get(docs[0], "secrets", name, "file")
+        check(src is not None and os.path.normpath(os.path.join(deploy, src)).startswith(
+            os.path.join(deploy, "secrets") + os.sep),
+              f"compose secret {name} is a file under the ignored deploy/secrets/ ({src})")
+        check("--insecure" not in cmd and "--auth-token" not in cmd, f"{n}: no --insecure, no literal token")
 
     prom = next((n for n, s in services.items() if "prometheus" in str(s.get("image", ""))), None)
     graf = next((n for n, s in services.items() if "grafana" in str(s.get("image", ""))), None)

@@ -1,6 +1,7 @@
 // cortiq-server's flags (server/config.h): the defaults, every flag in both
 // syntaxes, the ranges, the environment fallbacks (CORTIQ_AUTH_TOKEN,
-// CORTIQ_PEERS, CORTIQ_MODEL) and errors that name the flag. No server.
+// CORTIQ_PEERS, CORTIQ_MODEL), errors that name the flag, and the refusal of
+// a non-loopback --listen without a token. No server.
 #include "server/config.h"
 
 #include <stdlib.h>
@@ -118,6 +119,8 @@ Fields FieldsOf(const ServerConfig& c) {
       {"drain-parallelism", Text(c.drain_parallelism)},
       {"drain-timeout", Text(c.drain_timeout)},
       {"auth-token", Text(c.auth_token)},
+      {"insecure", c.insecure ? "true" : "false"},
+      {"lease-wait", Text(c.lease_wait)},
       {"tls-cert", Text(c.tls_cert)},
       {"tls-key", Text(c.tls_key)},
       {"log-level", Text(c.log_level)},
@@ -167,6 +170,8 @@ TEST_F(ConfigTest, Defaults) {
       {"drain-parallelism", "4"},
       {"drain-timeout", "60000ms"},
       {"auth-token", ""},
+      {"insecure", "false"},
+      {"lease-wait", "1000ms"},
       {"tls-cert", ""},
       {"tls-key", ""},
       {"log-level", "info"},
@@ -218,6 +223,7 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"drain-parallelism", "8", "8"},
       {"drain-timeout", "3", "3000ms"},
       {"auth-token", "at", "at"},
+      {"lease-wait", "0.25", "250ms"},
       {"tls-cert", "c.pem", "c.pem"},
       {"tls-key", "k.pem", "k.pem"},
       {"log-level", "warn", "warn"},
@@ -235,6 +241,8 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       }
       want[g.flag] = g.field;
     }
+    args.push_back("--insecure");  // a switch: no value in either syntax
+    want["insecure"] = "true";
     absl::StatusOr<ServerConfig> c = Parse(args);
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_THAT(FieldsOf(*c), ::testing::ContainerEq(want))
@@ -321,6 +329,52 @@ TEST_F(ConfigTest, AuthTokenFile) {
   { std::ofstream f(path, std::ios::trunc); }
   ExpectUsageError({"--auth-token-file", path}, "is empty");
   std::remove(path.c_str());
+}
+
+TEST_F(ConfigTest, LoopbackListenAddresses) {
+  for (const char* listen : {"127.0.0.1:50051", "127.3.2.1:0", "localhost:50051",
+                             "LocalHost:1", "[::1]:50051", "unix:/tmp/cortiq.sock"}) {
+    EXPECT_TRUE(IsLoopbackListen(listen)) << listen;
+  }
+  for (const char* listen : {"0.0.0.0:50051", "[::]:50051", ":50051", "10.0.0.7:50051",
+                             "[fe80::1]:50051", "cortiq.example.com:50051", "128.0.0.1:1"}) {
+    EXPECT_FALSE(IsLoopbackListen(listen)) << listen;
+  }
+}
+
+TEST_F(ConfigTest, NonLoopbackListenNeedsATokenOrInsecure) {
+  // The message says how to add a token (both ways, and how to make one)
+  // and names the way out.
+  for (const char* needle : {"--listen 0.0.0.0:50051", "without an auth token",
+                             "openssl rand -hex 32", "--auth-token-file", "CORTIQ_AUTH_TOKEN",
+                             "--insecure"}) {
+    ExpectUsageError({"--listen", "0.0.0.0:50051"}, needle);
+  }
+  ExpectUsageError({"--listen", "[::]:50051"}, "--insecure");
+  ExpectUsageError({"--listen", "node-1.internal:50051"}, "--insecure");
+
+  absl::StatusOr<ServerConfig> c = Parse({"--listen", "0.0.0.0:50051", "--insecure"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->insecure);
+  EXPECT_TRUE(c->auth_token.empty());
+  c = Parse({"--listen", "0.0.0.0:50051", "--auth-token", "t"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  setenv("CORTIQ_AUTH_TOKEN", "envtok", 1);
+  c = Parse({"--listen", "0.0.0.0:50051"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->peer_token, "envtok");  // peer calls carry the same secret
+  unsetenv("CORTIQ_AUTH_TOKEN");
+
+  // Loopback without a token still starts (the default --listen, scripts/run.sh).
+  c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->insecure);
+  c = Parse({"--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  // /metrics has no auth and is not refused: a Prometheus scraper in the
+  // cluster must reach it (README, Security).
+  c = Parse({"--metrics-listen", "0.0.0.0:9464"});
+  ASSERT_TRUE(c.ok()) << c.status();
 }
 
 }  // namespace

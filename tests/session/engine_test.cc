@@ -1,8 +1,12 @@
 // Engine: continuous batching equals decoding alone, chunked prefill,
-// continuation, stop sequences, cancellation, deadlines, slow readers, and
-// the attention modes, on a real (random) model.
+// continuation, stop sequences, cancellation (a retry waits for the lease),
+// deadlines (a kept session gives back its unused reservation), slow
+// readers, and the attention modes, on a real (random) model.
 #include "core/session/engine.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <thread>
 
 #include "core/model/transformer.h"
@@ -241,6 +245,63 @@ TEST_F(EngineTest, DeadlineEndsTheJobWithDeadlineExceeded) {
   Output o = Drain(*Start(*engine, store, r));
   EXPECT_EQ(o.result.status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(o.result.completion_tokens, 4000u);
+}
+
+TEST_F(EngineTest, ARetryRightAfterACancelWaitsForTheLeaseAConcurrentCallDoesNot) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  auto job = Start(*engine, store, Greedy({1, 2, 3}, 4000));
+  const std::string id = job->session_id();
+  GenerationEvent ev;
+  ASSERT_TRUE(job->WaitPop(&ev));
+  // Still generating: a second call is refused at once.
+  const auto t0 = Clock::now();
+  EXPECT_EQ(store.Acquire(id).status().code(), absl::StatusCode::kAborted);
+  EXPECT_LT(Clock::now() - t0, milliseconds(100));
+  // Cancelled: the retry, made before the engine has returned the lease,
+  // waits for it instead of answering ABORTED (20 tries, every one leases).
+  for (int i = 0; i < 20; ++i) {
+    job->Cancel();
+    absl::StatusOr<SessionStore::Lease> retry = store.Acquire(id);
+    ASSERT_TRUE(retry.ok()) << "try " << i << ": " << retry.status();
+    // (A paused job holds at most a queue of 64 tokens: 20 turns fit the context.)
+    auto next = engine->Submit(*std::move(retry), Greedy({4}, 1000));
+    ASSERT_TRUE(next.ok()) << next.status();
+    job = *next;
+    ASSERT_TRUE(job->WaitPop(&ev));
+  }
+  job->Cancel();
+}
+
+TEST_F(EngineTest, AKeptSessionCutShortByItsDeadlineHoldsOnlyWhatItsTokensNeed) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  GenerationRequest r = Greedy(testing::TestIds(10, model_->config().vocab_size, 2), 4000);
+  r.deadline = Clock::now() + milliseconds(40);
+  auto job = Start(*engine, store, r);
+  const std::string id = job->session_id();
+  Output o = Drain(*job);
+  ASSERT_EQ(o.result.status.code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_LT(o.result.session_tokens, 4000u);
+  const size_t tokens = o.result.session_tokens;
+  const SessionConfig c;
+  const size_t reserved = ProjectedSessionBytes(model_->config(), c, 10 + 4000, 10);
+  // What the tokens need plus one growth step (x2, from 16) and a page
+  // either side of each head block's rows (K and V per layer and head).
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t slack = 2 * page * 2 * model_->config().num_hidden_layers *
+                       model_->config().num_key_value_heads;
+  const size_t bound =
+      ProjectedSessionBytes(model_->config(), c, std::max<size_t>(16, 2 * tokens), 10) + slack;
+  EXPECT_LE(o.result.memory.total(), bound) << tokens << " tokens";
+  EXPECT_LT(o.result.memory.total(), reserved / 2);
+  // The store's accounting (admission) and the gauges read the same bytes:
+  // the call's reservation ended with its lease.
+  EXPECT_EQ(store.committed_bytes(), o.result.memory.total());
+  EXPECT_EQ(store.MemoryByKindTotal().total(), o.result.memory.total());
+  auto snap = store.Get(id);
+  ASSERT_TRUE(snap.has_value());
+  EXPECT_EQ(snap->memory.total(), o.result.memory.total());
 }
 
 TEST_F(EngineTest, ASlowReaderPausesOnlyItsOwnJob) {

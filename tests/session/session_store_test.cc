@@ -1,6 +1,9 @@
-// SessionStore: ids, leases, idempotent release (also of a leased session),
-// TTL, cap, budget admission and exact memory accounting.
+// SessionStore: ids, leases, the wait for an ending holder's lease,
+// idempotent release (also of a leased session), TTL, cap, budget admission
+// and exact memory accounting.
 #include "core/session/session_store.h"
+
+#include <unistd.h>
 
 #include <atomic>
 #include <set>
@@ -57,6 +60,80 @@ TEST_F(StoreTest, IdsAreUniqueHexAndLeasesExclusive) {
   auto again = store.Acquire(keep[0]);
   EXPECT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(store.Acquire("0123").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Milliseconds since `t0`.
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+TEST_F(StoreTest, AnEndingHoldersLeaseIsWaitedForARunningOneIsNot) {
+  SessionStore store({.lease_wait = milliseconds(2000)});
+  auto held = store.Create(*model_, {}, 0);
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string id = (*held)->id();
+
+  // A holder that is still running: ABORTED at once, no wait.
+  auto t0 = Clock::now();
+  auto busy = store.Acquire(id);
+  EXPECT_EQ(busy.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(busy.status().message().find("in use by another call"), std::string_view::npos);
+  EXPECT_LT(MsSince(t0), 100.0);
+  EXPECT_EQ(store.Peek(id).status().code(), absl::StatusCode::kAborted);
+
+  // Marked ending (its job was cancelled): Peek and Acquire wait for the
+  // lease, which comes back 50 ms later.
+  held->ending().Mark();
+  std::thread returner([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    held->Return();
+  });
+  t0 = Clock::now();
+  auto peek = store.Peek(id);
+  EXPECT_TRUE(peek.ok()) << peek.status();
+  EXPECT_GE(MsSince(t0), 40.0);
+  auto next = store.Acquire(id);
+  returner.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+
+  // The new holder is not ending: a new caller is refused at once again.
+  t0 = Clock::now();
+  EXPECT_EQ(store.Acquire(id).status().code(), absl::StatusCode::kAborted);
+  EXPECT_LT(MsSince(t0), 100.0);
+
+  // The call's own deadline bounds the wait; the message says why.
+  next->ending().Mark();
+  t0 = Clock::now();
+  auto late = store.Acquire(id, Clock::now() + milliseconds(60));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(late.status().message().find("still ending its previous call"), std::string_view::npos)
+      << late.status();
+  EXPECT_NE(late.status().message().find("--lease-wait"), std::string_view::npos);
+  EXPECT_GE(MsSince(t0), 50.0);
+  EXPECT_LT(MsSince(t0), 1000.0);
+}
+
+TEST_F(StoreTest, LeaseWaitBoundsTheWaitAndPastDeadlinesCountAsEnding) {
+  SessionStore store({.lease_wait = milliseconds(80)});
+  auto held = store.Create(*model_, {}, 0);
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string id = (*held)->id();
+  // A holder whose call's deadline has passed ends at its next step.
+  held->EndsBy(Clock::now() - milliseconds(1));
+  auto t0 = Clock::now();
+  EXPECT_EQ(store.Acquire(id).status().code(), absl::StatusCode::kAborted);
+  EXPECT_GE(MsSince(t0), 70.0);    // waited --lease-wait ...
+  EXPECT_LT(MsSince(t0), 1000.0);  // ... and no longer
+
+  // A handle that outlived its lease marks nothing.
+  SessionStore::LeaseEnding old = held->ending();
+  held->Return();
+  auto again = store.Acquire(id);
+  ASSERT_TRUE(again.ok()) << again.status();
+  old.Mark();
+  t0 = Clock::now();
+  EXPECT_EQ(store.Acquire(id).status().code(), absl::StatusCode::kAborted);
+  EXPECT_LT(MsSince(t0), 50.0);
 }
 
 TEST_F(StoreTest, ReleaseIsIdempotentAndFreesEveryByte) {
@@ -263,6 +340,42 @@ TEST_F(StoreTest, MemoryByKindSplitsExactlyAcrossModes) {
   EXPECT_EQ(m.total(), expect);
   for (const auto& id : ids) EXPECT_TRUE(store.Release(id).released);
   EXPECT_EQ(store.MemoryByKindTotal().total(), 0u);
+}
+
+TEST_F(StoreTest, ReleaseUnusedGivesBackTheTailAndReserveTakesItAgain) {
+  for (kv::KvMode mode : {kv::KvMode::kF32, kv::KvMode::kInt8}) {
+    SessionStore store({});
+    SessionConfig c;
+    c.kv_mode = mode;
+    auto created = store.Create(*model_, c, 0);
+    ASSERT_TRUE(created.ok()) << created.status();
+    SessionStore::Lease& lease = *created;
+    lease->ReservePositions(4000);
+    ASSERT_NO_FATAL_FAILURE(Fill(lease, 45));
+    const size_t reserved = lease->Memory().total();
+    EXPECT_EQ(reserved, ProjectedSessionBytes(model_->config(), c, 4000, 45));
+    lease->ReleaseUnusedPositions();
+    // What 45 tokens need, plus at most a page either side of each head
+    // block's rows (pages MADV_DONTNEED cannot split), per row buffer.
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t buffers = mode == kv::KvMode::kF32 ? 2 : 4;  // K, V (+ their scales)
+    const size_t slack = 2 * page * buffers * model_->config().num_hidden_layers *
+                         model_->config().num_key_value_heads;
+    const size_t held = lease->Memory().total();
+    EXPECT_LE(held, ProjectedSessionBytes(model_->config(), c, 45, 45) + slack);
+    EXPECT_LT(held, reserved / 4);
+    EXPECT_EQ(store.MemoryByKindTotal().total(), held);
+    // The rows are intact: once Reserve commits the tail again, the session
+    // decodes as one that never gave it back.
+    model::SequenceKv twin = lease->kv().Copy();
+    lease->ReservePositions(4000);
+    EXPECT_EQ(lease->kv().MemoryBytes(), reserved);
+    std::vector<float> a(model_->config().vocab_size), b(a.size());
+    const std::vector<int32_t> next = {3};
+    ASSERT_TRUE(model_->Prefill(next, lease.sequence(), scratch_, a.data()).ok());
+    ASSERT_TRUE(model_->Prefill(next, twin, scratch_, b.data()).ok());
+    EXPECT_EQ(a, b);
+  }
 }
 
 TEST_F(StoreTest, ProjectionBoundsWhatTheCachesReserve) {
