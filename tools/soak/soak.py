@@ -1015,6 +1015,9 @@ def build_report(soak, wall):
                 levels[m.group(1)] = levels.get(m.group(1), 0) + 1
         logs[n.name] = levels
     cpu, tier, cores = cpu_name()
+    # The kernels the server chose, from its start-up line ("kernels amx, ...").
+    m = re.search(r"kernels (\w+)", soak.nodes[0].read_log())
+    kernels = m.group(1) if m else "unknown"
     lost = [{"session": s.id, "node": s.node.name, "why": s.fate_detail}
             for s in sess if s.fate == "lost"]
     reasons = []
@@ -1037,7 +1040,8 @@ def build_report(soak, wall):
         "verdict": "FAIL" if reasons else "PASS",
         "reasons": reasons,
         "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-        "cpu": {"model": cpu, "isa_tier": os.environ.get("CORTIQ_ISA", tier), "cores": cores},
+        "cpu": {"model": cpu, "isa_tier": os.environ.get("CORTIQ_ISA", tier), "cores": cores,
+                "server_kernels": kernels},
         "duration_s": ARGS.duration, "wall_s": round(wall, 1), "seed": ARGS.seed,
         "concurrency": ARGS.concurrency, "threads_per_node": ARGS.threads,
         "memory_budget": ARGS.memory_budget, "model": str(ARGS.model),
@@ -1067,7 +1071,8 @@ def fmt_s(v):
 def markdown(rep):
     out = [f"### Soak: {rep['duration_s']:.0f} s, seed {rep['seed']} — {rep['verdict']}", ""]
     cpu = rep["cpu"]
-    out += [f"* CPU: {cpu['model']} ({cpu['cores']} cores seen), ISA tier `{cpu['isa_tier']}`; "
+    out += [f"* CPU: {cpu['model']} ({cpu['cores']} cores seen), ISA tier `{cpu['isa_tier']}` "
+            f"(server kernels `{cpu['server_kernels']}`); "
             f"{rep['concurrency']} workers, `--threads {rep['threads_per_node']}` per node, "
             f"`--memory-budget {rep['memory_budget']}`, model `{Path(rep['model']).name}`",
             f"* Command: `{rep['command']}`",
@@ -1221,6 +1226,9 @@ def main():
             sys.exit(f"mkmodel failed ({r.returncode}): {r.stderr.decode(errors='replace')}")
     ARGS.model = Path(ARGS.model or REPO / "models" / "cortiq-byte-4m").resolve()
 
+    # SIGTERM (e.g. a test runner's) exits through the `finally` that kills
+    # the nodes, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = free_ports(6)
     ports = [(p[i], p[i + 3]) for i in range(3)]
     addrs = [f"127.0.0.1:{p}" for p, _ in ports]
