@@ -66,6 +66,10 @@ KNOWN_ISSUES = {
     "garbage-unimplemented":
         "a malformed request message is answered UNIMPLEMENTED (issue 17 req 3 wants "
         "INVALID_ARGUMENT)",
+    "drain-busy-session":
+        "a drain does not wait for a session leased by a call in flight other than a "
+        "Generate stream (a client's MigrateSession or ExportSession, a just-cancelled "
+        "Generate): it reports it NOT migrated and exits 3 at once",
     "migrate-after-deadline":
         "a MigrateSession whose caller gave up still completes: the session moves to the "
         "peer under an id the caller never learns (issue 17 req 2)",
@@ -843,8 +847,6 @@ def fault_drain(soak, node, rng):
         node.proc.kill()
         rc = node.proc.wait()
     took = now() - t
-    if rc != 0:
-        soak.fail(f"{node.name}: drain exited with status {rc}\n{node.tail(10)}")
     # Calls in flight on the node's sessions end now (it is gone); a worker's
     # MigrateSession may have taken a session away first.
     if not soak.wait_unheld(node, ARGS.rpc_timeout * 3):
@@ -868,9 +870,24 @@ def fault_drain(soak, node, rng):
         node.state = "down"  # followed: a move that lands now is not
     if lost:
         soak.fail(f"{node.name}: drain lost {lost} kept session(s)")
+    judge_drain_exit(soak, node, rc, failed, lost)
     node.start()
     soak.set_state(node, "up")
     return f"drain exited {rc} in {took:.1f} s, {followed} sessions followed, {lost} lost; restarted"
+
+
+def judge_drain_exit(soak, node, rc, failed, lost):
+    """0 is a clean drain. 3 means "a session could not move" (ARCHITECTURE.md):
+    when every such session was busy and none was lost — a client's call in
+    flight (e.g. its MigrateSession) held it and moved it — that is the known
+    issue drain-busy-session; anything else is a failure."""
+    if rc == 0:
+        return
+    busy_only = rc == 3 and failed and all("session busy" in why for why in failed.values())
+    if busy_only and not lost and "drain-busy-session" in ARGS.known_issues:
+        soak.note_known("drain-busy-session")
+        return
+    soak.fail(f"{node.name}: drain exited with status {rc}\n{node.tail(10)}")
 
 
 FAULT_FNS = {"stop": fault_stop, "kill": fault_kill, "drain": fault_drain}
