@@ -35,9 +35,9 @@ Judgement (exit status 1 if any):
     their own reported outcome instead of a failure;
   * an exception in the soak itself (a tool error).
 
-  soak.py --server-bin BIN [--model DIR | --tool-bin BIN] --proto-py DIR
+  soak.py --server-bin BIN [--model DIR | --mkmodel tiny --tool-bin BIN] --proto-py DIR
           --workdir DIR [--duration 60] [--concurrency 4] [--seed 1]
-          [--report-json FILE] [--report-md FILE]
+          [--known-issues NAME,...] [--report-json FILE] [--report-md FILE]
 """
 
 import argparse
@@ -374,7 +374,6 @@ def generate(soak, node, rpc, req, cancel_after=None):
     outcome and, for a clean stream, the time to first token."""
     t = now()
     tokens, summary, first = [], None, None
-    call = None
     try:
         call = node.stub.Generate(req, timeout=ARGS.rpc_timeout, metadata=metadata())
         for msg in call:
@@ -873,7 +872,8 @@ def fault_drain(soak, node, rng):
     judge_drain_exit(soak, node, rc, failed, lost)
     node.start()
     soak.set_state(node, "up")
-    return f"drain exited {rc} in {took:.1f} s, {followed} sessions followed, {lost} lost; restarted"
+    return (f"drain exited {rc} in {took:.1f} s, {followed} sessions followed, {lost} lost; "
+            "restarted")
 
 
 def judge_drain_exit(soak, node, rc, failed, lost):
@@ -1188,7 +1188,8 @@ def parse_args():
                    help="solo reference: replay the session's calls on a fresh session "
                         "(default), or one one-shot Generate of the whole history")
     p.add_argument("--max-kept", type=int, default=16, help="kept sessions alive at once")
-    p.add_argument("--max-history", type=int, default=600, help="tokens before a session is released")
+    p.add_argument("--max-history", type=int, default=600,
+                   help="tokens after which a session is released")
     p.add_argument("--rss-interval", type=float, default=2, help="RSS sample period (s)")
     p.add_argument("--known-issues", default="",
                    help="comma list of deviations reported apart instead of failing: "
