@@ -224,6 +224,7 @@ class Session:
         self.fate = "live"  # live | released | killed | lost | orphaned
         self.fate_detail = ""
         self.ambiguous_migrate_to = None  # node of a Migrate that ended in an error
+        self.maybe_released = False  # a ReleaseSession on it ended in an error
 
     def tokens(self):
         return sum(len(p) + len(g) for p, _, g in self.calls)
@@ -245,6 +246,7 @@ class Soak:
         self.sessions = {}  # key -> Session (key: the soak's own counter)
         self.free = []  # Sessions not checked out by a worker
         self.held = set()  # Sessions checked out by a worker
+        self.reference_ids = set()  # live replay sessions (verify_session)
         self.next_key = 0
         self.faults = []
         self.crashes = []
@@ -253,6 +255,7 @@ class Soak:
         self.verify = {"checked": 0, "matched": 0, "skipped": 0, "mismatches": []}
         self.rss = {n.name: [] for n in nodes}  # (t, incarnation, KiB)
         self.orphans_adopted = 0
+        self.late_releases = 0  # NOT_FOUND after a ReleaseSession that failed
 
     # -- outcomes ---------------------------------------------------------
 
@@ -485,6 +488,13 @@ def check_gone(soak, sess, why):
     lost, unless it was moved by a Migrate the soak had given up on."""
     if sess.ambiguous_migrate_to is not None and adopt_orphan(soak, sess):
         return
+    if sess.maybe_released:
+        # A ReleaseSession the client gave up on (e.g. its deadline passed
+        # while the node was frozen) may have run later.
+        with soak.lock:
+            sess.fate, sess.fate_detail = "released", "by a ReleaseSession that ended in an error"
+            soak.late_releases += 1
+        return
     with soak.lock:
         sess.fate, sess.fate_detail = "lost", why
     soak.fail(f"session {sess.id} on {sess.node.name} lost: {why}")
@@ -537,6 +547,7 @@ def release_session(soak, sess):
             check_gone(soak, sess, "ReleaseSession answered released=false")
     except grpc.RpcError as e:
         soak.record("ReleaseSession", code_of(e), details_of(e))
+        sess.maybe_released = True
 
 
 def act_release(soak, rng):
@@ -697,10 +708,14 @@ def replay_reference(soak, ref, calls):
             if code != "OK":
                 return None
             ref_id = summary.session_id
+            with soak.lock:
+                soak.reference_ids.add(ref_id)
             out.append(tokens)
         return out
     finally:
         if ref_id:
+            with soak.lock:
+                soak.reference_ids.discard(ref_id)
             try:
                 ref.stub.ReleaseSession(pb2.ReleaseSessionRequest(session_id=ref_id),
                                         timeout=ARGS.rpc_timeout, metadata=metadata())
@@ -765,8 +780,9 @@ def verify_session(soak, sess, final=False):
 def adopt_orphan(soak, sess):
     """After a MigrateSession that ended in an error, the move may still have
     completed on the servers' side: the session then lives on the target under
-    an id nobody was told. Looks for a session there that the soak does not
-    track, with the same token count, and follows it. Returns True if found."""
+    an id nobody was told. Looks for a session there that the soak neither
+    tracks nor uses as a reference, holding at least the session's tokens, and
+    follows it. Returns True if found."""
     target = sess.ambiguous_migrate_to
     try:
         listed = target.stub.ListSessions(pb2.ListSessionsRequest(), timeout=ARGS.rpc_timeout,
@@ -777,6 +793,7 @@ def adopt_orphan(soak, sess):
         return False
     with soak.lock:
         tracked = {s.id for s in soak.sessions.values() if s.node is target}
+        tracked |= soak.reference_ids
     for info in listed.sessions:
         if info.session_id not in tracked and info.tokens >= sess.tokens():
             with soak.lock:
@@ -1074,7 +1091,8 @@ def build_report(soak, wall):
                      "killed_with_node": fates.get("killed", 0),
                      "lost_unexpected": lost, "tainted": sum(1 for s in sess if s.tainted),
                      "moves": sum(s.moves for s in sess),
-                     "orphans_adopted": soak.orphans_adopted},
+                     "orphans_adopted": soak.orphans_adopted,
+                     "released_by_failed_release": soak.late_releases},
         "verification": soak.verify,
         "unexpected_codes": soak.unexpected, "known_issues_seen": soak.known,
         "failures": soak.failures, "tool_errors": soak.tool_errors,
@@ -1115,6 +1133,8 @@ def markdown(rep):
             f"| moves followed (MigrateSession + drains) | {s['moves']} |",
             f"| history unknown after a failed/cancelled call (not verified) | {s['tainted']} |",
             f"| found on a peer after a failed MigrateSession | {s['orphans_adopted']} |",
+            f"| gone after a failed ReleaseSession (released late) "
+            f"| {s['released_by_failed_release']} |",
             f"| greedy sessions checked against their solo reference "
             f"(`--reference {rep['reference']}`) | {v['checked']} "
             f"({v['matched']} equal, {len(v['mismatches'])} differ, {v['skipped']} skipped) |",
