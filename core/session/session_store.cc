@@ -253,9 +253,15 @@ void SessionStore::CancelAll() {
   {
     std::unique_lock lock(mu_);
     for (auto& [id, e] : sessions_) {
-      if (e.leased && e.canceller) cancels.push_back(e.canceller);
+      if (!e.leased) continue;
+      // Every holder is on its way out now: a drain's Acquire of the
+      // session waits for the lease (up to lease_wait) instead of giving
+      // the session up as busy.
+      e.ending_at = Clock::time_point::min();
+      if (e.canceller) cancels.push_back(e.canceller);
     }
   }
+  returned_cv_.notify_all();
   for (auto& c : cancels) c();
 }
 

@@ -146,7 +146,9 @@ class SessionStore {
   // older than the TTL. Returns how many. Called by the server's reaper.
   size_t ReapIdle(Clock::time_point now = Clock::now());
 
-  // Cancels every running call (their leases' cancellers). For shutdown.
+  // Cancels every running call (their leases' cancellers) and marks every
+  // lease as ending, so Acquire waits for it (up to lease_wait). For drain
+  // and shutdown.
   void CancelAll();
 
   std::optional<SessionSnapshot> Get(const std::string& id) const;

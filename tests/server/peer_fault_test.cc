@@ -317,6 +317,35 @@ TEST(PeerFaultReleaseTest, ReleaseDuringAStalledMigrationFreesAtOnce) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
 }
 
+// A drain that finds a session busy in a MigrateSession to a stalled peer
+// cancels that migration and moves the session to its own peer: the session
+// is not given up as busy (and lost when the process exits).
+TEST(PeerFaultDrainTest, DrainTakesOverASessionFromAMigrationInFlight) {
+  StallingPeer stalled(TinyModelInfo());
+  ServerConfig bc = NodeConfig();
+  testing::TestNode b = testing::StartTestNode(bc);
+  ASSERT_TRUE(b.server);
+  ServerConfig c = NodeConfig();
+  c.peers = {b.addr};
+  testing::TestNode a = testing::StartTestNode(c);
+  ASSERT_TRUE(a.server);
+  testing::StreamOut s = Turn(a, "", "a session on the move");
+  ASSERT_TRUE(s.status.ok());
+  grpc::ClientContext ctx;
+  v1::MigrateSessionResponse resp;
+  auto call = std::async(std::launch::async, [&] {
+    return a.stub->MigrateSession(&ctx, MigrateTo(s.session, stalled.addr()), &resp);
+  });
+  ASSERT_TRUE(stalled.WaitStalled(1, milliseconds(5000)));
+  const DrainReport r = a.server->Drain(milliseconds(0));
+  ASSERT_EQ(r.sessions.size(), 1u);
+  EXPECT_TRUE(r.sessions[0].migrated) << r.sessions[0].error;
+  EXPECT_EQ(r.migrated, 1u);
+  EXPECT_EQ(b.server->store().num_sessions(), 1u);
+  EXPECT_EQ(a.server->store().num_sessions(), 0u);
+  EXPECT_EQ(call.get().error_code(), grpc::StatusCode::CANCELLED);
+}
+
 // (c) Drain with three sessions and a stalling peer. Each migration stalls
 // until its own deadline (~1.3 s); in parallel the three take about one
 // stall, not three.
