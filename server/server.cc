@@ -180,8 +180,27 @@ void Server::ReaperLoop() {
     if (stopping_) break;
     lock.unlock();
     store_->ReapIdle();
+    TrimAfterFailedImports();
     lock.lock();
   }
+}
+
+// An import that ended short freed its buffers into glibc's arenas (the
+// large ones are unmapped already: ConfigureAllocator); malloc_trim(0)
+// hands their free pages back to the OS (the issue measured 682 MB left
+// resident after 100 stalled streams ended). Done here, on the reaper's
+// thread, on every tick from kTrimAfter to kTrimUntil after the last such
+// import: gRPC frees a call's own state after OnDone, and its transport
+// buffers later still (one trim right after the burst was measured to
+// leave 20-30 MB of the 100-stream attack resident). A trim walks the
+// arenas once (milliseconds); a quiet server never trims.
+void Server::TrimAfterFailedImports() {
+  constexpr std::chrono::milliseconds kTrimAfter{100}, kTrimUntil{5000};
+  const int64_t ended = ctx_->import_ended_short.load();
+  if (ended == 0) return;
+  const auto since = std::chrono::steady_clock::now().time_since_epoch() -
+                     std::chrono::steady_clock::duration(ended);
+  if (since >= kTrimAfter && since <= kTrimUntil) malloc_trim(0);
 }
 
 void Server::Quiesce(std::chrono::milliseconds grace) {

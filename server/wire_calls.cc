@@ -13,8 +13,6 @@
 // RESOURCE_EXHAUSTED before it is used (the rest of a stream already known
 // to be corrupt is only counted); at the end the new session is installed
 // under the cap and the budget.
-#include <malloc.h>
-
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -339,18 +337,17 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
   // An import that ended short gives back what it held: the sink (the
   // session under construction, its reserved rows), the last message's
-  // slices and the reservation, then the allocator's free pages. Large
-  // blocks are mappings already (ConfigureAllocator in server.cc) and went
-  // back to the OS when freed; malloc_trim returns the free pages of the
-  // smaller ones (gRPC's received slices, the sections being gathered),
-  // which glibc keeps in its arenas otherwise. Runs on a gRPC thread after
-  // the call ended; it walks the arenas once (milliseconds), only on this
-  // path.
+  // slices and the reservation. Large blocks are mappings
+  // (ConfigureAllocator in server.cc), unmapped here. The smaller ones
+  // (gRPC's received slices and call state, the sections being gathered)
+  // go back to glibc's arenas, which keep their pages; gRPC frees the
+  // call's own state only after OnDone returns, so trimming here would come
+  // too early: the reaper trims shortly after (Server::ReaperLoop).
   void ReturnFreedMemory() {
     sink_.reset();
     message_.Clear();
     held_.Release();
-    malloc_trim(0);
+    ctx_->import_ended_short.store(std::chrono::steady_clock::now().time_since_epoch().count());
   }
 
   ServiceContext* ctx_;
