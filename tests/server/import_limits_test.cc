@@ -28,6 +28,16 @@ namespace v1 = ::cortiq::v1;
 using Node = testing::TestNode;
 
 constexpr milliseconds kIdleTimeout{1500};
+
+// Under AddressSanitizer the heap is ASan's (freed blocks wait in its
+// quarantine; mallopt and malloc_trim do not reach it): resident memory
+// says nothing about the server's allocator there, so only the counts,
+// refusals and timeouts are checked.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMeasuresRss = false;
+#else
+constexpr bool kMeasuresRss = true;
+#endif
 constexpr size_t kWithheld = 40;  // the stream's last bytes, never sent
 
 // The process's resident bytes (VmRSS).
@@ -212,8 +222,11 @@ TEST_F(ImportLimitsTest, StalledStreamsAreCountedCappedTimedOutAndFreed) {
   // freed-but-resident bytes would be in the baseline).
   attack(1, false);
   const size_t baseline = RssBytes();
-  ASSERT_GT(kCap * held, baseline / 10 * 2) << "the attack is too small to test the bound";
+  if (kMeasuresRss) {
+    ASSERT_GT(kCap * held, baseline / 10 * 2) << "the attack is too small to test the bound";
+  }
   attack(kCap, true);
+  if (!kMeasuresRss) return;
   // The server's reaper trims the allocator within about a second of the
   // last failed import (Server::TrimAfterFailedImports).
   size_t after = 0;
