@@ -177,7 +177,7 @@ class IdleWatch : public std::enable_shared_from_this<IdleWatch> {
   // No on_idle after this returns; cancels the pending Alarm (its callback
   // then runs with ok=false and drops its reference to this watch).
   void Stop() {
-    std::unique_ptr<grpc::Alarm> alarm;
+    std::unique_ptr<grpc::Alarm> alarm;  // destroyed (cancelled) after mu_ is released
     {
       std::lock_guard lock(mu_);
       on_idle_ = nullptr;
@@ -225,7 +225,7 @@ class IdleWatch : public std::enable_shared_from_this<IdleWatch> {
 // header, so a refusal comes after that one allocation, never after more.
 // A stream with no message for --import-idle-timeout ends with
 // DEADLINE_EXCEEDED. Whatever ends an import short frees the sink and the
-// reservation at once, then trims the allocator (see ReturnFreedMemory).
+// reservation at once (see ReturnFreedMemory).
 class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
@@ -259,6 +259,8 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnReadDone(bool ok) override {
     if (watch_) watch_->Touch();
     if (!ok) {  // the client finished sending: validate and install
+      // The stream is whole: no timeout may answer for an installed session.
+      if (watch_) watch_->Stop();
       if (finished()) return;
       Done(ToGrpcStatus(Install()));
       return;
