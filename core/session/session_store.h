@@ -213,6 +213,7 @@ class SessionStore {
     // shrink). RESOURCE_EXHAUSTED naming --memory-budget with the numbers
     // when a growth does not fit the budget; the bytes held stay as they
     // were then, and the caller stops the import (and drops this).
+    // Requires a reservation from BeginImport, not yet released. O(sessions).
     absl::Status Update(size_t bytes);
     size_t bytes() const { return bytes_; }
     // Gives the bytes back and stops counting this import (idempotent).

@@ -265,6 +265,23 @@ TEST_F(ImportLimitsTest, BudgetRefusesImportsAndGenerateWhileStreamsHoldIt) {
   EXPECT_TRUE(o.status.ok()) << o.status.error_message();
 }
 
+// A client that cancels mid-stream: the import ends and holds nothing.
+TEST_F(ImportLimitsTest, ACancelledImportGivesBackWhatItHeld) {
+  Node n = StartNode(*model_, 0, 1);
+  grpc::ClientContext ctx;
+  v1::ImportSessionResponse resp;
+  auto writer = n.stub->ImportSession(&ctx, &resp);
+  v1::WireChunk chunk;
+  chunk.set_data(wire_->substr(0, wire_->size() / 2));
+  ASSERT_TRUE(writer->Write(chunk));
+  ASSERT_TRUE(WaitFor([&] { return n.server->store().import_bytes() > wire_->size() / 4; }));
+  ctx.TryCancel();
+  EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitForNoImport(n));
+  EXPECT_EQ(n.server->store().num_sessions(), 0u);
+  EXPECT_TRUE(ImportWhole(n, *wire_).ok());  // the slot is free again
+}
+
 TEST_F(ImportLimitsTest, ACompleteImportMovesItsReservationToTheSession) {
   Node n = StartNode(*model_, 0, 1);
   for (int i = 0; i < 2; ++i) {  // the second one runs: the only slot is free again
