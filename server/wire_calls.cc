@@ -208,8 +208,8 @@ class IdleWatch : public std::enable_shared_from_this<IdleWatch> {
 
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
-  Clock::time_point last_;             // the last message's arrival
-  std::function<void()> on_idle_;      // null once fired or stopped
+  Clock::time_point last_;              // the last message's arrival
+  std::function<void()> on_idle_;       // null once fired or stopped
   std::unique_ptr<grpc::Alarm> alarm_;  // the pending wake-up
 };
 

@@ -632,8 +632,11 @@ absl::StatusOr<NystromState> NystromState::FromParts(NystromGroup group,
     return std::nullopt;
   };
   const std::pair<const char*, const std::vector<float>*> group_arrays[] = {
-      {"win_k", &g.win_k}, {"win_v", &g.win_v}, {"sink_k", &g.sink_k},
-      {"sink_v", &g.sink_v}, {"k_tilde", &g.k_tilde}};
+      {"win_k", &g.win_k},
+      {"win_v", &g.win_v},
+      {"sink_k", &g.sink_k},
+      {"sink_v", &g.sink_v},
+      {"k_tilde", &g.k_tilde}};
   for (const auto& [name, xs] : group_arrays) {
     if (auto i = first_bad(*xs, false)) {
       return invalid(absl::StrCat("non-finite value in ", name, " at ", *i));

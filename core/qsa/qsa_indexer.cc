@@ -581,8 +581,8 @@ absl::Status QsaIndexer::RestoreAux(QsaSeqState& st, std::span<const uint8_t> bl
   // make every block score it touches NaN, so a stream holding one is
   // forged or corrupt.
   for (uint64_t i = 0; i < ingested * g_.hd; ++i) {
-    const uint16_t bits = static_cast<uint16_t>(blob[kHeaderBytes + 2 * i] |
-                                                (blob[kHeaderBytes + 2 * i + 1] << 8));
+    const uint16_t bits =
+        static_cast<uint16_t>(blob[kHeaderBytes + 2 * i] | (blob[kHeaderBytes + 2 * i + 1] << 8));
     if ((bits & 0x7F80u) == 0x7F80u) {
       return absl::DataLossError(absl::StrCat("qsa aux blob: non-finite key value at token ",
                                               i / g_.hd, ", element ", i % g_.hd));

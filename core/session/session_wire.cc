@@ -866,8 +866,7 @@ size_t SessionWireSink::held_bytes() const {
   size_t bytes = st.fixed.capacity() + st.payload.capacity() + st.layer_head.capacity();
   for (const State::Kept& k : st.prefix) bytes += k.payload.capacity();
   if (st.session) {
-    bytes += MemoryOf(st.session->kv()).total() +
-             st.session->tokens().capacity() * sizeof(int32_t);
+    bytes += MemoryOf(st.session->kv()).total() + st.session->tokens().capacity() * sizeof(int32_t);
   }
   if (st.sink) bytes += st.sink->held_bytes();
   // A spare taken from `ahead` but not used (another capacity) is freed in

@@ -193,7 +193,8 @@ TEST_F(ImportLimitsTest, StalledStreamsAreCountedCappedTimedOutAndFreed) {
   Node n = StartNode(*model_, 0, kCap);
   auto attack = [&](size_t count, bool check) {
     std::vector<std::unique_ptr<StalledImport>> streams;
-    for (size_t i = 0; i < count; ++i) streams.push_back(std::make_unique<StalledImport>(n, *wire_));
+    for (size_t i = 0; i < count; ++i)
+      streams.push_back(std::make_unique<StalledImport>(n, *wire_));
     ASSERT_TRUE(WaitFor([&] { return n.server->store().import_bytes() == count * held; }))
         << n.server->store().import_bytes() << " bytes held, want " << count * held;
     if (check) {
@@ -291,8 +292,7 @@ TEST_F(ImportLimitsTest, ACompleteImportMovesItsReservationToTheSession) {
     EXPECT_EQ(n.server->store().num_imports(), 0u);
     EXPECT_EQ(n.server->store().num_sessions(), i + 1u);
     // The lease returned: the session's reservation went with it.
-    EXPECT_EQ(n.server->store().committed_bytes(),
-              n.server->store().MemoryByKindTotal().total());
+    EXPECT_EQ(n.server->store().committed_bytes(), n.server->store().MemoryByKindTotal().total());
   }
 }
 
