@@ -111,6 +111,8 @@ std::string ServerUsage() {
   --max-prompt-bytes B    prompt size limit (default 1M)
   --max-message-bytes B   gRPC receive limit (default 8M)
   --max-import-bytes B    largest session an ImportSession stream may carry (default 8G)
+  --max-concurrent-imports N  ImportSession streams at once; more are refused (default 4)
+  --import-idle-timeout SECONDS  an import with no message for this long ends (default 30)
   --max-batch N           decode rows per engine step (default 32)
   --prefill-chunk N       prompt tokens per prefill call (default 256)
   --queue-capacity N      tokens buffered per stream before its job pauses (default 64)
@@ -173,6 +175,8 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::BytesFlag("max-prompt-bytes", &c.max_prompt_bytes),
       util::BytesFlag("max-message-bytes", &c.max_message_bytes),
       util::BytesFlag("max-import-bytes", &c.max_import_bytes),
+      IntFlag("max-concurrent-imports", &c.max_concurrent_imports, {.min = 1}),
+      util::SecondsFlag("import-idle-timeout", &c.import_idle_timeout),
       IntFlag("max-batch", &c.max_batch, {.min = 1}),
       IntFlag("prefill-chunk", &c.prefill_chunk, {.min = 1}),
       IntFlag("queue-capacity", &c.queue_capacity, {.min = 1}),
@@ -227,6 +231,9 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   }
   if (c.auth_token.empty() && !c.insecure && !IsLoopbackListen(c.listen)) {
     return InsecureListenError(c.listen);
+  }
+  if (c.import_idle_timeout.count() <= 0) {
+    return absl::InvalidArgumentError("--import-idle-timeout: must be positive (seconds)");
   }
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");

@@ -184,8 +184,13 @@ class Metrics::LiveState : public prometheus::Collectable {
                               static_cast<double>(store_->options().memory_budget_bytes)));
     out.push_back(GaugeFamily("cortiq_memory_committed_bytes",
                               "Bytes admission counts as committed: per session the larger of its "
-                              "current bytes and its running call's reservation.",
+                              "current bytes and its running call's reservation, plus the bytes "
+                              "imports in flight hold.",
                               static_cast<double>(store_->committed_bytes())));
+    out.push_back(GaugeFamily("cortiq_import_bytes_in_flight",
+                              "Bytes ImportSession streams not yet installed hold (counted against "
+                              "the memory budget); 0 when no import runs.",
+                              static_cast<double>(store_->import_bytes())));
     const auto releases = store_->releases();
     prometheus::MetricFamily rel =
         NewFamily("cortiq_session_releases_total", "Sessions released, by reason.",

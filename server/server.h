@@ -79,6 +79,9 @@ class Server {
   explicit Server(const ServerConfig& config) : config_(config) {}
   absl::Status Init();
   void ReaperLoop();
+  // malloc_trim(0) for a few seconds after an import ended short (see the
+  // definition). Reaper thread.
+  void TrimAfterFailedImports();
   // Stops new work, lets streams run up to `grace`, cancels the rest and
   // waits for the engine to let go of every session.
   void Quiesce(std::chrono::milliseconds grace);

@@ -63,6 +63,9 @@ struct ServiceContext {
   session::SessionConfig default_session;  // resolved from the flags
   std::atomic<bool> draining{false};       // new generations / sessions → UNAVAILABLE
   std::atomic<uint64_t> next_request_id{1};
+  // When an import last ended short (steady_clock ticks; 0: never): the
+  // reaper trims the allocator a little after it (Server::ReaperLoop).
+  std::atomic<int64_t> import_ended_short{0};
   // Generate calls whose reactor has not finished (OnDone not yet run).
   util::InFlight streams_in_flight;
   // Generate calls whose engine job has not finished; the engine returns the

@@ -13,15 +13,19 @@
 // RESOURCE_EXHAUSTED before it is used (the rest of a stream already known
 // to be corrupt is only counted); at the end the new session is installed
 // under the cap and the budget.
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
-#include "grpcpp/grpcpp.h"
 #include "core/util/tsan_annotations.h"
+#include "grpcpp/alarm.h"
+#include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
 #include "server/service.h"
 #include "server/wire_chunk.h"
@@ -152,32 +156,124 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer message_;  // the chunk being written
 };
 
+// Ends an import that goes quiet: fires on_idle (once) when no Touch came
+// for `timeout`. A grpc::Alarm (the callback form, gRPC >= 1.39) wakes it at
+// the deadline the last message set; a message that came since re-arms it
+// for the new deadline, on a fresh Alarm (an Alarm's callback must not set
+// that same Alarm again: Set replaces the std::function that is running).
+// The Alarm's callback holds this watch (shared_ptr), never the reactor:
+// on_idle runs under mu_, and Stop (from OnDone, before the reactor is
+// deleted) takes mu_ and clears it, so on_idle never runs on a deleted
+// reactor. on_idle must not wait for OnDone (Finish never runs OnDone
+// inline: gRPC schedules it).
+class IdleWatch : public std::enable_shared_from_this<IdleWatch> {
+ public:
+  using Clock = std::chrono::steady_clock;
+  IdleWatch(std::chrono::milliseconds timeout, std::function<void()> on_idle)
+      : timeout_(timeout), last_(Clock::now()), on_idle_(std::move(on_idle)) {}
+
+  void Start() {
+    std::lock_guard lock(mu_);
+    ArmLocked(last_ + timeout_);
+  }
+  void Touch() {
+    std::lock_guard lock(mu_);
+    last_ = Clock::now();
+  }
+  // No on_idle after this returns; cancels the pending Alarm (its callback
+  // then runs with ok=false and drops its reference to this watch).
+  void Stop() {
+    std::unique_ptr<grpc::Alarm> alarm;  // destroyed (cancelled) after mu_ is released
+    {
+      std::lock_guard lock(mu_);
+      on_idle_ = nullptr;
+      alarm = std::move(alarm_);
+    }
+  }
+
+ private:
+  void ArmLocked(Clock::time_point deadline) {
+    // Destroying the previous Alarm from inside its own callback is safe:
+    // its state lives until the callback returns (gRPC refcounts it).
+    alarm_ = std::make_unique<grpc::Alarm>();
+    alarm_->Set(std::chrono::system_clock::now() + (deadline - Clock::now()),
+                [self = shared_from_this()](bool ok) { self->Fired(ok); });
+  }
+  void Fired(bool ok) {
+    if (!ok) return;  // cancelled by Stop
+    std::lock_guard lock(mu_);
+    if (!on_idle_) return;
+    const Clock::time_point deadline = last_ + timeout_;
+    if (Clock::now() < deadline) {
+      ArmLocked(deadline);
+      return;
+    }
+    std::function<void()> fire = std::exchange(on_idle_, nullptr);
+    fire();
+  }
+
+  const std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  Clock::time_point last_;              // the last message's arrival
+  std::function<void()> on_idle_;       // null once fired or stopped
+  std::unique_ptr<grpc::Alarm> alarm_;  // the pending wake-up
+};
+
 // ImportSession on the raw (byte) API, so that each chunk's data goes from
 // the received slices straight into the new session's caches.
+//
+// Bounded from the first byte: the call takes one of
+// --max-concurrent-imports slots (RESOURCE_EXHAUSTED beyond), and after
+// every chunk the bytes it holds (the sink's allocations and the chunk's
+// received slices) are the reservation it holds against --memory-budget
+// (SessionStore::ImportReservation; RESOURCE_EXHAUSTED when it does not
+// fit). The sink allocates a layer's rows when it reads the layer's
+// header, so a refusal comes after that one allocation, never after more.
+// A stream with no message for --import-idle-timeout ends with
+// DEADLINE_EXCEEDED. Whatever ends an import short frees the sink and the
+// reservation at once (see ReturnFreedMemory).
 class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
-      : ctx_(ctx),
-        response_(response),
-        log_(ctx, call, "ImportSession"),
-        sink_(*ctx->model, ctx->wire_fingerprint, session::SessionStore::RandomId(),
-              ctx->config->max_import_bytes) {
+      : ctx_(ctx), response_(response), log_(ctx, call, "ImportSession") {
     absl::Status st = CheckAuth(*ctx, call);
     if (st.ok()) st = Unavailable(*ctx);
+    if (st.ok()) {
+      absl::StatusOr<session::SessionStore::ImportReservation> r = ctx->store->BeginImport();
+      if (r.ok()) {
+        held_ = *std::move(r);
+      } else {
+        st = r.status();
+      }
+    }
     if (!st.ok()) {
       Done(ToGrpcStatus(st));
       return;
     }
+    sink_.emplace(*ctx->model, ctx->wire_fingerprint, session::SessionStore::RandomId(),
+                  ctx->config->max_import_bytes);
+    const std::chrono::milliseconds timeout = ctx->config->import_idle_timeout;
+    watch_ = std::make_shared<IdleWatch>(timeout, [this, timeout] {
+      Done(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat("import: no message for ", timeout.count() / 1000.0,
+                                     " s (--import-idle-timeout); the stream is dropped")));
+    });
+    watch_->Start();
     util::TsanRelease(this);
     StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
     util::TsanAcquire(this);  // gRPC ran this after the op we started
+    if (watch_) watch_->Touch();
     if (!ok) {  // the client finished sending: validate and install
+      // The stream is whole: no timeout may answer for an installed session.
+      if (watch_) watch_->Stop();
+      if (finished()) return;
       Done(ToGrpcStatus(Install()));
       return;
     }
+    if (finished()) return;  // ended (timed out, cancelled): read no more
     const size_t message_bytes = message_.Length();  // Parse consumes the message
     if (!chunk_.Parse(message_)) {
       Done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -198,7 +294,14 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     // whatever it holds.
     received_ += chunk_.size();
     for (std::string_view piece : chunk_.pieces()) {
-      if (refused_.ok()) refused_ = sink_.Write(piece);
+      if (refused_.ok()) refused_ = sink_->Write(piece);
+    }
+    // What the stream holds now, the received message included (its
+    // slices live until the next read replaces them).
+    absl::Status fits = held_.Update(sink_->held_bytes() + message_.Length());
+    if (!fits.ok()) {
+      Done(ToGrpcStatus(fits));
+      return;
     }
     util::TsanRelease(this);
     StartRead(&message_);
@@ -209,6 +312,8 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
   void OnDone() override {
     util::TsanAcquire(this);
+    if (watch_) watch_->Stop();  // no timer reaches this reactor from here on
+    if (!status_.ok()) ReturnFreedMemory();
     if (ctx_->metrics) {
       ctx_->metrics->CountMigration(MigrationDirection::kIn,
                                     status_.ok() ? MigrationResult::kOk : MigrationResult::kFailed);
@@ -222,8 +327,9 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   absl::Status Install() {
     if (received_ == 0) return absl::DataLossError("import: empty stream");
     if (!refused_.ok()) return refused_;
-    CORTIQ_ASSIGN_OR_RETURN(std::unique_ptr<session::Session> s, sink_.Finish());
-    CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx_->store->Install(std::move(s)));
+    CORTIQ_ASSIGN_OR_RETURN(std::unique_ptr<session::Session> s, sink_->Finish());
+    CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease,
+                            ctx_->store->Install(std::move(s), held_));
     id_ = lease->id();
     lease.Return();
     v1::ImportSessionResponse reply;
@@ -243,24 +349,44 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     util::TsanRelease(this);
     Finish(s);
   }
+  bool finished() {
+    std::lock_guard lock(mu_);
+    return finished_;
+  }
+  // An import that ended short gives back what it held: the sink (the
+  // session under construction, its reserved rows), the last message's
+  // slices and the reservation. Large blocks are mappings
+  // (ConfigureAllocator in server.cc), unmapped here. The smaller ones
+  // (gRPC's received slices and call state, the sections being gathered)
+  // go back to glibc's arenas, which keep their pages; gRPC frees the
+  // call's own state only after OnDone returns, so trimming here would come
+  // too early: the reaper trims shortly after (Server::ReaperLoop).
+  void ReturnFreedMemory() {
+    sink_.reset();
+    message_.Clear();
+    held_.Release();
+    ctx_->import_ended_short.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
 
   ServiceContext* ctx_;
   grpc::ByteBuffer* response_;  // a serialised ImportSessionResponse
   CallLog log_;
+  // finished_ and status_: Done may come from the idle watch's thread.
   std::mutex mu_;
   bool finished_ = false;
   grpc::Status status_;
-  session::SessionWireSink sink_;  // the session being built, invisible until installed
-  absl::Status refused_;           // the sink's verdict once the stream is known to be refused
+  // The rest belongs to the reactions (OnReadDone, then OnDone; gRPC never
+  // runs them at once). The session being built, invisible until
+  // installed; gone once the import ended short.
+  std::optional<session::SessionWireSink> sink_;
+  session::SessionStore::ImportReservation held_;  // what the stream holds, against the budget
+  std::shared_ptr<IdleWatch> watch_;               // ends a quiet stream
+  absl::Status refused_;  // the sink's verdict once the stream is known to be refused
   size_t received_ = 0;
   std::string id_;
   grpc::ByteBuffer message_;
   ChunkView chunk_;
 };
-
-// Send buffers for StreamToPeer: gRPC holds each one (as a slice) until its
-// bytes are written to the socket, then hands it back here (from any
-// thread), so a migration cycles through a few warm buffers instead of
 
 }  // namespace
 

@@ -101,6 +101,9 @@ class LayerWireSink {
   // Positions the new cache reserved for the rows (0: none, e.g. a sealed
   // layer or a refused header): what the next layer will likely ask for.
   size_t reserved_positions() const { return next_.capacity(); }
+  // Heap bytes this sink holds now: the reserved rows and a sealed body's
+  // kept bytes. O(1).
+  size_t held_bytes() const { return next_.MemoryBytes() + kept_.capacity(); }
 
   // Bytes still to come: the body, then the 4-byte checksum.
   uint64_t left() const { return left_; }

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -616,6 +617,44 @@ absl::StatusOr<NystromState> NystromState::FromParts(NystromGroup group,
     }
   }
 #undef CORTIQ_NYS_CHECK_SIZE_
+
+  // Values: a NaN or an infinity anywhere would make every later output of
+  // the group NaN (a decode that emits token 0 forever), so a state holding
+  // one is impossible, not merely unusual. m_max alone may be -inf (a
+  // landmark nothing was absorbed into yet), never NaN or +inf.
+  auto first_bad = [](const std::vector<float>& xs, bool minus_inf_ok) -> std::optional<size_t> {
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const float x = xs[i];
+      if (!std::isfinite(x) && !(minus_inf_ok && x == -std::numeric_limits<float>::infinity())) {
+        return i;
+      }
+    }
+    return std::nullopt;
+  };
+  const std::pair<const char*, const std::vector<float>*> group_arrays[] = {
+      {"win_k", &g.win_k},
+      {"win_v", &g.win_v},
+      {"sink_k", &g.sink_k},
+      {"sink_v", &g.sink_v},
+      {"k_tilde", &g.k_tilde}};
+  for (const auto& [name, xs] : group_arrays) {
+    if (auto i = first_bad(*xs, false)) {
+      return invalid(absl::StrCat("non-finite value in ", name, " at ", *i));
+    }
+  }
+  for (size_t h = 0; h < heads.size(); ++h) {
+    const NystromHead& hd = heads[h];
+    const std::pair<const char*, const std::vector<float>*> head_arrays[] = {
+        {"t_hat", &hd.t_hat}, {"z_hat", &hd.z_hat}, {"q_tilde", &hd.q_tilde}, {"mu", &hd.mu}};
+    for (const auto& [name, xs] : head_arrays) {
+      if (auto i = first_bad(*xs, false)) {
+        return invalid(absl::StrCat("non-finite value in head ", h, "'s ", name, " at ", *i));
+      }
+    }
+    if (auto i = first_bad(hd.m_max, true)) {
+      return invalid(absl::StrCat("NaN or +inf in head ", h, "'s m_max at ", *i));
+    }
+  }
 
   NystromState st;
   st.group_ = std::move(group);

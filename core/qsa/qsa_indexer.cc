@@ -577,6 +577,17 @@ absl::Status QsaIndexer::RestoreAux(QsaSeqState& st, std::span<const uint8_t> bl
                                             " tokens at ratio ", g_.ratio, " (expected ",
                                             ingested / g_.ratio, ")"));
   }
+  // The raw keys are bf16: a NaN or an infinity (exponent all ones) would
+  // make every block score it touches NaN, so a stream holding one is
+  // forged or corrupt.
+  for (uint64_t i = 0; i < ingested * g_.hd; ++i) {
+    const uint16_t bits =
+        static_cast<uint16_t>(blob[kHeaderBytes + 2 * i] | (blob[kHeaderBytes + 2 * i + 1] << 8));
+    if ((bits & 0x7F80u) == 0x7F80u) {
+      return absl::DataLossError(absl::StrCat("qsa aux blob: non-finite key value at token ",
+                                              i / g_.hd, ", element ", i % g_.hd));
+    }
+  }
   CORTIQ_RETURN_IF_ERROR(Reserve(st, ingested, stream));
   if (ingested != 0) {
     CORTIQ_RETURN_IF_ERROR(

@@ -48,15 +48,33 @@ std::string SessionStore::NewId() {
 }
 
 absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Session> session) {
+  ImportReservation none;
+  return Install(std::move(session), none);
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Session> session,
+                                                          ImportReservation& held) {
   session->PublishMemory();
   const size_t bytes = session->Memory().total();
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(AdmitLocked(bytes, "the imported session holds"));
+  // The import's bytes are this session's: admit it as if they were free.
+  import_bytes_ -= held.bytes_;
+  absl::Status admitted = AdmitLocked(bytes, "the imported session holds");
+  import_bytes_ += held.bytes_;
+  CORTIQ_RETURN_IF_ERROR(admitted);
   if (sessions_.contains(session->id())) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: '", session->id(), "' exists"));
   }
   Entry& e = sessions_[session->id()];
   e.session = std::move(session);
+  // The reservation moves to the lease under the same lock.
+  e.reservation = held.bytes_;
+  if (held.store_ != nullptr) {
+    import_bytes_ -= held.bytes_;
+    --num_imports_;
+    held.store_ = nullptr;
+    held.bytes_ = 0;
+  }
   return LeaseLocked(e);
 }
 
@@ -68,8 +86,19 @@ SessionStore::Lease SessionStore::LeaseLocked(Entry& e) {
   return Lease(this, e.session.get(), e.lease_serial);
 }
 
+absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginImport() {
+  std::unique_lock lock(mu_);
+  if (options_.max_imports > 0 && num_imports_ >= options_.max_imports) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("import: ", num_imports_, " imports in flight, --max-concurrent-imports ",
+                     options_.max_imports, "; retry later"));
+  }
+  ++num_imports_;
+  return ImportReservation(this);
+}
+
 size_t SessionStore::CommittedLocked() const {
-  size_t total = 0;
+  size_t total = import_bytes_;
   for (const auto& [id, e] : sessions_) {
     total += std::max(e.session->Memory().total(), e.reservation);
   }
@@ -326,6 +355,16 @@ size_t SessionStore::committed_bytes() const {
   return CommittedLocked();
 }
 
+size_t SessionStore::import_bytes() const {
+  std::unique_lock lock(mu_);
+  return import_bytes_;
+}
+
+size_t SessionStore::num_imports() const {
+  std::unique_lock lock(mu_);
+  return num_imports_;
+}
+
 std::array<uint64_t, kNumReleaseReasons> SessionStore::releases() const {
   std::unique_lock lock(mu_);
   return releases_;
@@ -377,7 +416,7 @@ absl::Status SessionStore::ReserveLocked(Entry& e, size_t projected_bytes) {
     if (others + std::max(mine, projected_bytes) > budget) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "memory budget: this request projects the session to ", projected_bytes, " bytes, ",
-          others, " of the ", budget, " byte budget are committed to other sessions (",
+          others, " of the ", budget, " byte budget are committed to other sessions and imports (",
           budget - std::min(others, budget), " free)"));
     }
   }
@@ -443,6 +482,44 @@ void SessionStore::Lease::Return() {
   if (session_ == nullptr) return;
   Session* s = std::exchange(session_, nullptr);
   std::exchange(store_, nullptr)->ReturnLease(s);
+}
+
+// ---- ImportReservation ----
+
+SessionStore::ImportReservation& SessionStore::ImportReservation::operator=(
+    ImportReservation&& o) noexcept {
+  if (this != &o) {
+    Release();
+    store_ = std::exchange(o.store_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+absl::Status SessionStore::ImportReservation::Update(size_t bytes) {
+  std::unique_lock lock(store_->mu_);
+  const size_t budget = store_->options_.memory_budget_bytes;
+  if (budget > 0 && bytes > bytes_) {
+    const size_t others = store_->CommittedLocked() - bytes_;
+    if (others + bytes > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "import: the stream would hold ", bytes, " bytes, ", others, " of the --memory-budget ",
+          budget, " bytes are committed to sessions and other imports (",
+          budget - std::min(others, budget), " free); refused"));
+    }
+  }
+  store_->import_bytes_ = store_->import_bytes_ - bytes_ + bytes;
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+void SessionStore::ImportReservation::Release() {
+  if (store_ == nullptr) return;
+  std::unique_lock lock(store_->mu_);
+  store_->import_bytes_ -= bytes_;
+  --store_->num_imports_;
+  store_ = nullptr;
+  bytes_ = 0;
 }
 
 }  // namespace cortiq::session

@@ -11,7 +11,9 @@
 // metrics scrape reads the live value. Admission counts, per session, the
 // larger of its current bytes and its lease's reservation (the projected peak
 // of the running call), so two admitted calls can never together exceed the
-// budget.
+// budget. Imports in flight count too: each holds an ImportReservation that
+// grows with the bytes its stream has allocated, from the first byte, and
+// becomes the installed session's own reservation at Install.
 //
 // Waiting for a lease: a session leased by a call that is ending — its job
 // was cancelled (LeaseEnding::Mark) or its deadline has passed
@@ -68,6 +70,8 @@ struct StoreOptions {
   // later); without this window that retry would be refused. Capped by
   // lease_wait (--lease-wait 0: no wait at all).
   std::chrono::milliseconds cancel_settle{20};
+  // Imports in flight at once (--max-concurrent-imports); 0 = unlimited.
+  size_t max_imports = 4;
 };
 
 // A snapshot of one session for GetSession / ListSessions.
@@ -92,6 +96,7 @@ class SessionStore {
  public:
   class Lease;
   class LeaseEnding;
+  class ImportReservation;
 
   explicit SessionStore(StoreOptions options);
   ~SessionStore();  // releases every session
@@ -111,6 +116,14 @@ class SessionStore {
   // cap is reached or its bytes do not fit the budget; ALREADY_EXISTS on an
   // id collision.
   absl::StatusOr<Lease> Install(std::unique_ptr<Session> session);
+  // Install for an import that held `held` while it arrived: the session is
+  // admitted against the budget without `held`'s own bytes, and `held`
+  // becomes the new lease's reservation in the same step (no double count,
+  // no gap). On an error `held` is left as it was (the caller drops it).
+  absl::StatusOr<Lease> Install(std::unique_ptr<Session> session, ImportReservation& held);
+  // Starts accounting one import (holding 0 bytes). RESOURCE_EXHAUSTED
+  // naming --max-concurrent-imports when options.max_imports are in flight.
+  absl::StatusOr<ImportReservation> BeginImport();
   // A fresh session id: 32 hex digits of 128 bits from the kernel CSPRNG.
   static std::string RandomId();
   // Leases an existing session. NOT_FOUND for an unknown id; ABORTED when
@@ -160,6 +173,9 @@ class SessionStore {
   size_t num_leased() const;
   // Bytes admission counts as committed: Σ max(current, reservation).
   size_t committed_bytes() const;
+  // Bytes the imports in flight hold (their reservations' sum); 0 when none runs.
+  size_t import_bytes() const;
+  size_t num_imports() const;
   std::array<uint64_t, kNumReleaseReasons> releases() const;  // cumulative, by reason
   const StoreOptions& options() const { return options_; }
 
@@ -232,6 +248,36 @@ class SessionStore {
     uint64_t serial_ = 0;
   };
 
+  // The bytes one import in flight holds, counted against the budget from
+  // its first byte (committed_bytes() includes them, so a Generate is
+  // refused while imports fill the budget). Move-only; gives its bytes back
+  // when destroyed, unless Install made them the session's.
+  class ImportReservation {
+   public:
+    ImportReservation() = default;
+    ImportReservation(ImportReservation&& o) noexcept { *this = std::move(o); }
+    ImportReservation& operator=(ImportReservation&& o) noexcept;
+    ImportReservation(const ImportReservation&) = delete;
+    ImportReservation& operator=(const ImportReservation&) = delete;
+    ~ImportReservation() { Release(); }
+
+    // Sets the bytes held to `bytes` (the import's allocations now; it may
+    // shrink). RESOURCE_EXHAUSTED naming --memory-budget with the numbers
+    // when a growth does not fit the budget; the bytes held stay as they
+    // were then, and the caller stops the import (and drops this).
+    // Requires a reservation from BeginImport, not yet released. O(sessions).
+    absl::Status Update(size_t bytes);
+    size_t bytes() const { return bytes_; }
+    // Gives the bytes back and stops counting this import (idempotent).
+    void Release();
+
+   private:
+    friend class SessionStore;
+    explicit ImportReservation(SessionStore* store) : store_(store) {}
+    SessionStore* store_ = nullptr;
+    size_t bytes_ = 0;
+  };
+
  private:
   struct PendingRelease {
     size_t freed_bytes = 0;
@@ -282,6 +328,8 @@ class SessionStore {
   uint64_t next_serial_ = 0;
   std::map<std::string, Entry> sessions_;
   std::array<uint64_t, kNumReleaseReasons> releases_{};
+  size_t import_bytes_ = 0;  // Σ the ImportReservations' bytes
+  size_t num_imports_ = 0;   // ImportReservations alive
 };
 
 }  // namespace cortiq::session

@@ -464,6 +464,7 @@ struct SessionWireSink::State {
   std::string layer_head;                 // kLayer: index and blob header, gathered
   std::optional<kv::LayerWireSink> sink;  // kLayer: the blob, once begun
   std::future<kv::LayerKvCache> ahead;    // the next layer's cache, being reserved
+  size_t ahead_bytes = 0;                 // what `ahead` reserves (the rows of this layer's size)
   size_t count = 0;                       // sections before this one
 
   // What the sections said.
@@ -653,6 +654,7 @@ void SessionWireSink::State::BeginLayer(size_t l) {
   const size_t D = static_cast<size_t>(m.head_dim);
   std::optional<kv::LayerKvCache> spare;
   if (ahead.valid()) spare = ahead.get();
+  ahead_bytes = 0;
   absl::StatusOr<kv::LayerWireSink> begun =
       kv::LayerWireSink::Begin(std::string_view(layer_head).substr(sizeof(uint32_t)), blob_bytes, H,
                                D, config.kv_mode, expect, spare ? &*spare : nullptr);
@@ -671,6 +673,7 @@ void SessionWireSink::State::BeginLayer(size_t l) {
   if (positions > 0 && blob_bytes >= kReserveAheadBytes && l + 1 < num_layers() &&
       next_end <= max_stream_bytes) {
     const kv::KvMode mode = config.kv_mode;
+    ahead_bytes = kv::LayerKvCache::ProjectedBytes(H, D, mode, positions);
     ahead = std::async(std::launch::async, [H, D, mode, positions] {
       kv::LayerKvCache next(H, D, mode);
       next.Reserve(positions);
@@ -857,6 +860,20 @@ SessionWireSink::SessionWireSink(SessionWireSink&&) noexcept = default;
 absl::Status SessionWireSink::Write(std::string_view bytes) { return state_->Write(bytes); }
 
 absl::StatusOr<std::unique_ptr<Session>> SessionWireSink::Finish() { return state_->Finish(); }
+
+size_t SessionWireSink::held_bytes() const {
+  const State& st = *state_;
+  size_t bytes = st.fixed.capacity() + st.payload.capacity() + st.layer_head.capacity();
+  for (const State::Kept& k : st.prefix) bytes += k.payload.capacity();
+  if (st.session) {
+    bytes += MemoryOf(st.session->kv()).total() + st.session->tokens().capacity() * sizeof(int32_t);
+  }
+  if (st.sink) bytes += st.sink->held_bytes();
+  // A spare taken from `ahead` but not used (another capacity) is freed in
+  // BeginLayer, so a ready future and ahead_bytes agree.
+  if (st.ahead.valid()) bytes += st.ahead_bytes;
+  return bytes;
+}
 
 absl::StatusOr<std::unique_ptr<Session>> ImportSessionWire(std::string_view wire,
                                                            const model::Transformer& model,

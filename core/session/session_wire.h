@@ -131,6 +131,12 @@ class SessionWireSink {
   // After the last byte: the validated session, installed nowhere yet, or
   // why the stream is refused.
   absl::StatusOr<std::unique_ptr<Session>> Finish();
+  // Heap bytes the stream holds so far: the session under construction
+  // (its installed layers, history, sampler), the layer being written, the
+  // next layer's rows being reserved ahead, and the sections and fields
+  // being gathered. What an import is accounted for (SessionStore::
+  // ImportReservation). O(layers).
+  size_t held_bytes() const;
 
  private:
   struct State;

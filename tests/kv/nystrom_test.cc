@@ -1031,6 +1031,40 @@ TEST(NystromTest, FromPartsRejectsInconsistentParts) {
   EXPECT_FALSE(f->Prefilled());
 }
 
+// A NaN or an infinity in any array is refused, naming it; m_max alone may
+// hold -inf (a landmark that absorbed nothing yet).
+TEST(NystromTest, FromPartsRejectsNonFiniteValues) {
+  const size_t prompt = 200;
+  Seq s = MakeSeq(prompt, 16, 8, 2, 22, prompt);
+  NystromState a = NystromState::NewGroup(16, 32, 4, 2);
+  ASSERT_TRUE(PrefillFrom(a, s, prompt).ok());
+  auto heads = [&] { return std::vector<NystromHead>(a.heads().begin(), a.heads().end()); };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  {
+    NystromGroup g = a.group();
+    g.sink_v[5] = nan;
+    auto st = NystromState::FromParts(g, heads());
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(st.status().message().find("non-finite value in sink_v at 5"), std::string::npos)
+        << st.status();
+  }
+  {
+    auto h = heads();
+    h[1].mu[3] = -inf;
+    auto st = NystromState::FromParts(a.group(), h);
+    EXPECT_NE(st.status().message().find("head 1's mu at 3"), std::string::npos) << st.status();
+  }
+  {
+    auto h = heads();
+    h[0].m_max[2] = inf;
+    EXPECT_FALSE(NystromState::FromParts(a.group(), h).ok());
+    h[0].m_max[2] = nan;
+    EXPECT_FALSE(NystromState::FromParts(a.group(), h).ok());
+    h[0].m_max[2] = -inf;
+    EXPECT_TRUE(NystromState::FromParts(a.group(), h).ok());
+  }
+}
+
 TEST(NystromTest, DeviceViewPointsAtTheState) {
   const size_t prompt = 200, heads = 2;
   Seq s = MakeSeq(prompt, 16, 8, heads, 21, prompt);

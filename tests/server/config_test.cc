@@ -107,6 +107,8 @@ Fields FieldsOf(const ServerConfig& c) {
       {"max-prompt-bytes", Text(c.max_prompt_bytes)},
       {"max-message-bytes", Text(c.max_message_bytes)},
       {"max-import-bytes", Text(c.max_import_bytes)},
+      {"max-concurrent-imports", Text(c.max_concurrent_imports)},
+      {"import-idle-timeout", Text(c.import_idle_timeout)},
       {"max-batch", Text(c.max_batch)},
       {"prefill-chunk", Text(c.prefill_chunk)},
       {"queue-capacity", Text(c.queue_capacity)},
@@ -158,6 +160,8 @@ TEST_F(ConfigTest, Defaults) {
       {"max-prompt-bytes", std::to_string(size_t{1} << 20)},
       {"max-message-bytes", std::to_string(size_t{8} << 20)},
       {"max-import-bytes", std::to_string(size_t{8} << 30)},
+      {"max-concurrent-imports", "4"},
+      {"import-idle-timeout", "30000ms"},
       {"max-batch", "32"},
       {"prefill-chunk", "256"},
       {"queue-capacity", "64"},
@@ -211,6 +215,8 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"max-prompt-bytes", "2K", "2048"},
       {"max-message-bytes", "4M", std::to_string(size_t{4} << 20)},
       {"max-import-bytes", "256M", std::to_string(size_t{256} << 20)},
+      {"max-concurrent-imports", "9", "9"},
+      {"import-idle-timeout", "0.5", "500ms"},
       {"max-batch", "4", "4"},
       {"prefill-chunk", "128", "128"},
       {"queue-capacity", "16", "16"},
@@ -280,6 +286,9 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--memory-budget", "8GB"}, "--memory-budget: expected a byte size");
   ExpectUsageError({"--session-ttl", "-1"}, "--session-ttl");
   ExpectUsageError({"--grace", "soon"}, "--grace: expected a number");
+  ExpectUsageError({"--max-concurrent-imports", "0"},
+                   "--max-concurrent-imports: must be at least 1");
+  ExpectUsageError({"--import-idle-timeout", "0"}, "--import-idle-timeout: must be positive");
   ExpectUsageError({"--kv-dtype", "f16"}, "--kv-dtype: expected f32 or int8");
   ExpectUsageError({"--attention", "sparse"}, "--attention: expected exact, o1, qsa or window");
   ExpectUsageError({"--activations", "f16"}, "--activations: expected bf16 or f32");

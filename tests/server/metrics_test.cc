@@ -374,6 +374,24 @@ TEST_F(MetricsTest, ExportRefusalLabelsComeFromTheTypedReason) {
   EXPECT_EQ(e.All("cortiq_exports_refused_total").size(), kNumExportRefusalLabels);
 }
 
+// The import gauge is the store's import reservations, live; committed
+// bytes include them.
+TEST_F(MetricsTest, ImportBytesInFlightIsWhatImportsHold) {
+  EXPECT_EQ(Scrape().Value("cortiq_import_bytes_in_flight"), 0);
+  auto a = store_->BeginImport();
+  auto b = store_->BeginImport();
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a->Update(1000).ok());
+  ASSERT_TRUE(b->Update(234).ok());
+  Exposition e = Scrape();
+  EXPECT_EQ(e.Value("cortiq_import_bytes_in_flight"), 1234);
+  EXPECT_EQ(e.Value("cortiq_memory_committed_bytes"), 1234);
+  *a = session::SessionStore::ImportReservation();
+  EXPECT_EQ(Scrape().Value("cortiq_import_bytes_in_flight"), 234);
+  b->Release();
+  EXPECT_EQ(Scrape().Value("cortiq_import_bytes_in_flight"), 0);
+}
+
 // Every family carries HELP and TYPE; no label is a session id.
 TEST_F(MetricsTest, EveryFamilyHasHelpAndLowCardinalityLabels) {
   SessionStore::Lease l = NewSession(F32(), 4);
@@ -393,7 +411,7 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndLowCardinalityLabels) {
     ++families;
     EXPECT_EQ(family.rfind("cortiq_", 0), 0u) << family;
   }
-  EXPECT_EQ(families, 21u);  // docs/METRICS.md lists 25; no engine attached here (4)
+  EXPECT_EQ(families, 22u);  // docs/METRICS.md lists 26; no engine attached here (4)
   const std::set<std::string> allowed = {"kind",      "reason", "rpc",     "code",  "le",
                                          "direction", "result", "version", "model", "copy"};
   for (const Sample& s : e.samples) {

@@ -262,6 +262,52 @@ TEST_F(StoreTest, BudgetAdmissionCountsReservationsAndAllocatesNothingOnRefusal)
   EXPECT_TRUE(store.Create(*model_, {}, 1000).ok());
 }
 
+// Imports in flight: counted against the budget as they grow, capped in
+// number, given back when dropped, and moved to the session at Install with
+// no double count and no gap.
+TEST_F(StoreTest, ImportReservationsAreBudgetedCappedAndBecomeTheSessions) {
+  StoreOptions o;
+  o.memory_budget_bytes = 1000;
+  o.max_imports = 2;
+  SessionStore store(o);
+  auto a = store.BeginImport();
+  auto b = store.BeginImport();
+  ASSERT_TRUE(a.ok() && b.ok());
+  const absl::StatusOr<SessionStore::ImportReservation> c = store.BeginImport();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("--max-concurrent-imports 2"), std::string_view::npos)
+      << c.status();
+  EXPECT_TRUE(a->Update(600).ok());
+  EXPECT_EQ(store.import_bytes(), 600u);
+  EXPECT_EQ(store.committed_bytes(), 600u);
+  // A session's call cannot take what the imports hold...
+  EXPECT_EQ(store.Create(*model_, {}, 500).status().code(), absl::StatusCode::kResourceExhausted);
+  // ...nor can another import; the refused one keeps what it held.
+  const absl::Status grown = b->Update(500);
+  EXPECT_EQ(grown.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(grown.message().find("--memory-budget 1000"), std::string_view::npos) << grown;
+  EXPECT_NE(grown.message().find("600"), std::string_view::npos) << grown;
+  EXPECT_TRUE(b->Update(300).ok());
+  EXPECT_TRUE(b->Update(100).ok());  // it may shrink
+  EXPECT_EQ(store.import_bytes(), 700u);
+  // Dropped: its bytes and its slot come back.
+  *b = SessionStore::ImportReservation();
+  EXPECT_EQ(store.import_bytes(), 600u);
+  EXPECT_EQ(store.num_imports(), 1u);
+  // Installed: the session is admitted as if a's 600 bytes were free, and
+  // they become its lease's reservation in the same step.
+  auto made = Session::Create(SessionStore::RandomId(), *model_, {});
+  ASSERT_TRUE(made.ok());
+  auto lease = store.Install(*std::move(made), *a);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(a->bytes(), 0u);
+  EXPECT_EQ(store.import_bytes(), 0u);
+  EXPECT_EQ(store.num_imports(), 0u);
+  EXPECT_EQ(store.committed_bytes(), 600u);
+  lease->Return();
+  EXPECT_EQ(store.committed_bytes(), 0u);
+}
+
 // A continuation: Peek (nothing changes) → plan → Acquire(id, plan), which
 // leases and reserves the plan's bytes in one step, or changes nothing.
 TEST_F(StoreTest, AcquireByPlanLeasesAndReservesInOneStep) {

@@ -270,6 +270,85 @@ TEST_F(SessionWireTest, ImpossibleStateIsRefusedWithValidChecksums) {
   }
 }
 
+// O(1) and QSA state holding a NaN, with every checksum valid (the bytes
+// changed, then FixWireChecksums recomputes what an exporter would write):
+// DATA_LOSS naming the array, nothing installed.
+TEST_F(SessionWireTest, NonFiniteO1AndQsaStateIsRefusedWithValidChecksums) {
+  SessionStore store({});
+  const float nan = std::nanf("");
+  {  // A sealed O(1) layer: one value of its window keys becomes NaN.
+    const std::string id = MakeSession(store, 2, false);
+    float v;
+    {
+      auto lease = store.Acquire(id);
+      ASSERT_TRUE(lease.ok());
+      const kv::LayerKvCache* cache = (*lease)->kv().layer(0).cache();
+      ASSERT_TRUE(cache != nullptr && cache->O1Sealed());
+      v = cache->O1States()[0].group().win_k.at(0);
+    }
+    auto wire = Export(store, id);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    const size_t at = wire->find(std::string_view(reinterpret_cast<const char*>(&v), sizeof(v)));
+    ASSERT_NE(at, std::string::npos);
+    std::string forged = *wire;
+    std::memcpy(forged.data() + at, &nan, sizeof(nan));
+    forged = fuzz::FixWireChecksums(forged);
+    auto imported = ImportSessionWire(forged, *model_, kFingerprint, "x");
+    EXPECT_EQ(imported.status().code(), absl::StatusCode::kDataLoss) << imported.status();
+    EXPECT_NE(imported.status().message().find("non-finite value in win_k"), std::string::npos)
+        << imported.status();
+  }
+  {  // A QSA layer's aux blob: the last raw key (bf16) becomes NaN. The
+     // last aux section's payload ends 4 + 36 bytes before the stream does
+     // (its CRC, then the end section).
+    const std::string id = MakeSession(store, 3, false);
+    auto wire = Export(store, id);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    std::string forged = *wire;
+    const size_t at = forged.size() - 36 - 4 - 2;
+    forged[at] = static_cast<char>(0xC0);  // bf16 quiet NaN 0x7FC0, little-endian
+    forged[at + 1] = 0x7F;
+    forged = fuzz::FixWireChecksums(forged);
+    auto imported = ImportSessionWire(forged, *model_, kFingerprint, "y");
+    EXPECT_EQ(imported.status().code(), absl::StatusCode::kDataLoss) << imported.status();
+    EXPECT_NE(imported.status().message().find("non-finite key value"), std::string::npos)
+        << imported.status();
+  }
+}
+
+// Positions that disagree with the rows, checksums valid: the tokens
+// section's cached count one less or one more than every layer holds.
+// (A sink + window layer past its sink + window positions holds the same
+// rows at every position, so there the stream cannot show the difference:
+// see WIRE_FORMAT.md.)
+TEST_F(SessionWireTest, PositionsDisagreeingWithTheRowsAreRefused) {
+  SessionStore store({});
+  for (int mode : {0, 1, 2, 3}) {  // exact f32, int8 rows, sealed O(1) layers, QSA
+    SCOPED_TRACE(::testing::Message() << "mode " << mode);
+    const std::string id = MakeSession(store, mode, false);
+    auto wire = Export(store, id);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    // Stream header (24), header section (16 + len + 4), then the tokens
+    // section's payload: u64 n, n × i32, u64 cached, ...
+    uint64_t header_len, n, cached;
+    std::memcpy(&header_len, wire->data() + 24 + 8, 8);
+    const size_t tokens_at = 24 + 16 + header_len + 4 + 16;
+    std::memcpy(&n, wire->data() + tokens_at, 8);
+    const size_t cached_at = tokens_at + 8 + 4 * n;
+    std::memcpy(&cached, wire->data() + cached_at, 8);
+    ASSERT_GT(cached, 0u);
+    for (const uint64_t forged_cached : {cached - 1, cached + 1}) {
+      std::string forged = *wire;
+      std::memcpy(forged.data() + cached_at, &forged_cached, 8);
+      forged = fuzz::FixWireChecksums(forged);
+      auto imported = ImportSessionWire(forged, *model_, kFingerprint, "x");
+      EXPECT_EQ(imported.status().code(), absl::StatusCode::kDataLoss) << imported.status();
+      EXPECT_NE(imported.status().message().find("layer 0:"), std::string::npos)
+          << imported.status();
+    }
+  }
+}
+
 // Fuzzing regression (tests/fuzz): a session nothing ran in travels too.
 // Its empty token list once reached memcpy(nullptr, ..., 0) in ByteReader.
 TEST_F(SessionWireTest, FreshSessionRoundTrips) {

@@ -129,6 +129,22 @@ TEST_F(WireCorpusTest, EveryFileIsRefusedOrImportsCleanly) {
   }
 }
 
+// regress_impossible_*: streams whose checksums are all valid but whose
+// state is impossible (non-finite O(1) or QSA values, a position count the
+// rows disagree with). Each is refused with DATA_LOSS and installs nothing.
+TEST_F(WireCorpusTest, ImpossibleStateIsRefused) {
+  size_t n = 0;
+  for (const CorpusFile& f : files_) {
+    if (f.name.rfind("regress_impossible_", 0) != 0) continue;
+    SCOPED_TRACE(f.name);
+    ++n;
+    EXPECT_EQ(fuzz::FixWireChecksums(f.bytes), f.bytes) << "the checksums are valid";
+    auto s = session::ImportSessionWire(f.bytes, *model_, fuzz::kWireFuzzFingerprint, "x");
+    EXPECT_TRUE(absl::IsDataLoss(s.status())) << s.status();
+  }
+  EXPECT_GE(n, 4u);
+}
+
 TEST_F(WireCorpusTest, ValidSeedsImport) {
   size_t valid = 0;
   for (const CorpusFile& f : files_) {
