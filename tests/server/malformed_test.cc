@@ -17,8 +17,8 @@
 #include "gtest/gtest.h"
 #include "server/log_format.h"
 #include "server/server.h"
-#include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
+#include "tests/common/log_capture.h"
 #include "tests/common/model_test_util.h"
 #include "tests/common/prom_text.h"
 #include "tests/common/server_test_util.h"
@@ -39,25 +39,7 @@ const std::vector<std::string>& Garbage() {
   return g;
 }
 
-// Every line written through spdlog, kept in memory.
-class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::vector<std::string> Lines() {
-    std::lock_guard lock(mutex_);
-    return lines_;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    spdlog::memory_buf_t buf;
-    formatter_->format(msg, buf);
-    lines_.emplace_back(buf.data(), buf.size());
-  }
-  void flush_() override {}
-
- private:
-  std::vector<std::string> lines_;
-};
+using testing::CaptureSink;
 
 // One call of `method` ("/cortiq.v1.Inference/Tokenize") carrying one
 // message of raw `bytes`, whatever the method's streaming shape; its status.

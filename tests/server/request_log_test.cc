@@ -18,8 +18,8 @@
 #include "server/call_util.h"
 #include "server/log_format.h"
 #include "server/server.h"
-#include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
+#include "tests/common/log_capture.h"
 #include "tests/common/model_test_util.h"
 #include "tests/common/server_test_util.h"
 
@@ -31,30 +31,7 @@ using nlohmann::json;
 
 constexpr char kTrace[] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-// Every line written through spdlog, kept in memory.
-class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::vector<std::string> Lines() {
-    std::lock_guard lock(mutex_);
-    return lines_;
-  }
-  std::string All() {
-    std::string s;
-    for (const std::string& l : Lines()) s += l;
-    return s;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    spdlog::memory_buf_t buf;
-    formatter_->format(msg, buf);
-    lines_.emplace_back(buf.data(), buf.size());
-  }
-  void flush_() override {}
-
- private:
-  std::vector<std::string> lines_;
-};
+using testing::CaptureSink;
 
 // Routes spdlog to a CaptureSink in `format` for the test's lifetime.
 class LogTest : public ::testing::Test {
