@@ -275,6 +275,12 @@ DrainReport::Entry Server::DrainOne(const std::string& session_id,
       e.peer = peer;
       e.peer_session_id = out->peer_session_id;
       e.error.clear();
+    } else if (!store_->Get(session_id)) {
+      // Released by its owner while this migration ran (or before it
+      // began): nothing is left to move.
+      e.released = true;
+      e.error = "released by its owner during the drain";
+      break;
     } else {
       e.error =
           absl::StrCat(e.error.empty() ? "" : e.error + "; ", peer, ": ", out.status().ToString());
@@ -315,13 +321,17 @@ DrainReport Server::Drain(std::chrono::milliseconds grace) {
       // The peer's answer is quoted: escape it (util::EscapeForLog).
       spdlog::info("drain: session {} migrated to {} as {}", e.session_id, e.peer,
                    util::EscapeForLog(e.peer_session_id));
+    } else if (e.released) {
+      ++report.released;
+      spdlog::info("drain: session {} released by its owner during the drain", e.session_id);
     } else {
       ++report.failed;
       spdlog::error("drain: session {} NOT migrated: {}", e.session_id,
                     util::EscapeForLog(e.error));
     }
   }
-  spdlog::info("drain: {} session(s) migrated, {} failed", report.migrated, report.failed);
+  spdlog::info("drain: {} session(s) migrated, {} released during the drain, {} failed",
+               report.migrated, report.released, report.failed);
   drain_report_ = report;
   return report;
 }

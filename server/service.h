@@ -39,14 +39,18 @@
 namespace cortiq::server {
 
 // The outcome of a drain: every session that was on the node, moved or not.
+// A session its owner released while the drain ran (ReleaseSession is served
+// while draining) is `released`: nothing was left to move, and it is not a
+// failure.
 struct DrainReport {
   struct Entry {
     std::string session_id;
     bool migrated = false;
+    bool released = false;
     std::string peer, peer_session_id, error;
   };
   std::vector<Entry> sessions;
-  size_t migrated = 0, failed = 0;
+  size_t migrated = 0, released = 0, failed = 0;
 };
 
 // Everything a handler needs; owned by Server, outlives the service.

@@ -197,7 +197,14 @@ class IdleWatch : public std::enable_shared_from_this<IdleWatch> {
     // its state lives until the callback returns (gRPC refcounts it).
     alarm_ = std::make_unique<grpc::Alarm>();
     alarm_->Set(std::chrono::system_clock::now() + (deadline - Clock::now()),
-                [self = shared_from_this()](bool ok) { self->Fired(ok); });
+                [self = shared_from_this()](bool ok) {
+                  util::TsanAcquire(&alarm_handoff_);  // before the capture is read
+                  self->Fired(ok);
+                });
+    // gRPC runs the callback on its timer thread, after Set returned (the
+    // deadline is in the future): mark that hand-off for ThreadSanitizer,
+    // which cannot see it inside Debian's uninstrumented gRPC.
+    util::TsanRelease(&alarm_handoff_);
   }
   void Fired(bool ok) {
     if (!ok) return;  // cancelled by Stop
@@ -212,6 +219,7 @@ class IdleWatch : public std::enable_shared_from_this<IdleWatch> {
     fire();
   }
 
+  static inline char alarm_handoff_ = 0;  // only its address: a TSan sync point
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
   Clock::time_point last_;              // the last message's arrival
@@ -298,7 +306,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     // What the stream holds now, the received message included (its
     // slices live until the next read replaces them).
-    absl::Status fits = held_.Update(sink_->held_bytes() + message_.Length());
+    absl::Status fits = held_.Update(sink_->held_bytes() + message_bytes);
     if (!fits.ok()) {
       Done(ToGrpcStatus(fits));
       return;

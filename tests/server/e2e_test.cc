@@ -545,7 +545,9 @@ TEST_F(E2eTest, ThirtyTwoConcurrentGreedyStreamsEqualTheSameRequestsAlone) {
 
 TEST_F(E2eTest, IdleSessionsExpireAfterTheTtl) {
   ServerConfig c;
-  c.session_ttl = milliseconds(200);
+  // Long enough for the Generate and the listing below to fit in it on a
+  // slow (TSan-instrumented, loaded) process; WaitNoSessions waits 5 s.
+  c.session_ttl = milliseconds(1000);
   StartServer(c);
   v1::GenerateRequest keep = Greedy("x", 1);
   keep.set_keep_session(true);

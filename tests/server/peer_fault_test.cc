@@ -346,6 +346,33 @@ TEST(PeerFaultDrainTest, DrainTakesOverASessionFromAMigrationInFlight) {
   EXPECT_EQ(call.get().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+// A session its owner releases while the drain migrates it (the release
+// cancels the migration) is reported released, not failed: the drain, and so
+// the process's exit status, does not count it as lost.
+TEST(PeerFaultDrainTest, ASessionReleasedDuringTheDrainIsNotAFailure) {
+  ServerConfig c = NodeConfig();
+  StallingPeer peer(TinyModelInfo());
+  c.peers = {peer.addr()};
+  testing::TestNode a = testing::StartTestNode(c);
+  ASSERT_TRUE(a.server);
+  testing::StreamOut s = Turn(a, "", "a session its owner lets go");
+  ASSERT_TRUE(s.status.ok());
+  auto drain = std::async(std::launch::async, [&] { return a.server->Drain(milliseconds(0)); });
+  ASSERT_TRUE(peer.WaitStalled(1, milliseconds(5000)));
+  grpc::ClientContext rctx;
+  v1::ReleaseSessionRequest rreq;
+  rreq.set_session_id(s.session);
+  v1::ReleaseSessionResponse rresp;
+  ASSERT_TRUE(a.stub->ReleaseSession(&rctx, rreq, &rresp).ok());
+  EXPECT_TRUE(rresp.released());
+  const DrainReport r = drain.get();
+  ASSERT_EQ(r.sessions.size(), 1u);
+  EXPECT_TRUE(r.sessions[0].released) << r.sessions[0].error;
+  EXPECT_EQ(r.released, 1u);
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_EQ(a.server->store().num_sessions(), 0u);
+}
+
 // (c) Drain with three sessions and a stalling peer. Each migration stalls
 // until its own deadline (~1.3 s); in parallel the three take about one
 // stall, not three.
