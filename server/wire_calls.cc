@@ -260,6 +260,10 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     sink_.emplace(*ctx->model, ctx->wire_fingerprint, session::SessionStore::RandomId(),
                   ctx->config->max_import_bytes);
+    // Every allocation the stream's layers make is admitted against the
+    // budget before it is made (the reservation grows by it; the update
+    // after the message then sets it to what the stream holds).
+    sink_->SetAdmit([this](size_t bytes) { return held_.Update(held_.bytes() + bytes); });
     const std::chrono::milliseconds timeout = ctx->config->import_idle_timeout;
     watch_ = std::make_shared<IdleWatch>(timeout, [this, timeout] {
       Done(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -303,6 +307,10 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     received_ += chunk_.size();
     for (std::string_view piece : chunk_.pieces()) {
       if (refused_.ok()) refused_ = sink_->Write(piece);
+    }
+    if (refused_.code() == absl::StatusCode::kResourceExhausted) {  // the budget: stop now
+      Done(ToGrpcStatus(refused_));
+      return;
     }
     // What the stream holds now, the received message included (its
     // slices live until the next read replaces them).

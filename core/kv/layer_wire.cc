@@ -538,7 +538,7 @@ LayerWireSink::LayerWireSink(size_t num_kv_heads, size_t head_dim, KvMode mode)
 absl::StatusOr<LayerWireSink> LayerWireSink::Begin(std::string_view header, uint64_t blob_bytes,
                                                    size_t num_kv_heads, size_t head_dim,
                                                    KvMode mode, const WireImportExpect& expect,
-                                                   LayerKvCache* reserved) {
+                                                   LayerKvCache* reserved, const Admit& admit) {
   // ---- envelope: magic, version, length (the checksum comes last) ----
   if (blob_bytes < kHeaderBytes + kCrcBytes) {
     return Corrupt(absl::StrCat("truncated: ", blob_bytes, " bytes, a layer blob has at least ",
@@ -606,18 +606,24 @@ absl::StatusOr<LayerWireSink> LayerWireSink::Begin(std::string_view header, uint
         absl::StrCat("CQKV geometry mismatch: the blob holds seq_len ", seq_len,
                      " positions, this model's max_positions is ", expect.max_positions));
   } else if (sealed) {
+    if (admit) {
+      absl::Status admitted = admit(body_bytes);
+      if (!admitted.ok()) return admitted;
+    }
     sink.sealed_ = true;
     sink.kept_.reserve(body_bytes);
     sink.pieces_.push_back({.kind = Kind::kKeep, .bytes = body_bytes});
   } else {
-    sink.PlanBody(body_bytes, capacity, f16, int8, expect, reserved);
+    absl::Status admitted = sink.PlanBody(body_bytes, capacity, f16, int8, expect, reserved, admit);
+    if (!admitted.ok()) return admitted;
   }
   if (!st.ok()) sink.pieces_.assign({{.kind = Kind::kSkip, .bytes = body_bytes}});
   return sink;
 }
 
-void LayerWireSink::PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, bool int8,
-                             const WireImportExpect& expect, LayerKvCache* reserved) {
+absl::Status LayerWireSink::PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, bool int8,
+                                     const WireImportExpect& expect, LayerKvCache* reserved,
+                                     const Admit& admit) {
   // The body is exactly H heads of S rows: check the length in full (and
   // every product for overflow) before reserving anything.
   KvRows& c = next_;
@@ -628,7 +634,7 @@ void LayerWireSink::PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, b
   if (!Mul(per_pos, S, &per_head) || !Mul(per_head, H, &want_body) || want_body != body_bytes) {
     deferred_ = Corrupt(absl::StrCat("body holds ", body_bytes, " bytes; ", H, " heads of ", S,
                                      " rows need ", per_head, " each"));
-    return;
+    return absl::OkStatus();
   }
   // The exporter's reservation (same capacity, same MemoryBytes), within
   // what this model accepts: the caller's, when it is exactly that.
@@ -639,6 +645,10 @@ void LayerWireSink::PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, b
       reserved->MemoryBytes() == KvRows::ProjectedBytes(H, D, c.mode(), positions)) {
     c = reserved->TakeRows();
   } else {
+    if (admit) {
+      absl::Status admitted = admit(KvRows::ProjectedBytes(H, D, c.mode(), positions));
+      if (!admitted.ok()) return admitted;
+    }
     c.Reserve(positions);
   }
   ForEachBodyArray(
@@ -648,6 +658,7 @@ void LayerWireSink::PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, b
                            .bytes = bytes,
                            .dst = reinterpret_cast<char*>(rows)});
       });
+  return absl::OkStatus();
 }
 
 void LayerWireSink::WriteF16(float* dst, uint64_t offset, std::string_view bytes) {

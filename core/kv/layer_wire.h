@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,10 +95,17 @@ class LayerWireSink {
   // thread, ahead of time); its rows are taken (LayerKvCache::TakeRows,
   // leaving it released) instead of reserving when its capacity is the one
   // the blob asks for, else it is left as it is.
+  // `admit`, when given, is asked before anything is allocated, with the
+  // bytes about to be held (the rows to reserve, a sealed body to keep); its
+  // error (an importer's memory budget: RESOURCE_EXHAUSTED) is returned at
+  // once, with nothing allocated. Rows taken from `reserved` are not asked
+  // for (the caller admitted them when it reserved them).
+  using Admit = std::function<absl::Status(size_t bytes)>;
   static absl::StatusOr<LayerWireSink> Begin(std::string_view header, uint64_t blob_bytes,
                                              size_t num_kv_heads, size_t head_dim, KvMode mode,
                                              const WireImportExpect& expect,
-                                             LayerKvCache* reserved = nullptr);
+                                             LayerKvCache* reserved = nullptr,
+                                             const Admit& admit = nullptr);
   // Positions the new cache reserved for the rows (0: none, e.g. a sealed
   // layer or a refused header): what the next layer will likely ask for.
   size_t reserved_positions() const { return next_.capacity(); }
@@ -127,8 +135,11 @@ class LayerWireSink {
   };
   LayerWireSink(size_t num_kv_heads, size_t head_dim, KvMode mode);
   // The body's destinations once the header passed every check.
-  void PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, bool int8,
-                const WireImportExpect& expect, LayerKvCache* reserved);
+  // Plans the body's pieces and reserves its rows; admit's refusal only is
+  // returned (a malformed body is deferred_, reported after the checksum).
+  absl::Status PlanBody(uint64_t body_bytes, uint64_t capacity, bool f16, bool int8,
+                        const WireImportExpect& expect, LayerKvCache* reserved,
+                        const Admit& admit);
   void WriteF16(float* dst, uint64_t offset, std::string_view bytes);
 
   KvRows next_;            // the exact rows being written (empty for a sealed blob)

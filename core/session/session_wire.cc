@@ -445,6 +445,7 @@ struct SessionWireSink::State {
   const uint64_t fingerprint;
   std::string id;
   const uint64_t max_stream_bytes;
+  kv::LayerWireSink::Admit admit;  // SessionWireSink::SetAdmit; may be empty
 
   Stage stage = Stage::kStreamHeader;
   std::string fixed;     // the stream header, a section header or a CRC being gathered
@@ -657,7 +658,12 @@ void SessionWireSink::State::BeginLayer(size_t l) {
   ahead_bytes = 0;
   absl::StatusOr<kv::LayerWireSink> begun =
       kv::LayerWireSink::Begin(std::string_view(layer_head).substr(sizeof(uint32_t)), blob_bytes, H,
-                               D, config.kv_mode, expect, spare ? &*spare : nullptr);
+                               D, config.kv_mode, expect, spare ? &*spare : nullptr, admit);
+  if (!begun.ok() && begun.status().code() == absl::StatusCode::kResourceExhausted) {
+    // Refused by admit (the importer's budget): stop now, allocate nothing.
+    broken = absl::ResourceExhaustedError(absl::StrCat("layer ", l, ": ", begun.status().message()));
+    return;
+  }
   if (!begun.ok()) {
     return Refuse(absl::Status(begun.status().code(),
                                absl::StrCat("layer ", l, ": ", begun.status().message())));
@@ -671,7 +677,8 @@ void SessionWireSink::State::BeginLayer(size_t l) {
   const size_t positions = sink->reserved_positions();
   const uint64_t next_end = blob_at + 2 * blob_bytes + kv::kWireCrcBytes + 16 + sizeof(uint32_t);
   if (positions > 0 && blob_bytes >= kReserveAheadBytes && l + 1 < num_layers() &&
-      next_end <= max_stream_bytes) {
+      next_end <= max_stream_bytes &&
+      (!admit || admit(kv::LayerKvCache::ProjectedBytes(H, D, config.kv_mode, positions)).ok())) {
     const kv::KvMode mode = config.kv_mode;
     ahead_bytes = kv::LayerKvCache::ProjectedBytes(H, D, mode, positions);
     ahead = std::async(std::launch::async, [H, D, mode, positions] {
@@ -856,6 +863,8 @@ SessionWireSink::SessionWireSink(const model::Transformer& model, uint64_t finge
     : state_(std::make_unique<State>(model, fingerprint, std::move(id), max_stream_bytes)) {}
 SessionWireSink::~SessionWireSink() = default;
 SessionWireSink::SessionWireSink(SessionWireSink&&) noexcept = default;
+
+void SessionWireSink::SetAdmit(kv::LayerWireSink::Admit admit) { state_->admit = std::move(admit); }
 
 absl::Status SessionWireSink::Write(std::string_view bytes) { return state_->Write(bytes); }
 

@@ -124,6 +124,14 @@ class SessionWireSink {
   ~SessionWireSink();
   SessionWireSink(SessionWireSink&&) noexcept;
 
+  // Asked before each allocation the stream's layers make (a layer's rows, a
+  // sealed layer's body, the next layer's rows reserved ahead) with the
+  // bytes about to be held: an import's memory budget
+  // (SessionStore::ImportReservation). Its refusal stops the stream at once
+  // (Write returns it) with that allocation not made; a refused reserve
+  // ahead is only skipped. Set before the first Write.
+  void SetAdmit(kv::LayerWireSink::Admit admit);
+
   // The stream's next bytes. An error means the stream is refused whatever
   // follows (corrupt: DATA_LOSS; an unknown version: FAILED_PRECONDITION):
   // stop sending, Finish says the same.

@@ -461,6 +461,52 @@ TEST_F(SessionWireTest, PiecesOfAnySizeGiveTheWholeStreamAndSession) {
   }
 }
 
+// SetAdmit sees every allocation the layers make before it is made: with
+// every request admitted, what was admitted covers what the sink holds at the
+// end; with a budget of half of that, the stream stops with
+// RESOURCE_EXHAUSTED and the sink never holds more than was admitted (plus
+// the small sections it gathers, which are not layer rows).
+TEST_F(SessionWireTest, AdmitSeesEveryLayerAllocationBeforeItIsMade) {
+  constexpr size_t kGatherSlack = 64 << 10;  // history, sampler and header sections
+  for (int mode = 0; mode < 5; ++mode) {
+    SCOPED_TRACE(::testing::Message() << "mode " << mode);
+    SessionStore store({});
+    const std::string id = MakeSession(store, mode, false);
+    auto wire = Export(store, id);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    size_t all = 0;
+    {
+      SessionWireSink sink(*model_, kFingerprint, "x", wire->size());
+      sink.SetAdmit([&](size_t b) {
+        all += b;
+        return absl::OkStatus();
+      });
+      for (size_t at = 0; at < wire->size(); at += 4096) {
+        ASSERT_TRUE(sink.Write(std::string_view(*wire).substr(at, 4096)).ok());
+      }
+      EXPECT_LE(sink.held_bytes(), all + kGatherSlack);
+      ASSERT_TRUE(sink.Finish().ok());
+    }
+    ASSERT_GT(all, 0u);
+    std::printf("mode %d: stream %zu bytes, %zu admitted\n", mode, wire->size(), all);
+    const size_t budget = all / 2;
+    size_t admitted = 0;
+    SessionWireSink sink(*model_, kFingerprint, "x", wire->size());
+    sink.SetAdmit([&](size_t b) {
+      if (admitted + b > budget) return absl::ResourceExhaustedError("over the test's budget");
+      admitted += b;
+      return absl::OkStatus();
+    });
+    absl::Status st;
+    for (size_t at = 0; at < wire->size() && st.ok(); at += 4096) {
+      st = sink.Write(std::string_view(*wire).substr(at, 4096));
+      EXPECT_LE(sink.held_bytes(), admitted + kGatherSlack);
+    }
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+    EXPECT_LE(admitted, budget);
+  }
+}
+
 TEST_F(SessionWireTest, PiecesGiveTheWholeBuffersErrorForEveryFlippedByteAndTruncation) {
   SessionStore store({});
   auto wire = Export(store, MakeShortSession(store));
