@@ -21,6 +21,7 @@
 #include "tests/common/log_capture.h"
 #include "tests/common/model_test_util.h"
 #include "tests/common/prom_text.h"
+#include "tests/common/raw_call.h"
 #include "tests/common/server_test_util.h"
 
 namespace cortiq::server {
@@ -41,45 +42,7 @@ const std::vector<std::string>& Garbage() {
 
 using testing::CaptureSink;
 
-// One call of `method` ("/cortiq.v1.Inference/Tokenize") carrying one
-// message of raw `bytes`, whatever the method's streaming shape; its status.
-grpc::Status CallRaw(grpc::GenericStub& stub, const std::string& method, const std::string& bytes,
-                     const std::string& token = "", std::string* replies = nullptr) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(&ctx, method, &cq);
-  auto wait = [&cq] {
-    void* tag;
-    bool ok = false;
-    return cq.Next(&tag, &ok) && ok;
-  };
-  call->StartCall(nullptr);
-  bool ok = wait();
-  if (ok) {
-    grpc::Slice slice(bytes);
-    call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
-    ok = wait();
-  }
-  if (ok) {
-    call->WritesDone(nullptr);
-    ok = wait();
-  }
-  grpc::ByteBuffer reply;
-  while (ok) {  // a reply, if any, until the stream ends
-    call->Read(&reply, nullptr);
-    ok = wait();
-    std::vector<grpc::Slice> slices;
-    if (ok && replies != nullptr && reply.Dump(&slices).ok()) {
-      for (const grpc::Slice& sl : slices) replies->append(sl.begin(), sl.end());
-    }
-  }
-  grpc::Status status;
-  call->Finish(&status, nullptr);
-  wait();
-  return status;
-}
+using testing::CallRaw;
 
 struct RawNode {
   std::unique_ptr<Server> server;
@@ -136,7 +99,7 @@ TEST(MalformedTest, EveryRpcAnswersInvalidArgumentNamingRpcAndTypeCountedAndLogg
     const std::string type = m.name() == "ImportSession" ? "cortiq.v1.WireChunk" : RequestType(m);
     for (const std::string& bytes : Garbage()) {
       SCOPED_TRACE(m.name() + " with " + std::to_string(bytes.size()) + " bytes");
-      const grpc::Status st = CallRaw(*n.stub, Path(m), bytes);
+      const grpc::Status st = CallRaw(*n.stub, Path(m), {bytes});
       EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
       const std::string want_prefix = m.name() + ": ";
       EXPECT_EQ(st.error_message().rfind(want_prefix, 0), 0u) << st.error_message();
@@ -200,9 +163,9 @@ TEST(MalformedTest, WithoutTheTokenGarbageIsUnauthenticated) {
   for (int i = 0; i < service.method_count(); ++i) {
     const google::protobuf::MethodDescriptor& m = *service.method(i);
     SCOPED_TRACE(m.name());
-    EXPECT_EQ(CallRaw(*n.stub, Path(m), Garbage()[0]).error_code(),
+    EXPECT_EQ(CallRaw(*n.stub, Path(m), {Garbage()[0]}).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
-    const grpc::Status st = CallRaw(*n.stub, Path(m), Garbage()[0], "s3cret");
+    const grpc::Status st = CallRaw(*n.stub, Path(m), {Garbage()[0]}, "s3cret");
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
   }
 }
@@ -213,7 +176,7 @@ TEST(MalformedTest, InvalidUtf8InAStringFieldIsInvalidArgument) {
   RawNode n = StartRawNode();
   ASSERT_NE(n.server, nullptr);
   const std::string bytes("\x0a\x02\xff\xfe", 4);  // session_id (1): 2 bytes, not UTF-8
-  const grpc::Status st = CallRaw(*n.stub, "/cortiq.v1.Inference/GetSession", bytes);
+  const grpc::Status st = CallRaw(*n.stub, "/cortiq.v1.Inference/GetSession", {bytes});
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(st.error_message(),
             "GetSession: the request is not a cortiq.v1.GetSessionRequest (4 bytes do not parse)");
@@ -231,7 +194,7 @@ TEST(MalformedTest, ReflectionStillDescribesTheService) {
   request += symbol;
   std::string replies;
   const grpc::Status st =
-      CallRaw(*n.stub, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", request,
+      CallRaw(*n.stub, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", {request},
               "", &replies);
   EXPECT_TRUE(st.ok()) << st.error_message();
   for (const char* name : {"GenerateRequest", "MigrateSession", "Drain", "WireChunk"}) {

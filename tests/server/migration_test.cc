@@ -8,14 +8,15 @@
 #include <future>
 #include <thread>
 
-#include "core/util/tsan_annotations.h"
 #include "core/session/session_wire.h"
+#include "core/util/tsan_annotations.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/common/model_test_util.h"
+#include "tests/common/raw_call.h"
 #include "tests/common/server_test_util.h"
 
 namespace cortiq::server {
@@ -142,43 +143,12 @@ TEST(MigrationTest, ExportImportOverGrpcIsByteExact) {
 // ImportSession fed raw messages (each one a serialised WireChunk, or not).
 grpc::Status ImportMessages(Node& n, const std::vector<std::string>& messages,
                             v1::ImportSessionResponse* resp) {
-  grpc::CompletionQueue cq;
-  grpc::Status status;
-  {
-    grpc::ClientContext ctx;
-    grpc::GenericStub stub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
-    auto call = stub.PrepareCall(&ctx, "/cortiq.v1.Inference/ImportSession", &cq);
-    auto wait = [&cq] {
-      void* tag;
-      bool ok = false;
-      return cq.Next(&tag, &ok) && ok;
-    };
-    call->StartCall(nullptr);
-    bool ok = wait();
-    for (const std::string& m : messages) {
-      if (!ok) break;
-      grpc::Slice slice(m);
-      call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
-      ok = wait();
-    }
-    grpc::ByteBuffer reply;
-    if (ok) {
-      call->WritesDone(nullptr);
-      ok = wait();
-      call->Read(&reply, nullptr);
-      ok = ok && wait();
-    }
-    call->Finish(&status, nullptr);
-    wait();
-    if (status.ok() && ok) {
-      EXPECT_TRUE(
-          grpc::SerializationTraits<v1::ImportSessionResponse>::Deserialize(&reply, resp).ok());
-    }
-  }
-  cq.Shutdown();
-  void* tag;
-  bool ok;
-  while (cq.Next(&tag, &ok)) {
+  grpc::GenericStub stub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
+  std::string reply;
+  const grpc::Status status =
+      testing::CallRaw(stub, "/cortiq.v1.Inference/ImportSession", messages, "", &reply);
+  if (status.ok()) {
+    EXPECT_TRUE(resp->ParseFromString(reply));
   }
   return status;
 }

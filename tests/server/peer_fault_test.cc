@@ -157,6 +157,18 @@ testing::StreamOut Turn(testing::TestNode& n, const std::string& session,
   return testing::RunGenerate(*n.stub, r);
 }
 
+// `n` kept sessions opened on `node` (one turn each); fewer if a turn failed
+// (the test's size check then fails).
+std::vector<std::string> KeepSessions(testing::TestNode& node, int n) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) {
+    testing::StreamOut s = Turn(node, "", "session " + std::to_string(i));
+    EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+    if (s.status.ok()) ids.push_back(s.session);
+  }
+  return ids;
+}
+
 v1::MigrateSessionRequest MigrateTo(const std::string& session, const std::string& peer) {
   v1::MigrateSessionRequest r;
   r.set_session_id(session);
@@ -384,12 +396,8 @@ TEST(PeerFaultDrainTest, DrainMigratesInParallel) {
   c.peers = {peer.addr()};
   testing::TestNode a = testing::StartTestNode(c);
   ASSERT_TRUE(a.server);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 3; ++i) {
-    testing::StreamOut s = Turn(a, "", "session " + std::to_string(i));
-    ASSERT_TRUE(s.status.ok());
-    ids.push_back(s.session);
-  }
+  const std::vector<std::string> ids = KeepSessions(a, 3);
+  ASSERT_EQ(ids.size(), 3u);
   const double one_stall =
       PeerStreamBudget(c.peer_connect_timeout, c.peer_min_throughput, 1 << 20).count();
   const auto start = Clock::now();
@@ -419,12 +427,8 @@ TEST(PeerFaultDrainTest, DrainEndsAtTheDrainTimeout) {
   c.peers = {peer.addr()};
   testing::TestNode a = testing::StartTestNode(c);
   ASSERT_TRUE(a.server);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 3; ++i) {
-    testing::StreamOut s = Turn(a, "", "session " + std::to_string(i));
-    ASSERT_TRUE(s.status.ok());
-    ids.push_back(s.session);
-  }
+  const std::vector<std::string> ids = KeepSessions(a, 3);
+  ASSERT_EQ(ids.size(), 3u);
   const auto start = Clock::now();
   const DrainReport r = a.server->Drain(milliseconds(0));
   const double ms = MsSince(start);
