@@ -321,6 +321,12 @@ int RunImport(const CommandLine& cl) {
 }
 
 // Prints one line per session and exits 1 when any could not be moved.
+// A peer that speaks wire version 4 keeps the session's id; an older one
+// gives it a new one, which the caller must learn: " as NEWID".
+std::string RenamedAs(const std::string& id, const std::string& peer_id) {
+  return peer_id.empty() || peer_id == id ? std::string() : " as " + peer_id;
+}
+
 int RunDrain(const CommandLine& cl) {
   absl::StatusOr<v1::DrainRequest> request = ParseDrainArgs(cl.args);
   if (!request.ok()) return UsageError(request.status());
@@ -330,8 +336,8 @@ int RunDrain(const CommandLine& cl) {
   if (!response.ok()) return RuntimeError(response.status());
   for (const auto& s : response->sessions()) {
     if (s.migrated()) {
-      std::cout << "migrated " << s.session_id() << " to " << s.peer() << " as "
-                << s.peer_session_id() << "\n";
+      std::cout << "migrated " << s.session_id() << " to " << s.peer() << " (node "
+                << s.peer_node() << ")" << RenamedAs(s.session_id(), s.peer_session_id()) << "\n";
     } else {
       std::cout << "FAILED   " << s.session_id() << ": " << s.error() << "\n";
     }
@@ -347,8 +353,9 @@ int RunMigrate(const CommandLine& cl) {
   if (!client.ok()) return RuntimeError(client.status());
   absl::StatusOr<v1::MigrateSessionResponse> response = (*client)->MigrateSession(*request);
   if (!response.ok()) return RuntimeError(response.status());
-  std::cout << absl::StrFormat("migrated %s to %s as %s (%u wire bytes, version %u)\n",
-                               request->session_id(), request->peer(), response->peer_session_id(),
+  std::cout << absl::StrFormat("migrated %s to %s (node %s)%s (%u wire bytes, version %u)\n",
+                               request->session_id(), request->peer(), response->peer_node(),
+                               RenamedAs(request->session_id(), response->peer_session_id()),
                                response->wire_bytes(), response->version());
   return kExitOk;
 }

@@ -146,8 +146,9 @@ void ToProto(const session::MemoryByKind& m, v1::SessionMemory* out) {
   out->set_total_bytes(m.total());
 }
 
-void ToProto(const session::SessionSnapshot& s, v1::SessionInfo* out) {
+void ToProto(const session::SessionSnapshot& s, std::string_view node, v1::SessionInfo* out) {
   out->set_session_id(s.id);
+  out->set_node(std::string(node));
   ToProto(s.config, out->mutable_config());
   out->set_tokens(s.tokens);
   out->set_cached_tokens(s.cached_tokens);
@@ -172,6 +173,10 @@ v1::FinishReason ToProto(session::FinishReason r) {
       break;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void AddNodeMetadata(const ServiceContext& ctx, grpc::CallbackServerContext* call) {
+  call->AddInitialMetadata(kNodeHeader, ctx.node_name);
 }
 
 absl::Status CheckSessionId(const std::string& id) {

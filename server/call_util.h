@@ -31,6 +31,13 @@ using session::Seconds;
 // UNAUTHENTICATED unless the call carries "authorization: Bearer <token>"
 // (constant-time comparison) when the server has a token.
 absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerContext* call);
+// The response metadata naming the node that served a call.
+inline constexpr char kNodeHeader[] = "x-cortiq-node";
+// Adds kNodeHeader = this node's name to the call's initial metadata: every
+// call this node serves itself (a call it forwards carries the owner's).
+// Before the call's first write or its finish.
+void AddNodeMetadata(const ServiceContext& ctx, grpc::CallbackServerContext* call);
+
 // UNAVAILABLE while the server drains.
 absl::Status Unavailable(const ServiceContext& ctx);
 // INVALID_ARGUMENT for an empty or oversize session id.
@@ -40,7 +47,8 @@ v1::KvDtype ToProto(kv::KvMode m);
 std::string LayersSpec(const std::vector<size_t>& layers);
 void ToProto(const session::SessionConfig& c, v1::SessionConfig* out);
 void ToProto(const session::MemoryByKind& m, v1::SessionMemory* out);
-void ToProto(const session::SessionSnapshot& s, v1::SessionInfo* out);
+// `node`: the node that holds the session (SessionInfo.node).
+void ToProto(const session::SessionSnapshot& s, std::string_view node, v1::SessionInfo* out);
 v1::FinishReason ToProto(session::FinishReason r);
 
 // ---- one log line and the request metrics per call ----
@@ -147,9 +155,13 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
 template <typename Request, typename Response>
 class TypedUnaryReactor final : public UnaryReactor {
  public:
-  explicit TypedUnaryReactor(grpc::ByteBuffer* response_bytes) : response_bytes_(response_bytes) {}
+  TypedUnaryReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
+                    grpc::ByteBuffer* response_bytes)
+      : ctx_(ctx), call_(call), response_bytes_(response_bytes) {}
 
+  // Served here: the reply names this node (AddNodeMetadata).
   void Reply(const grpc::Status& status) override {
+    AddNodeMetadata(ctx_, call_);
     if (status.ok()) {
       bool own = false;
       // Fails only for a message over 2 GiB, which no response comes near.
@@ -173,6 +185,8 @@ class TypedUnaryReactor final : public UnaryReactor {
   Response response;
 
  private:
+  const ServiceContext& ctx_;
+  grpc::CallbackServerContext* call_;
   grpc::ByteBuffer* response_bytes_;  // the call's response, owned by gRPC
 };
 
@@ -184,7 +198,7 @@ template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* ServeUnary(ServiceContext* ctx, grpc::CallbackServerContext* call,
                                      std::string_view rpc, const grpc::ByteBuffer* request_bytes,
                                      grpc::ByteBuffer* response_bytes, Handler&& handler) {
-  auto* reactor = new TypedUnaryReactor<Request, Response>(response_bytes);
+  auto* reactor = new TypedUnaryReactor<Request, Response>(*ctx, call, response_bytes);
   absl::StatusOr<Request> request = ParseRequest<Request>(*ctx, call, rpc, *request_bytes);
   if (!request.ok()) {
     CallLog log(ctx, call, rpc);

@@ -3,13 +3,16 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/util/flags.h"
 #include "core/util/strings.h"
@@ -136,6 +139,10 @@ std::string ServerUsage() {
   --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key
   --log-level L           trace | debug | info | warn | error | off (default info)
   --log-format text|json  log lines as text or as one JSON object each (default text)
+  --node-name NAME        this node's name in the cluster: every response's x-cortiq-node,
+                          SessionInfo.node, ModelInfo.node (default <hostname>:<port>)
+  --forward-ttl SECONDS   how long a node remembers where it moved a session, to forward
+                          calls that still name it here (default 600)
   --help                  this text
 
 Flags are --name value or --name=value; a usage error exits with status 2.
@@ -197,6 +204,8 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::ChoiceFlag("log-level", &c.log_level,
                        {"trace", "debug", "info", "warn", "error", "off"}),
       util::ChoiceFlag("log-format", &c.log_format, {"text", "json"}),
+      StringFlag("node-name", &c.node_name),
+      util::SecondsFlag("forward-ttl", &c.forward_ttl),
   };
   absl::StatusOr<util::ParsedArgs> parsed =
       util::ParseFlags(flags, args, {.positionals = util::Positionals::kNone});
@@ -238,8 +247,44 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
   }
+  if (!c.node_name.empty() && !IsValidNodeName(c.node_name)) {
+    return absl::InvalidArgumentError(
+        "--node-name: 1 to 64 characters of [A-Za-z0-9._:-] (it travels in response metadata)");
+  }
   if (c.model_dir.empty()) c.model_dir = DefaultModelDir();
   return c;
+}
+
+std::string DefaultNodeName(std::string_view listen) {
+  char host[256] = {};
+  std::string name = gethostname(host, sizeof(host) - 1) == 0 ? host : "";
+  std::erase_if(name, [](char ch) { return !IsValidNodeName(std::string_view(&ch, 1)); });
+  if (name.empty()) name = "cortiq";
+  const size_t colon = listen.rfind(':');
+  const std::string_view port = colon == std::string_view::npos ? "" : listen.substr(colon + 1);
+  const bool named_port = !port.empty() && port != "0" &&
+                          std::all_of(port.begin(), port.end(), [](char ch) {
+                            return ch >= '0' && ch <= '9';
+                          }) && !listen.starts_with("unix:");
+  std::string suffix;
+  if (named_port) {
+    suffix = absl::StrCat(":", util::Sv(port));
+  } else {
+    std::random_device rd;
+    suffix = absl::StrFormat("-%06x", rd() & 0xFFFFFF);
+  }
+  name = name.substr(0, 64 - suffix.size());
+  return name + suffix;
+}
+
+bool IsValidNodeName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char ch : name) {
+    const bool ok = (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') ||
+                    (ch >= 'A' && ch <= 'Z') || ch == '.' || ch == '_' || ch == ':' || ch == '-';
+    if (!ok) return false;
+  }
+  return true;
 }
 
 std::string DefaultModelDir() {

@@ -69,7 +69,21 @@ struct ServerConfig {
   std::string tls_cert, tls_key;            // PEM files; both or neither
   std::string log_level = "info";           // trace | debug | info | warn | error | off
   std::string log_format = "text";          // text | json (one object per line)
+  // This node's name in the cluster (x-cortiq-node, SessionInfo.node,
+  // ModelInfo.node); "" = DefaultNodeName(listen).
+  std::string node_name;
+  // How long a node remembers where it moved a session (migration, drain),
+  // to forward calls that still name it here.
+  std::chrono::milliseconds forward_ttl{600'000};
 };
+
+// A node name: 1..64 bytes of [A-Za-z0-9._:-].
+bool IsValidNodeName(std::string_view name);
+// The name of a node given no --node-name: <hostname>:<port> when `listen`
+// names its port, else <hostname>-<6 random hex digits> (port 0: the port is
+// not known before the server runs, and the name must be fixed before it
+// answers a call). Cut to fit IsValidNodeName.
+std::string DefaultNodeName(std::string_view listen);
 
 // Parses argv[1..]; env CORTIQ_AUTH_TOKEN, CORTIQ_PEERS and CORTIQ_MODEL fill
 // the token, the peers and the model when the flags do not. A --listen that

@@ -320,6 +320,7 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
         // The peer holds a complete copy: only now does the source let go.
         lease->ReleaseOnReturn(session::ReleaseReason::kMigrated);
         out.peer_session_id = sent->session().session_id();
+        out.peer_node = sent->session().node();
         result = out;
       } else {
         result = sent.status();
@@ -398,6 +399,7 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
       response->set_peer_session_id(out->peer_session_id);
       response->set_wire_bytes(out->wire_bytes);
       response->set_version(out->version);
+      response->set_peer_node(out->peer_node);
     }
     return std::make_pair(out.status(),
                           LogFields{{"session", request->session_id()}, {"to", request->peer()}});
@@ -429,6 +431,7 @@ grpc::ServerUnaryReactor* InferenceService::Drain(grpc::CallbackServerContext* c
           d->set_migrated(e.migrated);
           d->set_peer(e.peer);
           d->set_peer_session_id(e.peer_session_id);
+          d->set_peer_node(e.peer_node);
           d->set_error(e.error);
         }
         response->set_migrated(static_cast<uint32_t>(report.migrated));

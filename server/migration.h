@@ -15,7 +15,8 @@
 namespace cortiq::server {
 
 struct MigrateOutcome {
-  std::string peer_session_id;
+  std::string peer_session_id;  // the session's id on the peer (its own, from wire version 4)
+  std::string peer_node;        // the peer's --node-name
   size_t wire_bytes = 0;
   uint32_t version = 0;
 };

@@ -129,6 +129,8 @@ absl::Status Server::Init() {
   ctx_->engine = engine_.get();
   ctx_->metrics = metrics_.get();
   ctx_->model_name = std::filesystem::path(c.model_dir).filename().string();
+  if (config_.node_name.empty()) config_.node_name = DefaultNodeName(c.listen);
+  ctx_->node_name = config_.node_name;
   CORTIQ_ASSIGN_OR_RETURN(std::string tokenizer_json,
                           ReadFile(c.model_dir + "/tokenizer.json", "--model"));
   ctx_->wire_fingerprint = session::ModelWireFingerprint(model_->checkpoint(), tokenizer_json);
@@ -274,6 +276,7 @@ DrainReport::Entry Server::DrainOne(const std::string& session_id,
       e.migrated = true;
       e.peer = peer;
       e.peer_session_id = out->peer_session_id;
+      e.peer_node = out->peer_node;
       e.error.clear();
     } else if (!store_->Get(session_id)) {
       // Released by its owner while this migration ran (or before it
@@ -319,8 +322,8 @@ DrainReport Server::Drain(std::chrono::milliseconds grace) {
     if (e.migrated) {
       ++report.migrated;
       // The peer's answer is quoted: escape it (util::EscapeForLog).
-      spdlog::info("drain: session {} migrated to {} as {}", e.session_id, e.peer,
-                   util::EscapeForLog(e.peer_session_id));
+      spdlog::info("drain: session {} migrated to {} (node {})", e.session_id, e.peer,
+                   util::EscapeForLog(e.peer_node));
     } else if (e.released) {
       ++report.released;
       spdlog::info("drain: session {} released by its owner during the drain", e.session_id);

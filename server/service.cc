@@ -53,7 +53,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       : ctx_(ctx),
         call_(call),
         log_(ctx, call, "Generate"),
-        stream_(ctx->streams_in_flight.Enter()) {}
+        stream_(ctx->streams_in_flight.Enter()) {
+    AddNodeMetadata(*ctx, call);
+  }
 
   // Runs in the handler, before gRPC calls any reaction.
   void Start(const grpc::ByteBuffer& bytes) {
@@ -459,7 +461,7 @@ grpc::ServerUnaryReactor* InferenceService::CreateSession(grpc::CallbackServerCo
     lease->Return();
     auto snap = ctx_->store->Get(id);
     if (!snap) return absl::NotFoundError(absl::StrCat("session_id: '", id, "' was released"));
-    ToProto(*snap, response);
+    ToProto(*snap, ctx_->node_name, response);
     return absl::OkStatus();
   });
 }
@@ -475,7 +477,7 @@ grpc::ServerUnaryReactor* InferenceService::GetSession(grpc::CallbackServerConte
       return absl::NotFoundError(
           absl::StrCat("session_id: no session '", request->session_id(), "' on this node"));
     }
-    ToProto(*snap, response);
+    ToProto(*snap, ctx_->node_name, response);
     return absl::OkStatus();
   }, {{"session", request->session_id()}});
 }
@@ -487,7 +489,7 @@ grpc::ServerUnaryReactor* InferenceService::ListSessions(grpc::CallbackServerCon
   return Unary(ctx_, context, reactor, "ListSessions", [&]() -> absl::Status {
     session::MemoryByKind total;
     for (const auto& s : ctx_->store->List()) {
-      ToProto(s, response->add_sessions());
+      ToProto(s, ctx_->node_name, response->add_sessions());
       total += s.memory;
     }
     ToProto(total, response->mutable_total_memory());
@@ -534,6 +536,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
   return Unary(ctx_, context, reactor, "GetModelInfo", [&]() -> absl::Status {
     const auto& c = ctx_->model->config();
     response->set_name(ctx_->model_name);
+    response->set_node(ctx_->node_name);
     response->set_model_type(model::ModelConfig::ArchName(c.arch));
     response->set_fingerprint(ctx_->fingerprint);
     response->set_vocab_size(static_cast<uint32_t>(c.vocab_size));

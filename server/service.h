@@ -47,7 +47,7 @@ struct DrainReport {
     std::string session_id;
     bool migrated = false;
     bool released = false;
-    std::string peer, peer_session_id, error;
+    std::string peer, peer_session_id, peer_node, error;
   };
   std::vector<Entry> sessions;
   size_t migrated = 0, released = 0, failed = 0;
@@ -62,6 +62,7 @@ struct ServiceContext {
   session::Engine* engine = nullptr;
   Metrics* metrics = nullptr;              // may be null (metrics off)
   std::string model_name;                  // directory basename
+  std::string node_name;                   // --node-name or DefaultNodeName: x-cortiq-node
   std::string fingerprint;                 // hex of wire_fingerprint
   uint64_t wire_fingerprint = 0;           // session::ModelWireFingerprint (checkpoint + tokenizer)
   session::SessionConfig default_session;  // resolved from the flags

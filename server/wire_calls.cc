@@ -78,6 +78,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   ExportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call,
                 const grpc::ByteBuffer& request)
       : log_(ctx, call, "ExportSession") {
+    AddNodeMetadata(*ctx, call);
     absl::StatusOr<v1::ExportSessionRequest> req =
         ParseRequest<v1::ExportSessionRequest>(*ctx, call, "ExportSession", request);
     absl::Status st = req.status();
@@ -240,10 +241,19 @@ class IdleWatch : public std::enable_shared_from_this<IdleWatch> {
 // A stream with no message for --import-idle-timeout ends with
 // DEADLINE_EXCEEDED. Whatever ends an import short frees the sink and the
 // reservation at once (see ReturnFreedMemory).
+// An import of a session this node already holds: a session lives in one
+// place only.
+absl::Status AlreadyHeld(const std::string& id) {
+  return absl::AlreadyExistsError(absl::StrCat(
+      "import: session '", id,
+      "' is already live on this node (a session lives in one place; release it here first)"));
+}
+
 class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
       : ctx_(ctx), response_(response), log_(ctx, call, "ImportSession") {
+    AddNodeMetadata(*ctx, call);
     absl::Status st = CheckAuth(*ctx, call);
     if (st.ok()) st = Unavailable(*ctx);
     if (st.ok()) {
@@ -312,6 +322,18 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       Done(ToGrpcStatus(refused_));
       return;
     }
+    // A stream that carries its session's id (wire version 4) names it in
+    // its first section: an id this node already holds is refused at once,
+    // before the rows arrive (Install checks again, under the store's lock).
+    if (id_.empty()) {
+      if (std::optional<std::string> id = sink_->session_id()) {
+        id_ = *std::move(id);
+        if (ctx_->store->Get(id_).has_value()) {
+          Done(ToGrpcStatus(AlreadyHeld(id_)));
+          return;
+        }
+      }
+    }
     // What the stream holds now, the received message included (its
     // slices live until the next read replaces them).
     absl::Status fits = held_.Update(sink_->held_bytes() + message_bytes);
@@ -344,13 +366,15 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (received_ == 0) return absl::DataLossError("import: empty stream");
     if (!refused_.ok()) return refused_;
     CORTIQ_ASSIGN_OR_RETURN(std::unique_ptr<session::Session> s, sink_->Finish());
-    CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease,
-                            ctx_->store->Install(std::move(s), held_));
-    id_ = lease->id();
+    id_ = s->id();
+    absl::StatusOr<session::SessionStore::Lease> installed =
+        ctx_->store->Install(std::move(s), held_);
+    if (installed.status().code() == absl::StatusCode::kAlreadyExists) return AlreadyHeld(id_);
+    CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, std::move(installed));
     lease.Return();
     v1::ImportSessionResponse reply;
     auto snap = ctx_->store->Get(id_);
-    if (snap) ToProto(*snap, reply.mutable_session());
+    if (snap) ToProto(*snap, ctx_->node_name, reply.mutable_session());
     bool own = false;
     const grpc::Status st =
         grpc::SerializationTraits<v1::ImportSessionResponse>::Serialize(reply, response_, &own);

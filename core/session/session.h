@@ -90,6 +90,11 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   const std::string& id() const { return id_; }
+  // The tenant the session belongs to ("" without tenants): set once, before
+  // the session is installed (SessionStore::Create, an import); it travels
+  // with the session (wire version 4).
+  const std::string& tenant() const { return tenant_; }
+  void set_tenant(std::string tenant) { tenant_ = std::move(tenant); }
   const SessionConfig& config() const { return config_; }
   Clock::time_point created() const { return created_; }
 
@@ -182,6 +187,7 @@ class Session {
   Session(std::string id, const model::ModelConfig& config, const SessionConfig& session_config);
 
   std::string id_;
+  std::string tenant_;
   SessionConfig config_;
   Clock::time_point created_;
   model::SequenceKv kv_;

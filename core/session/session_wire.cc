@@ -85,9 +85,10 @@ bool GetLayerList(ByteReader& r, size_t num_layers, std::vector<size_t>* out) {
   return true;
 }
 
-// Header payload: geometry (checked against the importer's model) and the
-// session configuration.
-std::string HeaderPayload(const model::ModelConfig& m, const SessionConfig& c, uint32_t version) {
+// Header payload: geometry (checked against the importer's model), the
+// session configuration and (version 4+) the session's identity.
+std::string HeaderPayload(const model::ModelConfig& m, const SessionConfig& c, uint32_t version,
+                          const std::string& id, const std::string& tenant) {
   ByteWriter w;
   w.U32(static_cast<uint32_t>(m.num_hidden_layers));
   w.U32(static_cast<uint32_t>(m.num_attention_heads));
@@ -110,11 +111,39 @@ std::string HeaderPayload(const model::ModelConfig& m, const SessionConfig& c, u
     PutLayerList(w,
                  c.attention == AttentionMode::kWindow ? c.window.layers : std::vector<size_t>{});
   }
+  if (version >= kSessionWireIdentityVersion) {  // the session's id and tenant
+    w.U8(static_cast<uint8_t>(id.size()));
+    w.Raw(id.data(), id.size());
+    w.U8(static_cast<uint8_t>(tenant.size()));
+    w.Raw(tenant.data(), tenant.size());
+  }
   return w.Take();
 }
 
-absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model::ModelConfig& m,
-                                          uint32_t version) {
+// A session id as the store makes them: 32 lowercase hex digits.
+bool IsSessionId(std::string_view id) {
+  return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char ch) {
+           return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+         });
+}
+
+// A tenant name: at most kMaxTenantBytes of [A-Za-z0-9._-] ("" = none).
+bool IsTenantName(std::string_view t) {
+  return t.size() <= kMaxTenantBytes && std::all_of(t.begin(), t.end(), [](char ch) {
+           return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') ||
+                  (ch >= 'A' && ch <= 'Z') || ch == '.' || ch == '_' || ch == '-';
+         });
+}
+
+// What the header section says: the configuration and, from version 4, the
+// session's identity (empty id before).
+struct ParsedHeader {
+  SessionConfig config;
+  std::string id, tenant;
+};
+
+absl::StatusOr<ParsedHeader> ParseHeader(std::string_view payload, const model::ModelConfig& m,
+                                         uint32_t version) {
   ByteReader r(payload);
   uint32_t layers, heads, kv_heads, head_dim, vocab;
   if (!r.U32(&layers) || !r.U32(&heads) || !r.U32(&kv_heads) || !r.U32(&head_dim) ||
@@ -145,10 +174,24 @@ absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model:
       !GetLayerList(r, layers, &c.o1.layers) || !r.U32(&ratio) || !r.U32(&budget) ||
       !GetLayerList(r, layers, &c.qsa.layers) ||
       (version >= 3 &&
-       (!r.U32(&window_sink) || !r.U32(&window) || !GetLayerList(r, layers, &c.window.layers))) ||
-      !r.done()) {
+       (!r.U32(&window_sink) || !r.U32(&window) || !GetLayerList(r, layers, &c.window.layers)))) {
     return Corrupt("header: malformed session configuration");
   }
+  ParsedHeader out;
+  if (version >= kSessionWireIdentityVersion) {
+    uint8_t id_len = 0, tenant_len = 0;
+    std::string_view id, tenant;
+    if (!r.U8(&id_len) || !r.Bytes(id_len, &id) || !IsSessionId(id)) {
+      return Corrupt("header: the session id is not 32 lowercase hex digits");
+    }
+    if (!r.U8(&tenant_len) || !r.Bytes(tenant_len, &tenant) || !IsTenantName(tenant)) {
+      return Corrupt(absl::StrCat("header: the tenant is not at most ", kMaxTenantBytes,
+                                  " bytes of [A-Za-z0-9._-]"));
+    }
+    out.id = std::string(id);
+    out.tenant = std::string(tenant);
+  }
+  if (!r.done()) return Corrupt("header: malformed session configuration");
   // The active mode's sizes steer allocations on the first step after the
   // import (the QSA launch scratch is budget × 4 bytes, an O(1) trace and
   // state m, w and sink rows): none may exceed the context this model runs.
@@ -181,7 +224,8 @@ absl::StatusOr<SessionConfig> ParseHeader(std::string_view payload, const model:
   c.qsa.budget = budget;
   c.window.sink = window_sink;
   c.window.window = window;
-  return c;
+  out.config = c;
+  return out;
 }
 
 }  // namespace
@@ -245,7 +289,8 @@ absl::StatusOr<SessionWireSource> SessionWireSource::Make(const Session& session
   geometry.head_dim = static_cast<int64_t>(kv.geometry().head_dim);
   geometry.num_attention_heads = session.num_attention_heads();
   geometry.vocab_size = session.vocab_size();
-  PutSection(w, kSectionHeader, HeaderPayload(geometry, session.config(), options.version));
+  PutSection(w, kSectionHeader, HeaderPayload(geometry, session.config(), options.version, session.id(),
+                                           session.tenant()));
   ++sections;
 
   {
@@ -443,7 +488,8 @@ struct SessionWireSink::State {
 
   const model::Transformer& model;
   const uint64_t fingerprint;
-  std::string id;
+  std::string id;      // the given one; the stream's own once its header parsed (version 4)
+  std::string tenant;  // the stream's (version 4), else none
   const uint64_t max_stream_bytes;
   kv::LayerWireSink::Admit admit;  // SessionWireSink::SetAdmit; may be empty
 
@@ -471,7 +517,7 @@ struct SessionWireSink::State {
   // What the sections said.
   std::vector<Kept> prefix;  // sections 0..2
   bool prefix_done = false;
-  bool header_ok = false;
+  bool header_ok = false;  // the header section parsed (and `id` is final)
   SessionConfig config;
   std::unique_ptr<Session> session;
   uint64_t cached = 0;
@@ -747,17 +793,20 @@ void SessionWireSink::State::ProcessPrefix() {
   }
   // The geometry first: another model's session is FAILED_PRECONDITION.
   const model::ModelConfig& mcfg = model.config();
-  absl::StatusOr<SessionConfig> parsed = ParseHeader(prefix[0].payload, mcfg, version);
+  absl::StatusOr<ParsedHeader> parsed = ParseHeader(prefix[0].payload, mcfg, version);
   if (!parsed.ok()) return Refuse(parsed.status(), /*late=*/false);
-  config = *std::move(parsed);
+  config = parsed->config;
+  if (!parsed->id.empty()) id = std::move(parsed->id);  // version 4: the session's own
+  tenant = std::move(parsed->tenant);
   header_ok = true;
   if (prefix.size() < 3) return Refuse(Corrupt("missing sections"));
   if (prefix[1].type != kSectionTokens || prefix[2].type != kSectionSampler) {
     return Refuse(Corrupt("sections out of order"));
   }
-  absl::StatusOr<std::unique_ptr<Session>> made = Session::Create(std::move(id), model, config);
+  absl::StatusOr<std::unique_ptr<Session>> made = Session::Create(id, model, config);
   if (!made.ok()) return Refuse(Corrupt(absl::StrCat("header: ", made.status().message())));
   session = *std::move(made);
+  session->set_tenant(tenant);
   Session* s = session.get();
 
   // Tokens.
@@ -869,6 +918,11 @@ void SessionWireSink::SetAdmit(kv::LayerWireSink::Admit admit) { state_->admit =
 absl::Status SessionWireSink::Write(std::string_view bytes) { return state_->Write(bytes); }
 
 absl::StatusOr<std::unique_ptr<Session>> SessionWireSink::Finish() { return state_->Finish(); }
+
+std::optional<std::string> SessionWireSink::session_id() const {
+  if (!state_->header_ok) return std::nullopt;
+  return state_->id;
+}
 
 size_t SessionWireSink::held_bytes() const {
   const State& st = *state_;

@@ -42,11 +42,16 @@ namespace cortiq::session {
 
 inline constexpr uint32_t kSessionWireMinVersion = 1;
 // 1: exact f32 sessions; 2: int8 rows and sealed O(1) layers too; 3: sink +
-// window attention too (its held rows travel as a layer blob).
-inline constexpr uint32_t kSessionWireMaxVersion = 3;
+// window attention too (its held rows travel as a layer blob); 4: the
+// session's identity too (its id and tenant: an import keeps them).
+inline constexpr uint32_t kSessionWireMaxVersion = 4;
+// The first version that carries the session's id and tenant.
+inline constexpr uint32_t kSessionWireIdentityVersion = 4;
+// A tenant name on the wire: at most this many bytes of [A-Za-z0-9._-].
+inline constexpr size_t kMaxTenantBytes = 64;
 
 struct SessionWireOptions {
-  uint32_t version = kSessionWireMaxVersion;  // 1, 2 or 3
+  uint32_t version = kSessionWireMaxVersion;  // 1 .. 4
   bool f16 = false;  // f32 K/V rows travel as f16 (lossy; the caller's explicit choice)
 };
 
@@ -60,9 +65,10 @@ uint64_t ModelWireFingerprint(const model::Checkpoint& checkpoint, std::string_v
 absl::StatusOr<std::string> ExportSessionWire(const Session& session, uint64_t fingerprint,
                                               const SessionWireOptions& options);
 
-// Parses and validates `wire` into a new session with id `id` for `model`
-// (whose wire fingerprint is `fingerprint`). Nothing outside the returned
-// object is touched.
+// Parses and validates `wire` into a new session for `model` (whose wire
+// fingerprint is `fingerprint`). The session takes the id and tenant the
+// stream carries (version 4+), else `id` and no tenant. Nothing outside the
+// returned object is touched.
 absl::StatusOr<std::unique_ptr<Session>> ImportSessionWire(std::string_view wire,
                                                            const model::Transformer& model,
                                                            uint64_t fingerprint, std::string id);
@@ -116,7 +122,8 @@ class SessionWireSource {
 class SessionWireSink {
  public:
   // For `model` (wire fingerprint `fingerprint`), the new session's id
-  // `id`; `max_stream_bytes`: the most the stream may hold (the caller
+  // `id` when the stream carries none (versions 1..3; version 4 carries the
+  // session's own, which it keeps); `max_stream_bytes`: the most the stream may hold (the caller
   // refuses more): a layer's rows are reserved only when its bytes can
   // still arrive within it, so a forged length allocates nothing.
   SessionWireSink(const model::Transformer& model, uint64_t fingerprint, std::string id,
@@ -145,6 +152,11 @@ class SessionWireSink {
   // being gathered. What an import is accounted for (SessionStore::
   // ImportReservation). O(layers).
   size_t held_bytes() const;
+  // The new session's id, once the header section has arrived and passed
+  // its checks (the stream's own from version 4, else the one given);
+  // nullopt before. Lets the importer refuse an id it already holds
+  // (ALREADY_EXISTS) before the rows arrive.
+  std::optional<std::string> session_id() const;
 
  private:
   struct State;

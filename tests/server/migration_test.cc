@@ -113,10 +113,13 @@ TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
       ASSERT_TRUE(st.ok()) << st.error_message();
       EXPECT_EQ(resp.version(), session::kSessionWireMaxVersion);  // the highest both speak
       EXPECT_GT(resp.wire_bytes(), 0u);
+      // The session keeps its id, and the answer names the node it went to.
+      EXPECT_EQ(resp.peer_session_id(), moved);
+      EXPECT_EQ(resp.peer_node(), b.server->config().node_name);
       // Moved, not copied: gone from A, present on B.
       EXPECT_FALSE(a.server->store().Get(moved).has_value());
-      EXPECT_TRUE(b.server->store().Get(resp.peer_session_id()).has_value());
-      Out on_b = Generate(b, Turn(resp.peer_session_id(), " never mind how long", sampled));
+      EXPECT_TRUE(b.server->store().Get(moved).has_value());
+      Out on_b = Generate(b, Turn(moved, " never mind how long", sampled));
       Out on_a = Generate(a, Turn(ref, " never mind how long", sampled));
       ASSERT_TRUE(on_b.status.ok()) << on_b.status.error_message();
       EXPECT_EQ(on_b.ids, on_a.ids);
@@ -124,6 +127,73 @@ TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
   }
   EXPECT_EQ(a.server->store().releases()[static_cast<size_t>(session::ReleaseReason::kMigrated)],
             10u);  // 5 modes, greedy and sampled
+}
+
+// Every response names the node that served it (x-cortiq-node), errors
+// included, and so do SessionInfo and ModelInfo.
+TEST(MigrationTest, EveryResponseNamesItsNode) {
+  const std::string model = testing::TempModel("tiny");
+  ServerConfig c;
+  c.model_dir = model;
+  c.grace = milliseconds(0);
+  c.node_name = "node-a.test:1";
+  Node a = testing::StartTestNode(c);
+  auto node_of = [](const grpc::ClientContext& ctx) {
+    const auto& md = ctx.GetServerInitialMetadata();
+    auto it = md.find("x-cortiq-node");
+    return it == md.end() ? std::string("<none>") : std::string(it->second.data(), it->second.size());
+  };
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(a.stub->GetModelInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(node_of(ctx), "node-a.test:1");
+    EXPECT_EQ(info.node(), "node-a.test:1");
+  }
+  const std::string id = Open(a, 0, false);
+  {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::SessionInfo info;
+    ASSERT_TRUE(a.stub->GetSession(&ctx, req, &info).ok());
+    EXPECT_EQ(node_of(ctx), "node-a.test:1");
+    EXPECT_EQ(info.node(), "node-a.test:1");
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ListSessionsResponse list;
+    ASSERT_TRUE(a.stub->ListSessions(&ctx, {}, &list).ok());
+    ASSERT_EQ(list.sessions_size(), 1);
+    EXPECT_EQ(list.sessions(0).node(), "node-a.test:1");
+    EXPECT_EQ(node_of(ctx), "node-a.test:1");
+  }
+  {  // a stream, and an error
+    grpc::ClientContext ctx;
+    auto reader = a.stub->Generate(&ctx, Turn(id, " and so", false));
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(node_of(ctx), "node-a.test:1");
+    grpc::ClientContext bad;
+    v1::TokenizeRequest t;
+    t.set_text(std::string(c.max_prompt_bytes + 1, 'x'));
+    v1::TokenizeResponse tr;
+    EXPECT_EQ(a.stub->Tokenize(&bad, t, &tr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(node_of(bad), "node-a.test:1");
+  }
+  {  // the export stream
+    grpc::ClientContext ctx;
+    v1::ExportSessionRequest req;
+    req.set_session_id(id);
+    auto reader = a.stub->ExportSession(&ctx, req);
+    v1::WireChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(node_of(ctx), "node-a.test:1");
+  }
 }
 
 TEST(MigrationTest, ExportImportOverGrpcIsByteExact) {
@@ -173,11 +243,17 @@ TEST(MigrationTest, ImportTakesEveryEncodingOfAChunk) {
   grpc::Status st = ImportMessages(b, messages, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(ExportBytes(b, resp.session().session_id()), wire);
+  // The same stream again: its session is live here (ALREADY_EXISTS, as
+  // soon as its first section names it).
+  st = ImportMessages(b, {chunk(wire.substr(0, 1000))}, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
+  EXPECT_EQ(b.server->store().num_sessions(), 1u);
   // Not a WireChunk at all (a truncated field): refused, nothing installed.
+  ASSERT_TRUE(b.server->store().Release(resp.session().session_id()).released);
   const std::string truncated_field = {'\x0a', '\x05', 'a', 'b'};  // 5 bytes announced, 2 there
   st = ImportMessages(b, {chunk(wire.substr(0, 1000)), truncated_field}, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
-  EXPECT_EQ(b.server->store().num_sessions(), 1u);
+  EXPECT_EQ(b.server->store().num_sessions(), 0u);
 }
 
 TEST(MigrationTest, LargeSessionsTravelInChunksOfAtMostOneMiB) {

@@ -119,31 +119,62 @@ TEST_F(SessionWireTest, RoundTripIsByteExactAndContinuesIdentically) {
   for (int mode = 0; mode < 4; ++mode) {
     for (bool sampled : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
-      SessionStore store({});
+      // The copy lands in another store (another node): it keeps the id.
+      SessionStore store({}), other({});
       const std::string id = MakeSession(store, mode, sampled);
       auto wire = Export(store, id);
       ASSERT_TRUE(wire.ok()) << wire.status();
       auto imported = ImportSessionWire(*wire, *model_, kFingerprint, SessionStore::RandomId());
       ASSERT_TRUE(imported.ok()) << imported.status();
-      const std::string copy_id = (*imported)->id();
+      EXPECT_EQ((*imported)->id(), id);
       const auto src = store.Get(id);
       EXPECT_EQ((*imported)->tokens().size(), src->tokens);
       EXPECT_EQ((*imported)->kv().position(), src->cached_tokens);
       EXPECT_EQ((*imported)->Memory().bytes, src->memory.bytes);
-      auto installed = store.Install(*std::move(imported));
+      auto installed = other.Install(*std::move(imported));
       ASSERT_TRUE(installed.ok()) << installed.status();
       installed->Return();
       // Re-exporting the copy gives the same bytes: every layer, the tokens
       // and the sampler travelled exactly.
-      auto again = Export(store, copy_id);
+      auto again = Export(other, id);
       ASSERT_TRUE(again.ok());
       EXPECT_TRUE(*again == *wire) << "re-export differs";
       // The same continuation on both gives the same tokens.
       const auto prompt = testing::TestIds(7, 259, 9);
-      EXPECT_EQ(Run(store, id, Req(prompt, 12, sampled)),
-                Run(store, copy_id, Req(prompt, 12, sampled)));
+      EXPECT_EQ(Run(store, id, Req(prompt, 12, sampled)), Run(other, id, Req(prompt, 12, sampled)));
     }
   }
+}
+
+// Version 4 carries the session's identity: the id and the tenant travel,
+// and an import into a store that holds the id is ALREADY_EXISTS. Version 3
+// carries none: the import takes the id it is given and no tenant.
+TEST_F(SessionWireTest, VersionFourCarriesTheIdAndTheTenant) {
+  SessionStore store({});
+  const std::string id = MakeSession(store, 0, false);
+  {
+    auto lease = store.Acquire(id);
+    ASSERT_TRUE(lease.ok());
+    (*lease)->set_tenant("team-a.prod_1");
+  }
+  auto v4 = Export(store, id);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  auto imported = ImportSessionWire(*v4, *model_, kFingerprint, SessionStore::RandomId());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ((*imported)->id(), id);
+  EXPECT_EQ((*imported)->tenant(), "team-a.prod_1");
+  EXPECT_EQ(store.Install(*std::move(imported)).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store.num_sessions(), 1u);
+
+  auto v3 = Export(store, id, {.version = 3});
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_LT(v3->size(), v4->size());
+  const std::string fresh = SessionStore::RandomId();
+  auto old = ImportSessionWire(*v3, *model_, kFingerprint, fresh);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ((*old)->id(), fresh);
+  EXPECT_EQ((*old)->tenant(), "");
 }
 
 TEST_F(SessionWireTest, F16HalvesThePayloadAndStillContinues) {
