@@ -108,10 +108,19 @@ absl::StatusOr<Request> ParseRequest(const ServiceContext& ctx,
 
 // The reactor of a unary call, as its typed handler sees it. Reply
 // serialises the typed response into the call's bytes (when `status` is OK)
-// and finishes the call; exactly one Reply per call, from any thread.
+// and finishes the call; ReplyRaw finishes it with the bytes already in
+// response_bytes() (a relay wrote them: server/forward.h). Exactly one Reply
+// or ReplyRaw per call, from any thread.
 class UnaryReactor : public grpc::ServerUnaryReactor {
  public:
   virtual void Reply(const grpc::Status& status) = 0;
+  // Finishes the call without serialising: the response is whatever
+  // response_bytes() holds (sent only when `status` is OK).
+  virtual void ReplyRaw(const grpc::Status& status) = 0;
+  // The call's request as it arrived, and its response buffer; both owned by
+  // gRPC, valid until the call is finished (Reply/ReplyRaw).
+  virtual const grpc::ByteBuffer& request_bytes() const = 0;
+  virtual grpc::ByteBuffer* response_bytes() = 0;
 
   // Runs `cancel` when the caller cancels the call or its deadline passes
   // (on a gRPC thread: it must not block), or at once if that has happened.
@@ -147,7 +156,8 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
 template <typename Request, typename Response>
 class TypedUnaryReactor final : public UnaryReactor {
  public:
-  explicit TypedUnaryReactor(grpc::ByteBuffer* response_bytes) : response_bytes_(response_bytes) {}
+  TypedUnaryReactor(const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
+      : request_bytes_(request_bytes), response_bytes_(response_bytes) {}
 
   void Reply(const grpc::Status& status) override {
     if (status.ok()) {
@@ -164,6 +174,12 @@ class TypedUnaryReactor final : public UnaryReactor {
     util::TsanRelease(this);  // OnDone (another thread) destroys what Reply wrote
     Finish(status);
   }
+  void ReplyRaw(const grpc::Status& status) override {
+    util::TsanRelease(this);
+    Finish(status);
+  }
+  const grpc::ByteBuffer& request_bytes() const override { return *request_bytes_; }
+  grpc::ByteBuffer* response_bytes() override { return response_bytes_; }
   void OnDone() override {
     util::TsanAcquire(this);
     delete this;
@@ -173,7 +189,8 @@ class TypedUnaryReactor final : public UnaryReactor {
   Response response;
 
  private:
-  grpc::ByteBuffer* response_bytes_;  // the call's response, owned by gRPC
+  const grpc::ByteBuffer* request_bytes_;  // the call's request, owned by gRPC
+  grpc::ByteBuffer* response_bytes_;       // the call's response, owned by gRPC
 };
 
 // Serves one unary call of the raw API with a typed handler
@@ -184,7 +201,7 @@ template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* ServeUnary(ServiceContext* ctx, grpc::CallbackServerContext* call,
                                      std::string_view rpc, const grpc::ByteBuffer* request_bytes,
                                      grpc::ByteBuffer* response_bytes, Handler&& handler) {
-  auto* reactor = new TypedUnaryReactor<Request, Response>(response_bytes);
+  auto* reactor = new TypedUnaryReactor<Request, Response>(request_bytes, response_bytes);
   absl::StatusOr<Request> request = ParseRequest<Request>(*ctx, call, rpc, *request_bytes);
   if (!request.ok()) {
     CallLog log(ctx, call, rpc);
