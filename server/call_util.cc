@@ -176,7 +176,7 @@ v1::FinishReason ToProto(session::FinishReason r) {
 }
 
 void AddNodeMetadata(const ServiceContext& ctx, grpc::CallbackServerContext* call) {
-  call->AddInitialMetadata(kNodeHeader, ctx.node_name);
+  call->AddInitialMetadata(std::string(kNodeMetadata), ctx.node_name);
 }
 
 absl::Status CheckSessionId(const std::string& id) {

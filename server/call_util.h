@@ -19,6 +19,7 @@
 #include "core/util/tsan_annotations.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/forward.h"
 #include "server/log_format.h"
 #include "server/service.h"
 #include "server/status_util.h"
@@ -31,9 +32,7 @@ using session::Seconds;
 // UNAUTHENTICATED unless the call carries "authorization: Bearer <token>"
 // (constant-time comparison) when the server has a token.
 absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerContext* call);
-// The response metadata naming the node that served a call.
-inline constexpr char kNodeHeader[] = "x-cortiq-node";
-// Adds kNodeHeader = this node's name to the call's initial metadata: every
+// Adds kNodeMetadata (server/forward.h) = this node's name to the call's initial metadata: every
 // call this node serves itself (a call it forwards carries the owner's).
 // Before the call's first write or its finish.
 void AddNodeMetadata(const ServiceContext& ctx, grpc::CallbackServerContext* call);
@@ -116,10 +115,19 @@ absl::StatusOr<Request> ParseRequest(const ServiceContext& ctx,
 
 // The reactor of a unary call, as its typed handler sees it. Reply
 // serialises the typed response into the call's bytes (when `status` is OK)
-// and finishes the call; exactly one Reply per call, from any thread.
+// and finishes the call; ReplyRaw finishes it with the bytes already in
+// response_bytes() (a relay wrote them: server/forward.h). Exactly one Reply
+// or ReplyRaw per call, from any thread.
 class UnaryReactor : public grpc::ServerUnaryReactor {
  public:
   virtual void Reply(const grpc::Status& status) = 0;
+  // Finishes the call without serialising: the response is whatever
+  // response_bytes() holds (sent only when `status` is OK).
+  virtual void ReplyRaw(const grpc::Status& status) = 0;
+  // The call's request as it arrived, and its response buffer; both owned by
+  // gRPC, valid until the call is finished (Reply/ReplyRaw).
+  virtual const grpc::ByteBuffer& request_bytes() const = 0;
+  virtual grpc::ByteBuffer* response_bytes() = 0;
 
   // Runs `cancel` when the caller cancels the call or its deadline passes
   // (on a gRPC thread: it must not block), or at once if that has happened.
@@ -156,8 +164,8 @@ template <typename Request, typename Response>
 class TypedUnaryReactor final : public UnaryReactor {
  public:
   TypedUnaryReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
-                    grpc::ByteBuffer* response_bytes)
-      : ctx_(ctx), call_(call), response_bytes_(response_bytes) {}
+                    const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
+      : ctx_(ctx), call_(call), request_bytes_(request_bytes), response_bytes_(response_bytes) {}
 
   // Served here: the reply names this node (AddNodeMetadata).
   void Reply(const grpc::Status& status) override {
@@ -176,6 +184,12 @@ class TypedUnaryReactor final : public UnaryReactor {
     util::TsanRelease(this);  // OnDone (another thread) destroys what Reply wrote
     Finish(status);
   }
+  void ReplyRaw(const grpc::Status& status) override {
+    util::TsanRelease(this);
+    Finish(status);
+  }
+  const grpc::ByteBuffer& request_bytes() const override { return *request_bytes_; }
+  grpc::ByteBuffer* response_bytes() override { return response_bytes_; }
   void OnDone() override {
     util::TsanAcquire(this);
     delete this;
@@ -187,7 +201,8 @@ class TypedUnaryReactor final : public UnaryReactor {
  private:
   const ServiceContext& ctx_;
   grpc::CallbackServerContext* call_;
-  grpc::ByteBuffer* response_bytes_;  // the call's response, owned by gRPC
+  const grpc::ByteBuffer* request_bytes_;  // the call's request, owned by gRPC
+  grpc::ByteBuffer* response_bytes_;       // the call's response, owned by gRPC
 };
 
 // Serves one unary call of the raw API with a typed handler
@@ -198,7 +213,8 @@ template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* ServeUnary(ServiceContext* ctx, grpc::CallbackServerContext* call,
                                      std::string_view rpc, const grpc::ByteBuffer* request_bytes,
                                      grpc::ByteBuffer* response_bytes, Handler&& handler) {
-  auto* reactor = new TypedUnaryReactor<Request, Response>(*ctx, call, response_bytes);
+  auto* reactor =
+      new TypedUnaryReactor<Request, Response>(*ctx, call, request_bytes, response_bytes);
   absl::StatusOr<Request> request = ParseRequest<Request>(*ctx, call, rpc, *request_bytes);
   if (!request.ok()) {
     CallLog log(ctx, call, rpc);

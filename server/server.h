@@ -73,6 +73,9 @@ class Server {
   // The ISA tier the model's math kernels run on (e.g. "avx512bf16"), for logs.
   const char* kernel_tier() const;
   Metrics* metrics() { return metrics_.get(); }
+  // What the handlers share: the in-flight counts a test can wait on
+  // (streams_in_flight, jobs_in_flight), the draining flag.
+  ServiceContext& context() { return *ctx_; }
   const ServerConfig& config() const { return config_; }
 
  private:
