@@ -28,11 +28,15 @@ namespace v1 = ::cortiq::v1;
 using Node = testing::TestNode;
 using Out = testing::StreamOut;
 
-Node StartNode(const std::string& model_dir, size_t max_import_bytes = size_t{1} << 30) {
+// A node whose MigrateSession may move sessions to `allow` (--migrate-allow:
+// the targets must be started first, their ports being chosen at start).
+Node StartNode(const std::string& model_dir, std::vector<std::string> allow = {},
+               size_t max_import_bytes = size_t{1} << 30) {
   ServerConfig c;
   c.model_dir = model_dir;
   c.grace = milliseconds(0);
   c.max_import_bytes = max_import_bytes;
+  c.migrate_allow = std::move(allow);
   return testing::StartTestNode(c);
 }
 
@@ -98,7 +102,7 @@ grpc::Status ImportBytes(Node& n, const std::string& wire, v1::ImportSessionResp
 
 TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
   const std::string model = testing::TempModel("tiny");
-  Node a = StartNode(model), b = StartNode(model);
+  Node b = StartNode(model), a = StartNode(model, {b.addr});
   for (int mode = 0; mode < 5; ++mode) {
     for (bool sampled : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
@@ -182,7 +186,7 @@ TEST(MigrationTest, ImportTakesEveryEncodingOfAChunk) {
 
 TEST(MigrationTest, LargeSessionsTravelInChunksOfAtMostOneMiB) {
   const std::string model = testing::TempModel("tiny");
-  Node a = StartNode(model), b = StartNode(model), c = StartNode(model);
+  Node b = StartNode(model), c = StartNode(model), a = StartNode(model, {c.addr});
   v1::GenerateRequest r = Turn("", std::string(3000, 'a'), false);
   Out o = Generate(a, r);
   ASSERT_TRUE(o.status.ok()) << o.status.error_message();
@@ -215,7 +219,7 @@ TEST(MigrationTest, LargeSessionsTravelInChunksOfAtMostOneMiB) {
 
 TEST(MigrationTest, CorruptTruncatedAndOversizeImportsInstallNothing) {
   const std::string model = testing::TempModel("tiny");
-  Node a = StartNode(model), b = StartNode(model, /*max_import_bytes=*/200'000);
+  Node a = StartNode(model), b = StartNode(model, {}, /*max_import_bytes=*/200'000);
   const std::string wire = ExportBytes(a, Open(a, 0, false));
   ASSERT_LT(wire.size(), 200'000u);
   v1::ImportSessionResponse resp;
@@ -273,7 +277,17 @@ class DyingPeer final : public v1::Inference::CallbackService {
 
 TEST(MigrationTest, EveryFailureLeavesTheSourceSessionIntactAndUsable) {
   const std::string model = testing::TempModel("tiny");
-  Node a = StartNode(model);
+  // The targets, each allowed on A: one serving another model, and one that
+  // dies mid-stream.
+  Node other = StartNode(testing::TempModel("tiny", math::DType::kF32, /*seed=*/99));
+  DyingPeer dying;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&dying);
+  auto dying_server = builder.BuildAndStart();
+  const std::string dying_addr = "127.0.0.1:" + std::to_string(port);
+  Node a = StartNode(model, {"127.0.0.1:1", other.addr, dying_addr});
   const std::string id = Open(a, 0, false);
   const auto before = a.server->store().Get(id);
   auto check_intact = [&](const char* what) {
@@ -291,18 +305,11 @@ TEST(MigrationTest, EveryFailureLeavesTheSourceSessionIntactAndUsable) {
   EXPECT_NE(st.error_message().find("127.0.0.1:1"), std::string::npos);
   check_intact("peer down");
   // Peer refuses: it serves another model.
-  Node other = StartNode(testing::TempModel("tiny", math::DType::kF32, /*seed=*/99));
   st = Migrate(a, id, other.addr, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
   check_intact("peer refuses");
   // Peer dies mid-stream.
-  DyingPeer dying;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&dying);
-  auto dying_server = builder.BuildAndStart();
-  st = Migrate(a, id, "127.0.0.1:" + std::to_string(port), &resp);
+  st = Migrate(a, id, dying_addr, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   check_intact("peer died");
   dying_server->Shutdown();

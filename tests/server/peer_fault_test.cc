@@ -194,9 +194,11 @@ constexpr double kPromptMs = 300;
 class PeerFaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    a_ = testing::StartTestNode(NodeConfig());
+    peer_ = std::make_unique<StallingPeer>(TinyModelInfo());
+    ServerConfig c = NodeConfig();
+    c.migrate_allow = {peer_->addr()};  // MigrateSession's target
+    a_ = testing::StartTestNode(c);
     ASSERT_TRUE(a_.server);
-    peer_ = std::make_unique<StallingPeer>(InfoOf(a_));
   }
   testing::TestNode a_;
   std::unique_ptr<StallingPeer> peer_;
@@ -286,7 +288,9 @@ TEST_F(PeerFaultTest, StalledStreamEndsAtItsByteScaledDeadline) {
 // promptly: released, the bytes it freed, and the store and the scraped
 // gauges no longer count the session when it returns.
 TEST(PeerFaultReleaseTest, ReleaseDuringAStalledMigrationFreesAtOnce) {
+  StallingPeer peer(TinyModelInfo());
   ServerConfig c = NodeConfig();
+  c.migrate_allow = {peer.addr()};
   c.listen = "127.0.0.1:0";
   c.metrics_listen = "127.0.0.1:0";
   c.threads = 1;
@@ -296,7 +300,6 @@ TEST(PeerFaultReleaseTest, ReleaseDuringAStalledMigrationFreesAtOnce) {
   a.server = *std::move(server);
   a.addr = "127.0.0.1:" + std::to_string(a.server->port());
   a.stub = v1::Inference::NewStub(grpc::CreateChannel(a.addr, grpc::InsecureChannelCredentials()));
-  StallingPeer peer(InfoOf(a));
 
   testing::StreamOut s = Turn(a, "", "hold this one");
   ASSERT_TRUE(s.status.ok());
@@ -338,7 +341,8 @@ TEST(PeerFaultDrainTest, DrainTakesOverASessionFromAMigrationInFlight) {
   testing::TestNode b = testing::StartTestNode(bc);
   ASSERT_TRUE(b.server);
   ServerConfig c = NodeConfig();
-  c.peers = {b.addr};
+  c.peers = {b.addr};                   // the drain's target
+  c.migrate_allow = {stalled.addr()};  // MigrateSession's
   testing::TestNode a = testing::StartTestNode(c);
   ASSERT_TRUE(a.server);
   testing::StreamOut s = Turn(a, "", "a session on the move");
