@@ -20,8 +20,11 @@ struct TestNode {
 };
 
 // Starts a server with `c` on 127.0.0.1 port 0, metrics off, one math thread
-// (the model, grace and the rest come from `c`).
-inline TestNode StartTestNode(server::ServerConfig c) {
+// (the model, grace and the rest come from `c`); the stub dials it with
+// `creds` (TLS ones for a node with --tls-cert).
+inline TestNode StartTestNode(
+    server::ServerConfig c,
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
   c.listen = "127.0.0.1:0";
   c.metrics_listen = "off";
   c.threads = 1;
@@ -31,7 +34,7 @@ inline TestNode StartTestNode(server::ServerConfig c) {
   if (!s.ok()) return n;
   n.server = *std::move(s);
   n.addr = "127.0.0.1:" + std::to_string(n.server->port());
-  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
+  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, creds));
   return n;
 }
 
