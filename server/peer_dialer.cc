@@ -123,6 +123,7 @@ void PeerDialer::ResolverLoop() {
     lock.unlock();
     std::vector<std::string> answer = ResolveAll(dns_host_, dns_port_);
     lock.lock();
+    dns_wanted_ = false;  // whoever asked while it ran gets this answer
     dns_peers_ = std::move(answer);
     dns_answered_ = true;
     dns_answered_at_ = std::chrono::steady_clock::now();
