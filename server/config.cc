@@ -69,14 +69,12 @@ absl::Status InsecureListenError(const std::string& listen) {
 absl::StatusOr<std::string> ReadFlagFile(const std::string& path, std::string_view flag) {
   std::ifstream f(path, std::ios::binary);
   if (!f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(util::Sv(flag), ": cannot read '", path, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(util::Sv(flag), ": cannot read '", path, "'"));
   }
   std::stringstream ss;
   ss << f.rdbuf();
   if (f.bad()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(util::Sv(flag), ": cannot read '", path, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(util::Sv(flag), ": cannot read '", path, "'"));
   }
   return ss.str();
 }

@@ -1,15 +1,15 @@
 // MigrateSession and Drain: the client side of a migration. Migrate runs on
 // the server's background workers (it is a blocking client of the peer):
 // the peer's channel from the PeerDialer (which refuses an address that is
-// not a peer or in --migrate-allow before dialling it), lease, learn the peer's versions (GetModelInfo), stream at the highest
-// common version, reading each chunk from the caches while the previous one
-// is sent, to the peer's ImportSession (server/wire_calls.cc on the other
-// side), and release locally (reason "migrated") only after the peer
-// answered OK; on any failure the lease is returned and the session stays as
-// it was. Every peer call has a deadline (the connect timeout, or one that
-// scales with the bytes to send, never past the caller's), and the caller's
-// cancel, a ReleaseSession of the session, or shutdown TryCancels it
-// (MigrationCancel).
+// not a peer or in --migrate-allow before dialling it), lease, learn the
+// peer's versions (GetModelInfo), stream at the highest common version,
+// reading each chunk from the caches while the previous one is sent, to the
+// peer's ImportSession (server/wire_calls.cc on the other side), and release
+// locally (reason "migrated") only after the peer answered OK; on any
+// failure the lease is returned and the session stays as it was. Every peer
+// call has a deadline (the connect timeout, or one that scales with the
+// bytes to send, never past the caller's), and the caller's cancel, a
+// ReleaseSession of the session, or shutdown TryCancels it (MigrationCancel).
 #include "server/migration.h"
 
 #include <algorithm>
@@ -209,13 +209,10 @@ absl::Status PeerCallError(const grpc::Status& st, const MigrationCancel& cancel
 
 // The client side of a migration: the peer's versions, then its ImportSession.
 // `channel` is the dialer's, to `peer`.
-absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const std::string& peer,
-                                                     const std::shared_ptr<grpc::Channel>& channel,
-                                                     const std::string& peer_token, bool f16,
-                                                     session::SessionStore::Lease& lease,
-                                                     const MigrateBounds& bounds,
-                                                     MigrationCancel& cancel, uint32_t* version,
-                                                     size_t* wire_bytes) {
+absl::StatusOr<v1::ImportSessionResponse> SendToPeer(
+    ServiceContext& ctx, const std::string& peer, const std::shared_ptr<grpc::Channel>& channel,
+    const std::string& peer_token, bool f16, session::SessionStore::Lease& lease,
+    const MigrateBounds& bounds, MigrationCancel& cancel, uint32_t* version, size_t* wire_bytes) {
   const ServerConfig& config = *ctx.config;
   auto stub = v1::Inference::NewStub(channel);
   auto prepare = [&](grpc::ClientContext& c, std::chrono::milliseconds budget) {

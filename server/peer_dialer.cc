@@ -43,8 +43,8 @@ std::vector<std::string> ResolveAll(const std::string& host, const std::string& 
             ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
             : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
     if (inet_ntop(a->ai_family, addr, ip, sizeof(ip)) == nullptr) continue;
-    std::string p = a->ai_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port)
-                                             : absl::StrCat(ip, ":", port);
+    std::string p =
+        a->ai_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(std::move(p));
   }
   freeaddrinfo(res);
@@ -73,9 +73,9 @@ absl::StatusOr<std::unique_ptr<PeerDialer>> PeerDialer::Create(const ServerConfi
     grpc::SslCredentialsOptions ssl;
     CORTIQ_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFlagFile(config.peer_ca, "--peer-ca"));
     if (!absl::StrContains(ssl.pem_root_certs, "-----BEGIN CERTIFICATE-----")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--peer-ca: '", config.peer_ca,
-          "' holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peer-ca: '", config.peer_ca,
+                       "' holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)"));
     }
     // A node that serves TLS shows its own certificate when it dials too,
     // so a peer that asks for client certificates can check it.
@@ -92,8 +92,8 @@ absl::StatusOr<std::unique_ptr<PeerDialer>> PeerDialer::Create(const ServerConfi
   return std::unique_ptr<PeerDialer>(new PeerDialer(config, std::move(creds), tls));
 }
 
-PeerDialer::PeerDialer(const ServerConfig& config,
-                       std::shared_ptr<grpc::ChannelCredentials> creds, bool tls)
+PeerDialer::PeerDialer(const ServerConfig& config, std::shared_ptr<grpc::ChannelCredentials> creds,
+                       bool tls)
     : static_peers_(config.peers),
       migrate_allow_(config.migrate_allow),
       dns_host_(config.peer_dns.substr(0, config.peer_dns.rfind(':'))),
@@ -143,13 +143,14 @@ std::vector<std::string> PeerDialer::DnsPeers() {
   const uint64_t seen = dns_answers_;
   dns_wanted_ = true;
   dns_cv_.notify_all();
-  const bool answered = dns_cv_.wait_until(
-      lock, now + dns_wait_, [&] { return dns_answers_ != seen || dns_stopping_; });
+  const bool answered = dns_cv_.wait_until(lock, now + dns_wait_,
+                                           [&] { return dns_answers_ != seen || dns_stopping_; });
   if (!answered && !dns_late_logged_) {
     dns_late_logged_ = true;
-    spdlog::warn("--peer-dns {}:{}: no answer within {} ms (--peer-connect-timeout); using the "
-                 "last answer ({} address(es)) until it comes",
-                 dns_host_, dns_port_, dns_wait_.count(), dns_peers_.size());
+    spdlog::warn(
+        "--peer-dns {}:{}: no answer within {} ms (--peer-connect-timeout); using the "
+        "last answer ({} address(es)) until it comes",
+        dns_host_, dns_port_, dns_wait_.count(), dns_peers_.size());
   }
   return dns_peers_;
 }

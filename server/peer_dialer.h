@@ -107,8 +107,7 @@ class PeerDialer {
   bool tls() const { return tls_; }
 
  private:
-  PeerDialer(const ServerConfig& config, std::shared_ptr<grpc::ChannelCredentials> creds,
-             bool tls);
+  PeerDialer(const ServerConfig& config, std::shared_ptr<grpc::ChannelCredentials> creds, bool tls);
   // The --peer-dns addresses: the cached answer, or a fresh one waited for
   // up to the connect timeout (see the banner).
   std::vector<std::string> DnsPeers();
@@ -117,11 +116,12 @@ class PeerDialer {
   // Whether `address` is in `peers` (a Peers() answer) or --migrate-allow;
   // the status form says why not.
   bool IsAllowed(std::string_view address, const std::vector<std::string>& peers) const;
-  absl::Status CheckAllowedIn(std::string_view address, const std::vector<std::string>& peers) const;
+  absl::Status CheckAllowedIn(std::string_view address,
+                              const std::vector<std::string>& peers) const;
 
   const std::vector<std::string> static_peers_;  // --peers
   const std::vector<std::string> migrate_allow_;
-  const std::string dns_host_, dns_port_;  // --peer-dns split; empty host: none
+  const std::string dns_host_, dns_port_;     // --peer-dns split; empty host: none
   const std::chrono::milliseconds dns_wait_;  // --peer-connect-timeout
   const std::shared_ptr<grpc::ChannelCredentials> creds_;
   const bool tls_;
@@ -131,8 +131,8 @@ class PeerDialer {
   std::vector<std::string> dns_peers_;  // the last answer (empty before the first)
   bool dns_answered_ = false;           // dns_peers_ holds an answer
   std::chrono::steady_clock::time_point dns_answered_at_;
-  uint64_t dns_answers_ = 0;  // answers so far: a waiter sees a new one arrive
-  bool dns_wanted_ = false;   // a caller wants a lookup
+  uint64_t dns_answers_ = 0;      // answers so far: a waiter sees a new one arrive
+  bool dns_wanted_ = false;       // a caller wants a lookup
   bool dns_late_logged_ = false;  // "no answer in time" logged for this lookup
   bool dns_stopping_ = false;
   std::thread resolver_;  // only with --peer-dns; joined by the destructor

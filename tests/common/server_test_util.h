@@ -58,6 +58,33 @@ inline StreamOut RunGenerate(v1::Inference::Stub& stub, const v1::GenerateReques
   return o;
 }
 
+// A greedy turn of 8 tokens (EOS ignored) on the kept session `session`
+// ("" opens one): the request, and the call read whole.
+inline v1::GenerateRequest KeptTurnRequest(const std::string& session, const std::string& prompt) {
+  v1::GenerateRequest r;
+  r.set_prompt(prompt);
+  r.set_max_tokens(8);
+  r.set_ignore_eos(true);
+  r.set_keep_session(true);
+  r.set_session_id(session);
+  r.mutable_sampling()->set_temperature(0.0f);
+  return r;
+}
+inline StreamOut KeptTurn(TestNode& n, const std::string& session, const std::string& prompt) {
+  return RunGenerate(*n.stub, KeptTurnRequest(session, prompt));
+}
+
+// MigrateSession(session `id` -> `peer`) on `from`: the call's status
+// (*resp filled on OK).
+inline grpc::Status MigrateCall(TestNode& from, const std::string& id, const std::string& peer,
+                                v1::MigrateSessionResponse* resp) {
+  grpc::ClientContext ctx;
+  v1::MigrateSessionRequest req;
+  req.set_session_id(id);
+  req.set_peer(peer);
+  return from.stub->MigrateSession(&ctx, req, resp);
+}
+
 // Sets `c` to test mode `mode` with parameters small enough to exercise the
 // mode on the tiny test models: 0 exact f32, 1 int8 rows, 2 O(1) (m 8,
 // window 16, sink 2), 3 QSA (blocks of 16, budget 4), 4 sink + window (sink

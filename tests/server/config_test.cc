@@ -345,8 +345,8 @@ TEST_F(ConfigTest, PeerListsAreTrimmedForTheirExactMatch) {
   c = Parse({});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_THAT(c->peers, ElementsAre("p:1", "q:2"));
-  for (const char* needle : {"--migrate-allow H:P", "exact HOST:PORT", "PERMISSION_DENIED",
-                             "--peer-ca FILE"}) {
+  for (const char* needle :
+       {"--migrate-allow H:P", "exact HOST:PORT", "PERMISSION_DENIED", "--peer-ca FILE"}) {
     EXPECT_THAT(ServerUsage(), HasSubstr(needle));
   }
 }

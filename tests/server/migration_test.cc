@@ -27,6 +27,7 @@ namespace v1 = ::cortiq::v1;
 
 using Node = testing::TestNode;
 using Out = testing::StreamOut;
+using testing::MigrateCall;
 
 // A node whose MigrateSession may move sessions to `allow` (--migrate-allow:
 // the targets must be started first, their ports being chosen at start).
@@ -61,15 +62,6 @@ std::string Open(Node& n, int mode, bool sampled) {
   Out o = Generate(n, r);
   EXPECT_TRUE(o.status.ok()) << o.status.error_message();
   return o.session;
-}
-
-grpc::Status Migrate(Node& from, const std::string& id, const std::string& peer,
-                     v1::MigrateSessionResponse* resp) {
-  grpc::ClientContext ctx;
-  v1::MigrateSessionRequest req;
-  req.set_session_id(id);
-  req.set_peer(peer);
-  return from.stub->MigrateSession(&ctx, req, resp);
 }
 
 std::string ExportBytes(Node& n, const std::string& id) {
@@ -113,7 +105,7 @@ TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
                 grpc::StatusCode::OK);
       ASSERT_TRUE(Generate(a, Turn(moved, " Some years ago", sampled)).status.ok());
       v1::MigrateSessionResponse resp;
-      grpc::Status st = Migrate(a, moved, b.addr, &resp);
+      grpc::Status st = MigrateCall(a, moved, b.addr, &resp);
       ASSERT_TRUE(st.ok()) << st.error_message();
       EXPECT_EQ(resp.version(), session::kSessionWireMaxVersion);  // the highest both speak
       EXPECT_GT(resp.wire_bytes(), 0u);
@@ -210,7 +202,7 @@ TEST(MigrationTest, LargeSessionsTravelInChunksOfAtMostOneMiB) {
   EXPECT_EQ(ExportBytes(b, resp.session().session_id()), wire);
   // MigrateSession sends the same stream (the peer re-exports it unchanged).
   v1::MigrateSessionResponse moved;
-  grpc::Status st = Migrate(a, o.session, c.addr, &moved);
+  grpc::Status st = MigrateCall(a, o.session, c.addr, &moved);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(moved.wire_bytes(), wire.size());
   EXPECT_EQ(ExportBytes(c, moved.peer_session_id()), wire);
@@ -300,23 +292,23 @@ TEST(MigrationTest, EveryFailureLeavesTheSourceSessionIntactAndUsable) {
   };
   v1::MigrateSessionResponse resp;
   // Peer down: nothing listens there.
-  grpc::Status st = Migrate(a, id, "127.0.0.1:1", &resp);
+  grpc::Status st = MigrateCall(a, id, "127.0.0.1:1", &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   EXPECT_NE(st.error_message().find("127.0.0.1:1"), std::string::npos);
   check_intact("peer down");
   // Peer refuses: it serves another model.
-  st = Migrate(a, id, other.addr, &resp);
+  st = MigrateCall(a, id, other.addr, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
   check_intact("peer refuses");
   // Peer dies mid-stream.
-  st = Migrate(a, id, dying_addr, &resp);
+  st = MigrateCall(a, id, dying_addr, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   check_intact("peer died");
   dying_server->Shutdown();
   // Unknown session and bad requests.
-  EXPECT_EQ(Migrate(a, "0123456789abcdef0123456789abcdef", other.addr, &resp).error_code(),
+  EXPECT_EQ(MigrateCall(a, "0123456789abcdef0123456789abcdef", other.addr, &resp).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(Migrate(a, id, "", &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(MigrateCall(a, id, "", &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   // Still usable: the conversation goes on.
   Out more = Generate(a, Turn(id, " and on", false));
   EXPECT_TRUE(more.status.ok());

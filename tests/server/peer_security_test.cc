@@ -23,8 +23,8 @@
 
 #include "absl/strings/str_join.h"
 #include "cortiq/v1/inference.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
 #include "server/peer_dialer.h"
@@ -95,30 +95,8 @@ ServerConfig NodeConfig() {
   return c;
 }
 
-v1::GenerateRequest Turn(const std::string& session, const std::string& prompt) {
-  v1::GenerateRequest r;
-  r.set_prompt(prompt);
-  r.set_max_tokens(8);
-  r.set_ignore_eos(true);
-  r.set_keep_session(true);
-  r.set_session_id(session);
-  r.mutable_sampling()->set_temperature(0.0f);
-  return r;
-}
-
-testing::StreamOut Generate(testing::TestNode& n, const std::string& session,
-                            const std::string& prompt) {
-  return testing::RunGenerate(*n.stub, Turn(session, prompt));
-}
-
-grpc::Status Migrate(testing::TestNode& from, const std::string& id, const std::string& peer,
-                     v1::MigrateSessionResponse* resp) {
-  grpc::ClientContext ctx;
-  v1::MigrateSessionRequest req;
-  req.set_session_id(id);
-  req.set_peer(peer);
-  return from.stub->MigrateSession(&ctx, req, resp);
-}
+using testing::KeptTurn;
+using testing::MigrateCall;
 
 // The session's state now, for "intact" checks: tokens, bytes, not leased.
 void ExpectIntact(testing::TestNode& n, const session::SessionSnapshot& before,
@@ -141,20 +119,19 @@ TEST(PeerSecurityTest, MigrationToANonPeerIsRefusedBeforeAnyConnection) {
   c.migrate_allow = {"127.0.0.1:2"};
   testing::TestNode a = testing::StartTestNode(c);
   ASSERT_TRUE(a.server);
-  testing::StreamOut s = Generate(a, "", "a session that stays home");
+  testing::StreamOut s = KeptTurn(a, "", "a session that stays home");
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
   const session::SessionSnapshot before = *a.server->store().Get(s.session);
   // The listener itself, an alias of it (no lookup, no alias: the exact
   // string is the rule), the same with spaces around it, another host.
   const std::string port = std::to_string(listener.port());
-  const std::vector<std::string> targets = {listener.addr(), "localhost:" + port,
-                                            " " + listener.addr() + " ",
-                                            "[::ffff:127.0.0.1]:" + port,
-                                            "metadata.google.internal:80"};
+  const std::vector<std::string> targets = {
+      listener.addr(), "localhost:" + port, " " + listener.addr() + " ",
+      "[::ffff:127.0.0.1]:" + port, "metadata.google.internal:80"};
   for (const std::string& target : targets) {
     SCOPED_TRACE(target);
     v1::MigrateSessionResponse resp;
-    const grpc::Status st = Migrate(a, s.session, target, &resp);
+    const grpc::Status st = MigrateCall(a, s.session, target, &resp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
     EXPECT_THAT(st.error_message(), HasSubstr("'" + target + "'"));
     EXPECT_THAT(st.error_message(), HasSubstr("--peers"));
@@ -165,10 +142,10 @@ TEST(PeerSecurityTest, MigrationToANonPeerIsRefusedBeforeAnyConnection) {
   // An unknown session to a non-peer: refused the same way (the address is
   // checked first; nothing says whether the session exists).
   v1::MigrateSessionResponse resp;
-  EXPECT_EQ(Migrate(a, "0123456789abcdef0123456789abcdef", listener.addr(), &resp).error_code(),
+  EXPECT_EQ(MigrateCall(a, "0123456789abcdef0123456789abcdef", listener.addr(), &resp).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
   // The session generates on as if nothing was asked.
-  testing::StreamOut more = Generate(a, s.session, " and on");
+  testing::StreamOut more = KeptTurn(a, s.session, " and on");
   ASSERT_TRUE(more.status.ok()) << more.status.error_message();
   EXPECT_EQ(more.ids.size(), 8u);
   // A connection started in the background would have arrived by now; give
@@ -176,50 +153,54 @@ TEST(PeerSecurityTest, MigrationToANonPeerIsRefusedBeforeAnyConnection) {
   EXPECT_EQ(listener.WaitAccepted(milliseconds(200)), 0u);
 }
 
+// A node whose --migrate-allow names a raw listener (and that has no peer).
+class AllowedListenerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerConfig c = NodeConfig();
+    c.migrate_allow = {listener_.addr()};
+    a_ = testing::StartTestNode(c);
+    ASSERT_TRUE(a_.server);
+  }
+  RawListener listener_;
+  testing::TestNode a_;
+};
+
 // The same listener named in --migrate-allow is dialled: it sees the
 // connection, never answers, and the migration fails (UNAVAILABLE after
 // --peer-connect-timeout) with the session intact.
-TEST(PeerSecurityTest, AnAllowedAddressIsDialled) {
-  RawListener listener;
-  ServerConfig c = NodeConfig();
-  c.migrate_allow = {listener.addr()};
-  testing::TestNode a = testing::StartTestNode(c);
-  ASSERT_TRUE(a.server);
-  testing::StreamOut s = Generate(a, "", "a session to send nowhere");
+TEST_F(AllowedListenerTest, AnAllowedAddressIsDialled) {
+  testing::StreamOut s = KeptTurn(a_, "", "a session to send nowhere");
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
-  const session::SessionSnapshot before = *a.server->store().Get(s.session);
+  const session::SessionSnapshot before = *a_.server->store().Get(s.session);
   v1::MigrateSessionResponse resp;
   auto call = std::async(std::launch::async,
-                         [&] { return Migrate(a, s.session, listener.addr(), &resp); });
-  EXPECT_EQ(listener.WaitAccepted(milliseconds(10'000)), 1u) << "the allowed address was not dialled";
+                         [&] { return MigrateCall(a_, s.session, listener_.addr(), &resp); });
+  EXPECT_EQ(listener_.WaitAccepted(milliseconds(10'000)), 1u)
+      << "the allowed address was not dialled";
   const grpc::Status st = call.get();
   EXPECT_TRUE(st.error_code() == grpc::StatusCode::UNAVAILABLE ||
               st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
       << st.error_code() << " " << st.error_message();
-  EXPECT_THAT(st.error_message(), HasSubstr(listener.addr()));
-  ExpectIntact(a, before, "after the failed migration");
-  testing::StreamOut more = Generate(a, s.session, " still here");
+  EXPECT_THAT(st.error_message(), HasSubstr(listener_.addr()));
+  ExpectIntact(a_, before, "after the failed migration");
+  testing::StreamOut more = KeptTurn(a_, s.session, " still here");
   EXPECT_TRUE(more.status.ok()) << more.status.error_message();
 }
 
 // A drain moves sessions to the peers only: a --migrate-allow address is a
 // target an operator names per call, not one a drain picks.
-TEST(PeerSecurityTest, ADrainUsesThePeersNotTheAllowList) {
-  RawListener listener;
-  ServerConfig c = NodeConfig();
-  c.migrate_allow = {listener.addr()};
-  testing::TestNode a = testing::StartTestNode(c);
-  ASSERT_TRUE(a.server);
-  EXPECT_TRUE(a.server->peer_dialer().Peers().empty());
-  testing::StreamOut s = Generate(a, "", "a session with no peer to go to");
+TEST_F(AllowedListenerTest, ADrainUsesThePeersNotTheAllowList) {
+  EXPECT_TRUE(a_.server->peer_dialer().Peers().empty());
+  testing::StreamOut s = KeptTurn(a_, "", "a session with no peer to go to");
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
-  const DrainReport r = a.server->Drain(milliseconds(0));
+  const DrainReport r = a_.server->Drain(milliseconds(0));
   ASSERT_EQ(r.sessions.size(), 1u);
   EXPECT_FALSE(r.sessions[0].migrated);
   EXPECT_THAT(r.sessions[0].error, HasSubstr("no peer configured"));
   EXPECT_EQ(r.failed, 1u);
-  EXPECT_EQ(listener.WaitAccepted(milliseconds(200)), 0u);
-  EXPECT_TRUE(a.server->store().Get(s.session).has_value());
+  EXPECT_EQ(listener_.WaitAccepted(milliseconds(200)), 0u);
+  EXPECT_TRUE(a_.server->store().Get(s.session).has_value());
 }
 
 // --peer-dns NAME:PORT: every address NAME resolves to is a peer, as
@@ -243,15 +224,15 @@ TEST(PeerSecurityTest, PeerDnsAddressesArePeersByTheirExactAddress) {
   EXPECT_EQ(a.server->peer_dialer().CheckAllowed(c.peer_dns).code(),
             absl::StatusCode::kPermissionDenied);
 
-  testing::StreamOut moved = Generate(a, "", "resolved"), twin = Generate(a, "", "resolved");
+  testing::StreamOut moved = KeptTurn(a, "", "resolved"), twin = KeptTurn(a, "", "resolved");
   ASSERT_TRUE(moved.status.ok() && twin.status.ok());
   v1::MigrateSessionResponse resp;
-  grpc::Status st = Migrate(a, moved.session, c.peer_dns, &resp);
+  grpc::Status st = MigrateCall(a, moved.session, c.peer_dns, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
-  st = Migrate(a, moved.session, b.addr, &resp);
+  st = MigrateCall(a, moved.session, b.addr, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
-  testing::StreamOut on_b = Generate(b, resp.peer_session_id(), " onwards");
-  testing::StreamOut on_a = Generate(a, twin.session, " onwards");
+  testing::StreamOut on_b = KeptTurn(b, resp.peer_session_id(), " onwards");
+  testing::StreamOut on_a = KeptTurn(a, twin.session, " onwards");
   ASSERT_TRUE(on_b.status.ok()) << on_b.status.error_message();
   EXPECT_EQ(on_b.ids, on_a.ids);
 }
@@ -259,12 +240,9 @@ TEST(PeerSecurityTest, PeerDnsAddressesArePeersByTheirExactAddress) {
 // --peer-ca must be a readable file of PEM certificates: anything else
 // stops the start with InvalidArgument naming the flag.
 TEST(PeerSecurityTest, PeerCaMustBeAReadablePemFile) {
-  const std::string dir =
-      ::testing::TempDir() + "/cortiq_peer_ca_" + std::to_string(getpid());
+  const std::string dir = ::testing::TempDir() + "/cortiq_peer_ca_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir + "/not_pem.txt") << "not a certificate\n";
-  }
+  { std::ofstream(dir + "/not_pem.txt") << "not a certificate\n"; }
   ServerConfig c = NodeConfig();
   for (const std::string& ca : {dir + "/missing.pem", dir, dir + "/not_pem.txt"}) {
     SCOPED_TRACE(ca);
@@ -300,7 +278,8 @@ class PeerTlsTest : public ::testing::Test {
     const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     const std::vector<std::string> steps = {
         "openssl req -x509 " + key + " -days 1 -subj /CN=cortiq-test-ca -keyout ca.key -out ca.pem",
-        "openssl req -x509 " + key + " -days 1 -subj /CN=cortiq-other-ca -keyout ca2.key -out ca2.pem",
+        "openssl req -x509 " + key +
+            " -days 1 -subj /CN=cortiq-other-ca -keyout ca2.key -out ca2.pem",
         "openssl req " + key + " -subj /CN=127.0.0.1 -keyout node.key -out node.csr",
         "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
         "-extfile node.ext -out node.pem",
@@ -347,17 +326,17 @@ TEST_F(PeerTlsTest, MigrationOverTlsContinuesTokenIdentically) {
   ASSERT_TRUE(a.server);
   EXPECT_TRUE(a.server->peer_dialer().tls());
   const std::string opening = std::string(60, 'x') + " Call me Ishmael.";
-  testing::StreamOut moved = Generate(a, "", opening), twin = Generate(a, "", opening);
+  testing::StreamOut moved = KeptTurn(a, "", opening), twin = KeptTurn(a, "", opening);
   ASSERT_TRUE(moved.status.ok()) << moved.status.error_message();
   ASSERT_TRUE(twin.status.ok()) << twin.status.error_message();
   v1::MigrateSessionResponse resp;
-  const grpc::Status st = Migrate(a, moved.session, b.addr, &resp);
+  const grpc::Status st = MigrateCall(a, moved.session, b.addr, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_FALSE(a.server->store().Get(moved.session).has_value());
   // B serves TLS only: the session got there over TLS. It continues as its
   // twin that never moved does on A.
-  testing::StreamOut on_b = Generate(b, resp.peer_session_id(), " Some years ago");
-  testing::StreamOut on_a = Generate(a, twin.session, " Some years ago");
+  testing::StreamOut on_b = KeptTurn(b, resp.peer_session_id(), " Some years ago");
+  testing::StreamOut on_a = KeptTurn(a, twin.session, " Some years ago");
   ASSERT_TRUE(on_b.status.ok()) << on_b.status.error_message();
   ASSERT_TRUE(on_a.status.ok()) << on_a.status.error_message();
   EXPECT_EQ(on_b.ids.size(), 8u);
@@ -369,16 +348,16 @@ TEST_F(PeerTlsTest, APeerCertificateFromAnotherCaFailsTheMigrationAndKeepsTheSes
   ASSERT_TRUE(b.server);
   testing::TestNode c = StartTlsNode("ca2.pem", {b.addr});  // trusts the other CA only
   ASSERT_TRUE(c.server);
-  testing::StreamOut s = Generate(c, "", "a session that must not leave");
+  testing::StreamOut s = KeptTurn(c, "", "a session that must not leave");
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
   const session::SessionSnapshot before = *c.server->store().Get(s.session);
   v1::MigrateSessionResponse resp;
-  const grpc::Status st = Migrate(c, s.session, b.addr, &resp);
+  const grpc::Status st = MigrateCall(c, s.session, b.addr, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   EXPECT_THAT(st.error_message(), HasSubstr(b.addr));
   ExpectIntact(c, before, "after the refused handshake");
   EXPECT_EQ(b.server->store().num_sessions(), 0u);
-  testing::StreamOut more = Generate(c, s.session, " and on");
+  testing::StreamOut more = KeptTurn(c, s.session, " and on");
   EXPECT_TRUE(more.status.ok()) << more.status.error_message();
 }
 
