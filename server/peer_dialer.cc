@@ -22,10 +22,24 @@ namespace cortiq::server {
 
 namespace {
 
-// Every address `host` resolves to, as "IP:PORT" / "[IPv6]:PORT" in the
-// resolver's order, without repeats; empty (and a warning) when it resolves
-// to none. Blocking, unbounded: the resolver thread only.
-std::vector<std::string> ResolveAll(const std::string& host, const std::string& port) {
+bool Contains(const std::vector<std::string>& v, std::string_view s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// A caller's address quoted in an error: at most kShown bytes of it (the
+// message travels back as a header, whose size gRPC bounds).
+std::string Quoted(std::string_view address) {
+  constexpr size_t kShown = 200;
+  if (address.size() <= kShown) return absl::StrCat("'", util::Sv(address), "'");
+  return absl::StrCat("'", util::Sv(address.substr(0, kShown)), "...' (", address.size(),
+                      " bytes)");
+}
+
+}  // namespace
+
+// Blocking, unbounded: the resolver thread only.
+std::vector<std::string> PeerDialer::ResolveWithGetaddrinfo(const std::string& host,
+                                                            const std::string& port) {
   std::vector<std::string> out;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -45,28 +59,14 @@ std::vector<std::string> ResolveAll(const std::string& host, const std::string& 
     if (inet_ntop(a->ai_family, addr, ip, sizeof(ip)) == nullptr) continue;
     std::string p =
         a->ai_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
-    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(std::move(p));
+    if (!Contains(out, p)) out.push_back(std::move(p));
   }
   freeaddrinfo(res);
   return out;
 }
 
-bool Contains(const std::vector<std::string>& v, std::string_view s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
-}
-
-// A caller's address quoted in an error: at most kShown bytes of it (the
-// message travels back as a header, whose size gRPC bounds).
-std::string Quoted(std::string_view address) {
-  constexpr size_t kShown = 200;
-  if (address.size() <= kShown) return absl::StrCat("'", util::Sv(address), "'");
-  return absl::StrCat("'", util::Sv(address.substr(0, kShown)), "...' (", address.size(),
-                      " bytes)");
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<PeerDialer>> PeerDialer::Create(const ServerConfig& config) {
+absl::StatusOr<std::unique_ptr<PeerDialer>> PeerDialer::Create(const ServerConfig& config,
+                                                               Resolver resolve) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   const bool tls = !config.peer_ca.empty();
   if (tls) {
@@ -89,17 +89,19 @@ absl::StatusOr<std::unique_ptr<PeerDialer>> PeerDialer::Create(const ServerConfi
         "--tls-cert without --peer-ca: this node serves TLS but dials its peers in plaintext "
         "(a peer that serves TLS refuses it); give --peer-ca CA.pem");
   }
-  return std::unique_ptr<PeerDialer>(new PeerDialer(config, std::move(creds), tls));
+  return std::unique_ptr<PeerDialer>(
+      new PeerDialer(config, std::move(resolve), std::move(creds), tls));
 }
 
-PeerDialer::PeerDialer(const ServerConfig& config, std::shared_ptr<grpc::ChannelCredentials> creds,
-                       bool tls)
+PeerDialer::PeerDialer(const ServerConfig& config, Resolver resolve,
+                       std::shared_ptr<grpc::ChannelCredentials> creds, bool tls)
     : static_peers_(config.peers),
       migrate_allow_(config.migrate_allow),
       dns_host_(config.peer_dns.substr(0, config.peer_dns.rfind(':'))),
       dns_port_(config.peer_dns.empty() ? std::string()
                                         : config.peer_dns.substr(config.peer_dns.rfind(':') + 1)),
       dns_wait_(config.peer_connect_timeout),
+      resolve_(std::move(resolve)),
       creds_(std::move(creds)),
       tls_(tls) {
   if (!dns_host_.empty()) resolver_ = std::thread([this] { ResolverLoop(); });
@@ -121,7 +123,7 @@ void PeerDialer::ResolverLoop() {
     if (dns_stopping_) return;
     dns_wanted_ = false;
     lock.unlock();
-    std::vector<std::string> answer = ResolveAll(dns_host_, dns_port_);
+    std::vector<std::string> answer = resolve_(dns_host_, dns_port_);
     lock.lock();
     dns_wanted_ = false;  // whoever asked while it ran gets this answer
     dns_peers_ = std::move(answer);

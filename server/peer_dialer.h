@@ -51,6 +51,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,12 +77,23 @@ class PeerDialer {
   // wait-for-ready) for that long after a peer restarts.
   static constexpr std::chrono::milliseconds kMaxReconnectBackoff{1'000};
 
+  // Looks up (host, port): every address as "IP:PORT" / "[IPv6]:PORT",
+  // empty when none. Runs on the resolver thread only; may block.
+  using Resolver =
+      std::function<std::vector<std::string>(const std::string& host, const std::string& port)>;
+  // getaddrinfo (any family, stream sockets), in the resolver's order,
+  // without repeats; a failure is logged and answers none.
+  static std::vector<std::string> ResolveWithGetaddrinfo(const std::string& host,
+                                                         const std::string& port);
+
   // The dialer for `config` (copied: --peers, --peer-dns, --migrate-allow,
-  // --peer-ca, --tls-cert/--tls-key, --peer-connect-timeout).
+  // --peer-ca, --tls-cert/--tls-key, --peer-connect-timeout), looking
+  // --peer-dns up with `resolve` (tests give a slow one).
   // InvalidArgument naming the flag when the --peer-ca file cannot be read or
   // holds no PEM certificate, or --tls-cert/--tls-key cannot be read. Starts
   // the resolver thread when --peer-dns is set; no lookup yet.
-  static absl::StatusOr<std::unique_ptr<PeerDialer>> Create(const ServerConfig& config);
+  static absl::StatusOr<std::unique_ptr<PeerDialer>> Create(
+      const ServerConfig& config, Resolver resolve = ResolveWithGetaddrinfo);
   ~PeerDialer();
   PeerDialer(const PeerDialer&) = delete;
   PeerDialer& operator=(const PeerDialer&) = delete;
@@ -107,11 +119,12 @@ class PeerDialer {
   bool tls() const { return tls_; }
 
  private:
-  PeerDialer(const ServerConfig& config, std::shared_ptr<grpc::ChannelCredentials> creds, bool tls);
+  PeerDialer(const ServerConfig& config, Resolver resolve,
+             std::shared_ptr<grpc::ChannelCredentials> creds, bool tls);
   // The --peer-dns addresses: the cached answer, or a fresh one waited for
   // up to the connect timeout (see the banner).
   std::vector<std::string> DnsPeers();
-  // The resolver thread: one getaddrinfo each time a caller asks for one.
+  // The resolver thread: one lookup each time a caller asks for one.
   void ResolverLoop();
   // Whether `address` is in `peers` (a Peers() answer) or --migrate-allow;
   // the status form says why not.
@@ -123,6 +136,7 @@ class PeerDialer {
   const std::vector<std::string> migrate_allow_;
   const std::string dns_host_, dns_port_;     // --peer-dns split; empty host: none
   const std::chrono::milliseconds dns_wait_;  // --peer-connect-timeout
+  const Resolver resolve_;
   const std::shared_ptr<grpc::ChannelCredentials> creds_;
   const bool tls_;
 

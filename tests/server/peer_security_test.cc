@@ -4,7 +4,8 @@
 // here checks by seeing none, and the session stays intact and usable; an
 // allowed address is dialled (the same listener sees the connection); a
 // drain uses the peers, never the allow list; --peer-dns addresses are peers
-// by their exact "IP:PORT". With --peer-ca, peers talk TLS: a CA and a node
+// by their exact "IP:PORT", and a hanging lookup holds a caller for
+// --peer-connect-timeout at most while an answer is cached. With --peer-ca, peers talk TLS: a CA and a node
 // certificate for IP:127.0.0.1 are made here with the openssl CLI, a
 // session migrates between two TLS nodes and continues token-identically,
 // and a node trusting another CA fails the migration and keeps the session.
@@ -15,10 +16,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_join.h"
@@ -36,6 +39,7 @@ namespace cortiq::server {
 namespace {
 
 using std::chrono::milliseconds;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 namespace v1 = ::cortiq::v1;
 
@@ -235,6 +239,79 @@ TEST(PeerSecurityTest, PeerDnsAddressesArePeersByTheirExactAddress) {
   testing::StreamOut on_a = KeptTurn(a, twin.session, " onwards");
   ASSERT_TRUE(on_b.status.ok()) << on_b.status.error_message();
   EXPECT_EQ(on_b.ids, on_a.ids);
+}
+
+// A --peer-dns resolver that blocks until opened, counting its lookups.
+class GatedResolver {
+ public:
+  explicit GatedResolver(std::vector<std::string> answer) : answer_(std::move(answer)) {}
+  PeerDialer::Resolver Fn() {
+    return [this](const std::string&, const std::string&) {
+      std::unique_lock lock(mu_);
+      ++lookups_;
+      cv_.wait(lock, [&] { return open_; });
+      return answer_;
+    };
+  }
+  void Open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  int lookups() {
+    std::lock_guard lock(mu_);
+    return lookups_;
+  }
+
+ private:
+  const std::vector<std::string> answer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int lookups_ = 0;
+};
+
+// getaddrinfo cannot be given a timeout: a lookup that hangs holds a caller
+// for --peer-connect-timeout at most, which then sees the peers it knows
+// (here the static ones: no answer yet); an answer is cached, so a burst of
+// checks costs one lookup; the static peers come first and an address both
+// lists name is listed once.
+TEST(PeerDialerDnsTest, ALookupIsWaitedForBoundedlyAndCached) {
+  ServerConfig c;
+  c.peers = {"10.0.0.1:1"};
+  c.peer_dns = "peers.test:50051";
+  c.peer_connect_timeout = milliseconds(300);
+  GatedResolver gate({"10.0.0.2:50051", "10.0.0.1:1"});
+  absl::StatusOr<std::unique_ptr<PeerDialer>> d = PeerDialer::Create(c, gate.Fn());
+  ASSERT_TRUE(d.ok()) << d.status();
+  // The dialer's destructor joins its resolver: open the gate before it runs.
+  struct OpenOnExit {
+    GatedResolver& gate;
+    ~OpenOnExit() { gate.Open(); }
+  } open_on_exit{gate};
+
+  // The lookup hangs: the check returns (after the bound) and knows only
+  // the static peer.
+  EXPECT_EQ((*d)->CheckAllowed("10.0.0.2:50051").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*d)->CheckAllowed("10.0.0.1:1").ok());
+  EXPECT_EQ(gate.lookups(), 1);  // one lookup in flight serves every waiter
+
+  gate.Open();
+  // Each call waits (on the dialer's condition variable, up to the bound)
+  // for the answer the resolver thread is now storing.
+  std::vector<std::string> peers;
+  for (int i = 0; i < 20 && peers.size() < 2; ++i) peers = (*d)->Peers();
+  EXPECT_THAT(peers, ElementsAre("10.0.0.1:1", "10.0.0.2:50051"));
+  const auto answered = std::chrono::steady_clock::now();
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_TRUE((*d)->CheckAllowed("10.0.0.2:50051").ok());
+    EXPECT_EQ((*d)->CheckAllowed("peers.test:50051").code(), absl::StatusCode::kPermissionDenied);
+  }
+  if (std::chrono::steady_clock::now() - answered < PeerDialer::kDnsCacheTtl) {
+    EXPECT_EQ(gate.lookups(), 1) << "a cached answer was looked up again";
+  }
 }
 
 // --peer-ca must be a readable file of PEM certificates: anything else
