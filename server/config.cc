@@ -132,7 +132,8 @@ std::string ServerUsage() {
   --grace SECONDS         on SIGTERM/SIGINT, streams get this long to finish (default 10)
   --lease-wait SECONDS    a Generate on a session whose previous call is ending (cancelled)
                           waits this long for it, within its own deadline (default 1)
-  --peers H:P[,H:P...]    peers a drain migrates kept sessions to (or env CORTIQ_PEERS)
+  --peers H:P[,H:P...]    the peers: where a drain migrates kept sessions and MigrateSession
+                          may send one (or env CORTIQ_PEERS)
   --peer-dns NAME:PORT    peers from DNS: every address NAME resolves to (a headless Service;
                           looked up at most every 5 s, waited for at most
                           --peer-connect-timeout)
