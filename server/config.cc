@@ -25,10 +25,13 @@ namespace cortiq::server {
 
 namespace {
 
-// --peers H:P[,H:P...]: every item names a port; "" is no peers.
+// --peers / --migrate-allow H:P[,H:P...]: every item names a port; items
+// are trimmed (the allow list is an exact string match: "a:1, b:2" must
+// allow "b:2"); "" is none.
 absl::StatusOr<std::vector<std::string>> ParsePeerList(std::string_view v) {
   std::vector<std::string> peers;
-  for (absl::string_view p : absl::StrSplit(util::Sv(v), ',', absl::SkipEmpty())) {
+  for (absl::string_view p : absl::StrSplit(util::Sv(v), ',', absl::SkipWhitespace())) {
+    p = absl::StripAsciiWhitespace(p);
     if (p.find(':') == absl::string_view::npos) {
       return absl::InvalidArgumentError("expected HOST:PORT[,HOST:PORT...]");
     }
@@ -44,12 +47,9 @@ absl::StatusOr<std::string> ParsePeerDns(std::string_view v) {
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f)
-    return absl::InvalidArgumentError(absl::StrCat("--auth-token-file: cannot read '", path, "'"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string t(absl::StripAsciiWhitespace(ss.str()));
+  absl::StatusOr<std::string> text = ReadFlagFile(path, "--auth-token-file");
+  if (!text.ok()) return text.status();
+  std::string t(absl::StripAsciiWhitespace(*text));
   if (t.empty())
     return absl::InvalidArgumentError(absl::StrCat("--auth-token-file: '", path, "' is empty"));
   return t;
@@ -68,6 +68,19 @@ absl::Status InsecureListenError(const std::string& listen) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> ReadFlagFile(const std::string& path, std::string_view flag) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    return absl::InvalidArgumentError(absl::StrCat(util::Sv(flag), ": cannot read '", path, "'"));
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) {
+    return absl::InvalidArgumentError(absl::StrCat(util::Sv(flag), ": cannot read '", path, "'"));
+  }
+  return ss.str();
+}
 
 bool IsLoopbackListen(std::string_view listen) {
   if (listen.starts_with("unix:") || listen.starts_with("unix-abstract:")) return true;
@@ -122,8 +135,18 @@ std::string ServerUsage() {
   --grace SECONDS         on SIGTERM/SIGINT, streams get this long to finish (default 10)
   --lease-wait SECONDS    a Generate on a session whose previous call is ending (cancelled)
                           waits this long for it, within its own deadline (default 1)
-  --peers H:P[,H:P...]    peers a drain migrates kept sessions to (or env CORTIQ_PEERS)
-  --peer-dns NAME:PORT    peers from DNS: every address NAME resolves to (a headless Service)
+  --peers H:P[,H:P...]    the peers: where a drain migrates kept sessions and MigrateSession
+                          may send one (or env CORTIQ_PEERS)
+  --peer-dns NAME:PORT    peers from DNS: every address NAME resolves to (a headless Service;
+                          looked up at most every 5 s, waited for at most
+                          --peer-connect-timeout)
+  --migrate-allow H:P[,H:P...]  more addresses MigrateSession may move a session to. A
+                          session moves only to a peer (--peers, --peer-dns) or one of
+                          these, matched as the exact HOST:PORT string (no DNS, no
+                          aliases); any other address is PERMISSION_DENIED, undialled
+  --peer-ca FILE          dial peers over TLS, trusting the PEM CA certificates in FILE
+                          (with --tls-cert/--tls-key, presented as the client
+                          certificate); without it, peers are dialled in plaintext
   --peer-token T          bearer token for the peers (default: --auth-token)
   --peer-connect-timeout SECONDS  connecting to a peer and its GetModelInfo (default 5)
   --peer-min-throughput BYTES  slowest peer accepted, per second: a migration of B bytes
@@ -191,6 +214,8 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::SecondsFlag("lease-wait", &c.lease_wait),
       util::ParsedFlag("peers", &c.peers, ParsePeerList),
       util::ParsedFlag("peer-dns", &c.peer_dns, ParsePeerDns),
+      util::ParsedFlag("migrate-allow", &c.migrate_allow, ParsePeerList),
+      StringFlag("peer-ca", &c.peer_ca),
       StringFlag("peer-token", &c.peer_token),
       util::SecondsFlag("peer-connect-timeout", &c.peer_connect_timeout),
       util::BytesFlag("peer-min-throughput", &c.peer_min_throughput),
@@ -224,8 +249,8 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   }
   if (c.peers.empty()) {
     if (const char* env = std::getenv("CORTIQ_PEERS"); env != nullptr) {
-      for (absl::string_view p : absl::StrSplit(env, ',', absl::SkipEmpty()))
-        c.peers.emplace_back(p);
+      for (absl::string_view p : absl::StrSplit(env, ',', absl::SkipWhitespace()))
+        c.peers.emplace_back(absl::StripAsciiWhitespace(p));
     }
   }
   if (c.peer_token.empty()) c.peer_token = c.auth_token;

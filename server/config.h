@@ -56,6 +56,10 @@ struct ServerConfig {
   std::chrono::milliseconds lease_wait{1'000};
   std::vector<std::string> peers;           // --peers H:P,H:P or CORTIQ_PEERS: drain targets
   std::string peer_dns;                     // --peer-dns NAME:PORT (every A record is a peer)
+  // --migrate-allow H:P,H:P: addresses besides the peers that MigrateSession
+  // may move a session to (exact HOST:PORT match; server/peer_dialer.h).
+  std::vector<std::string> migrate_allow;
+  std::string peer_ca;                      // --peer-ca FILE: dial peers over TLS (PEM roots)
   std::string peer_token;                   // --peer-token (default: the auth token)
   // Peer calls (migrations, drain): connect + GetModelInfo get the connect
   // timeout; an ImportSession stream of B bytes gets connect timeout +
@@ -98,6 +102,10 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
 // host (0.0.0.0, [::], another address, a hostname) is not loopback; names
 // other than localhost are not resolved.
 bool IsLoopbackListen(std::string_view listen);
+
+// The whole of a file a flag names (--tls-cert, --peer-ca, ...), as bytes;
+// InvalidArgument "<flag>: cannot read '<path>'" when it cannot be read.
+absl::StatusOr<std::string> ReadFlagFile(const std::string& path, std::string_view flag);
 
 // The flag reference printed by --help.
 std::string ServerUsage();

@@ -1,14 +1,15 @@
 // MigrateSession and Drain: the client side of a migration. Migrate runs on
 // the server's background workers (it is a blocking client of the peer):
-// lease, learn the peer's versions (GetModelInfo), stream at the highest
-// common version, reading each chunk from the caches while the previous one
-// is sent, to the peer's ImportSession (server/wire_calls.cc on the other
-// side), and release locally (reason "migrated") only after the peer
-// answered OK; on any failure the lease is returned and the session stays as
-// it was. Every peer call has a deadline (the connect timeout, or one that
-// scales with the bytes to send, never past the caller's), and the caller's
-// cancel, a ReleaseSession of the session, or shutdown TryCancels it
-// (MigrationCancel).
+// the peer's channel from the PeerDialer (which refuses an address that is
+// not a peer or in --migrate-allow before dialling it), lease, learn the
+// peer's versions (GetModelInfo), stream at the highest common version,
+// reading each chunk from the caches while the previous one is sent, to the
+// peer's ImportSession (server/wire_calls.cc on the other side), and release
+// locally (reason "migrated") only after the peer answered OK; on any
+// failure the lease is returned and the session stays as it was. Every peer
+// call has a deadline (the connect timeout, or one that scales with the
+// bytes to send, never past the caller's), and the caller's cancel, a
+// ReleaseSession of the session, or shutdown TryCancels it (MigrationCancel).
 #include "server/migration.h"
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
 #include "server/config.h"
+#include "server/peer_dialer.h"
 #include "server/wire_chunk.h"
 
 namespace cortiq::server {
@@ -206,16 +208,12 @@ absl::Status PeerCallError(const grpc::Status& st, const MigrationCancel& cancel
 }
 
 // The client side of a migration: the peer's versions, then its ImportSession.
-absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const std::string& peer,
-                                                     const std::string& peer_token, bool f16,
-                                                     session::SessionStore::Lease& lease,
-                                                     const MigrateBounds& bounds,
-                                                     MigrationCancel& cancel, uint32_t* version,
-                                                     size_t* wire_bytes) {
+// `channel` is the dialer's, to `peer`.
+absl::StatusOr<v1::ImportSessionResponse> SendToPeer(
+    ServiceContext& ctx, const std::string& peer, const std::shared_ptr<grpc::Channel>& channel,
+    const std::string& peer_token, bool f16, session::SessionStore::Lease& lease,
+    const MigrateBounds& bounds, MigrationCancel& cancel, uint32_t* version, size_t* wire_bytes) {
   const ServerConfig& config = *ctx.config;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(peer, grpc::InsecureChannelCredentials(), args);
   auto stub = v1::Inference::NewStub(channel);
   auto prepare = [&](grpc::ClientContext& c, std::chrono::milliseconds budget) {
     if (!peer_token.empty()) c.AddMetadata("authorization", "Bearer " + peer_token);
@@ -305,7 +303,13 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
   const std::shared_ptr<MigrationCancel> cancel =
       bounds.cancel ? bounds.cancel : std::make_shared<MigrationCancel>();
   absl::StatusOr<MigrateOutcome> result;
-  {
+  // Only a peer or a --migrate-allow address is dialled; any other is
+  // PERMISSION_DENIED here, before a channel exists and before the session
+  // is touched.
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ctx.peers->Channel(peer);
+  if (!channel.ok()) {
+    result = channel.status();
+  } else {
     absl::StatusOr<session::SessionStore::Lease> lease = ctx.store->Acquire(session_id);
     if (!lease.ok()) {
       result = lease.status();
@@ -314,8 +318,9 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
       // lease comes back at once instead of after the peer's deadline.
       lease->SetCanceller([cancel] { cancel->Cancel(); });
       MigrateOutcome out;
-      absl::StatusOr<v1::ImportSessionResponse> sent = SendToPeer(
-          ctx, peer, peer_token, f16, *lease, bounds, *cancel, &out.version, &out.wire_bytes);
+      absl::StatusOr<v1::ImportSessionResponse> sent =
+          SendToPeer(ctx, peer, *channel, peer_token, f16, *lease, bounds, *cancel, &out.version,
+                     &out.wire_bytes);
       if (sent.ok()) {
         // The peer holds a complete copy: only now does the source let go.
         lease->ReleaseOnReturn(session::ReleaseReason::kMigrated);

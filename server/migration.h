@@ -61,7 +61,9 @@ struct MigrateBounds {
   std::string traceparent;  // the caller's W3C trace context, forwarded to the peer (may be empty)
 };
 
-// Leases `session_id`, learns the peer's wire versions (GetModelInfo, which
+// Checks `peer` (ctx.peers->Channel: a peer or a --migrate-allow address,
+// else PERMISSION_DENIED with nothing dialled and the session untouched),
+// leases `session_id`, learns the peer's wire versions (GetModelInfo, which
 // also connects: --peer-connect-timeout), exports at the highest common
 // version, streams it to the peer's ImportSession (deadline
 // PeerStreamBudget) and releases the local session (reason "migrated") only
@@ -69,7 +71,8 @@ struct MigrateBounds {
 // bounds.deadline. A cancel (bounds.cancel, or a ReleaseSession of the
 // session while it runs) ends the peer call at once. On any failure the
 // session is returned intact and unleased, and the status says why:
-// CANCELLED (cancelled), DEADLINE_EXCEEDED (bounds.deadline passed),
+// PERMISSION_DENIED (not an allowed peer), CANCELLED (cancelled),
+// DEADLINE_EXCEEDED (bounds.deadline passed),
 // UNAVAILABLE (peer unreachable or slower than --peer-min-throughput), the
 // peer's code for a refusal. Blocking: never on a gRPC callback thread (the
 // MigrateSession RPC runs it on ServiceContext::background). Counts

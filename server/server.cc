@@ -1,16 +1,10 @@
 #include "server/server.h"
 
-#include <arpa/inet.h>
 #include <malloc.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -30,14 +24,6 @@
 namespace cortiq::server {
 
 namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path, std::string_view flag) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat(util::Sv(flag), ": cannot read '", path, "'"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 constexpr const char* kServiceName = v1::Inference::service_full_name();
 
@@ -121,8 +107,10 @@ absl::Status Server::Init() {
   engine_ = std::make_unique<session::Engine>(*model_, *tokenizer_, eo);
   if (metrics_) metrics_->AttachEngine(engine_.get());
 
+  CORTIQ_ASSIGN_OR_RETURN(peers_, PeerDialer::Create(c));
   ctx_ = std::make_unique<ServiceContext>();
   ctx_->config = &config_;
+  ctx_->peers = peers_.get();
   ctx_->model = model_.get();
   ctx_->tokenizer = tokenizer_.get();
   ctx_->store = store_.get();
@@ -132,7 +120,7 @@ absl::Status Server::Init() {
   if (config_.node_name.empty()) config_.node_name = DefaultNodeName(c.listen);
   ctx_->node_name = config_.node_name;
   CORTIQ_ASSIGN_OR_RETURN(std::string tokenizer_json,
-                          ReadFile(c.model_dir + "/tokenizer.json", "--model"));
+                          ReadFlagFile(c.model_dir + "/tokenizer.json", "--model"));
   ctx_->wire_fingerprint = session::ModelWireFingerprint(model_->checkpoint(), tokenizer_json);
   ctx_->fingerprint = absl::StrFormat("%016x", ctx_->wire_fingerprint);
   CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session,
@@ -150,8 +138,8 @@ absl::Status Server::Init() {
   if (!c.tls_cert.empty()) {
     grpc::SslServerCredentialsOptions ssl;
     grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    CORTIQ_ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(c.tls_cert, "--tls-cert"));
-    CORTIQ_ASSIGN_OR_RETURN(pair.private_key, ReadFile(c.tls_key, "--tls-key"));
+    CORTIQ_ASSIGN_OR_RETURN(pair.cert_chain, ReadFlagFile(c.tls_cert, "--tls-cert"));
+    CORTIQ_ASSIGN_OR_RETURN(pair.private_key, ReadFlagFile(c.tls_key, "--tls-key"));
     ssl.pem_key_cert_pairs.push_back(std::move(pair));
     creds = grpc::SslServerCredentials(ssl);
   }
@@ -223,35 +211,6 @@ void Server::Quiesce(std::chrono::milliseconds grace) {
   ctx_->jobs_in_flight.WaitIdleUntil(std::chrono::steady_clock::now() + kCancelWait);
 }
 
-std::vector<std::string> Server::ResolvePeers() const {
-  std::vector<std::string> peers = config_.peers;
-  if (!config_.peer_dns.empty()) {
-    const size_t colon = config_.peer_dns.rfind(':');
-    const std::string host = config_.peer_dns.substr(0, colon);
-    const std::string port = config_.peer_dns.substr(colon + 1);
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) == 0) {
-      for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-        char ip[INET6_ADDRSTRLEN] = {0};
-        const void* addr = a->ai_family == AF_INET
-                               ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
-                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
-        if (inet_ntop(a->ai_family, addr, ip, sizeof(ip)) == nullptr) continue;
-        std::string p = a->ai_family == AF_INET6 ? absl::StrCat("[", ip, "]:", port)
-                                                 : absl::StrCat(ip, ":", port);
-        if (std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
-      }
-      freeaddrinfo(res);
-    } else {
-      spdlog::warn("drain: --peer-dns {}: no addresses", config_.peer_dns);
-    }
-  }
-  return peers;
-}
-
 DrainReport::Entry Server::DrainOne(const std::string& session_id,
                                     const std::vector<std::string>& peers, size_t first_peer,
                                     std::chrono::system_clock::time_point deadline) {
@@ -297,7 +256,7 @@ DrainReport Server::Drain(std::chrono::milliseconds grace) {
   if (drain_report_) return *drain_report_;
   spdlog::info("drain: NOT_SERVING; streams in flight get {} ms", grace.count());
   Quiesce(grace);
-  const std::vector<std::string> peers = ResolvePeers();
+  const std::vector<std::string> peers = peers_->Peers();
   // Every migration's peer calls end by this deadline (MigrateBounds): what
   // has not moved by then is cancelled, reported failed and stays intact here.
   const auto deadline = std::chrono::system_clock::now() + config_.drain_timeout;

@@ -36,6 +36,7 @@
 #include "grpcpp/server.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/peer_dialer.h"
 #include "server/service.h"
 
 namespace cortiq::server {
@@ -50,7 +51,8 @@ class Server {
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
 
   // Drains (see the banner) and moves every session left to a peer
-  // (--peers, CORTIQ_PEERS, --peer-dns), --drain-parallelism at a time,
+  // (PeerDialer::Peers(): --peers, CORTIQ_PEERS, --peer-dns; never a
+  // --migrate-allow address), --drain-parallelism at a time,
   // trying the next peer when one fails. Returns within `grace` + 5 s (the
   // engine's cancel wait, only when jobs outlive the grace) +
   // --drain-timeout + a few ms: migrations still running at the timeout are
@@ -60,8 +62,8 @@ class Server {
   DrainReport Drain(std::chrono::milliseconds grace);
   // Drains new work and stops (see the banner). Idempotent; returns once stopped.
   void Shutdown(std::chrono::milliseconds grace);
-  // The peers a drain would use now (static list + DNS).
-  std::vector<std::string> ResolvePeers() const;
+  // Who this node may dial, and its channels to them.
+  PeerDialer& peer_dialer() { return *peers_; }
   // Called after a Drain RPC answered (cortiq-server stops the process).
   void SetAfterDrain(std::function<void()> fn) { ctx_->after_drain = std::move(fn); }
   // Blocks until Shutdown has completed.
@@ -101,6 +103,9 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<session::Engine> engine_;
   std::unique_ptr<MetricsServer> metrics_server_;
+  // Used by ctx_'s users (migrations, the drain): declared before ctx_ and
+  // background_ so that it outlives them.
+  std::unique_ptr<PeerDialer> peers_;
   std::unique_ptr<ServiceContext> ctx_;
   // MigrateSession and Drain bodies (ctx_->background); declared after ctx_,
   // which its tasks use. Shutdown drains and joins it.

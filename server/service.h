@@ -38,6 +38,8 @@
 
 namespace cortiq::server {
 
+class PeerDialer;  // server/peer_dialer.h
+
 // The outcome of a drain: every session that was on the node, moved or not.
 // A session its owner released while the drain ran (ReleaseSession is served
 // while draining) is `released`: nothing was left to move, and it is not a
@@ -61,6 +63,7 @@ struct ServiceContext {
   session::SessionStore* store = nullptr;
   session::Engine* engine = nullptr;
   Metrics* metrics = nullptr;              // may be null (metrics off)
+  PeerDialer* peers = nullptr;             // every channel to another node (peer_dialer.h)
   std::string model_name;                  // directory basename
   std::string node_name;                   // --node-name or DefaultNodeName: x-cortiq-node
   std::string fingerprint;                 // hex of wire_fingerprint

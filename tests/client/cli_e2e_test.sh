@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# The `cortiq` command against a real cortiq-server on 127.0.0.1 (port 0):
-# every command, its output, and its exit codes.
+# The `cortiq` command against a real cortiq-server on 127.0.0.1 (port 0),
+# with a second one as its peer (the migration target): every command, its
+# output, and its exit codes.
 #   cli_e2e_test.sh SERVER_BIN CLI_BIN TOOL_BIN WORKDIR
 set -euo pipefail
 SERVER="$1" CLI="$2" TOOL="$3" WORK="$4"
 rm -rf "$WORK" && mkdir -p "$WORK"
 "$TOOL" mkmodel tiny "$WORK/model" --seed 1 >/dev/null
-"$SERVER" --model "$WORK/model" --listen 127.0.0.1:0 --metrics-listen off --threads 1 \
-  --auth-token t0ken >"$WORK/server.out" 2>"$WORK/server.err" &
-PID=$!
-trap 'kill -TERM $PID 2>/dev/null || true; wait $PID 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do grep -q '^listening on' "$WORK/server.out" && break; sleep 0.1; done
-ADDR="$(sed -n 's/^listening on \([^ ]*\) .*/\1/p' "$WORK/server.out")"
-[ -n "$ADDR" ] || { cat "$WORK/server.err"; echo "FAIL: server did not start"; exit 1; }
+PIDS=()
+# Stops the server under test before its peer (its drain may move sessions there).
+trap 'for ((i=${#PIDS[@]}-1; i>=0; i--)); do kill -TERM "${PIDS[i]}" 2>/dev/null || true; wait "${PIDS[i]}" 2>/dev/null || true; done' EXIT
+# start NAME FLAGS...: a server on a free port; its address in $ADDR.
+start() {
+  local name=$1
+  shift
+  "$SERVER" --model "$WORK/model" --listen 127.0.0.1:0 --metrics-listen off --threads 1 \
+    --auth-token t0ken "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  PIDS+=($!)
+  for _ in $(seq 1 100); do grep -q '^listening on' "$WORK/$name.out" && break; sleep 0.1; done
+  ADDR="$(sed -n 's/^listening on \([^ ]*\) .*/\1/p' "$WORK/$name.out")"
+  [ -n "$ADDR" ] || { cat "$WORK/$name.err"; echo "FAIL: $name did not start"; exit 1; }
+}
+# The peer first (its port is chosen at start), then the server under test,
+# which may migrate sessions to it.
+start peer
+PEER="$ADDR"
+start server --peers "$PEER"
 C=("$CLI" --server "$ADDR" --token t0ken)
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -61,7 +74,7 @@ set +e
 [ $rc -eq 1 ] && grep -q 'NOT_FOUND' "$WORK/err5" || fail "export of a released session rc=$rc $(cat "$WORK/err5")"
 set -e
 
-# export / import / migrate (to this same server: import, then the source goes)
+# export / import / migrate (to the peer: it imports, then the source lets go)
 "${C[@]}" generate --keep --max-tokens 3 --temperature 0 "Moby" >/dev/null 2>"$WORK/keep2.err"
 ID2="$(sed -n 's/^session: //p' "$WORK/keep2.err")"
 "${C[@]}" export "$ID2" -o "$WORK/s.wire" 2>/dev/null || fail "export"
@@ -75,11 +88,20 @@ set -e
 "${C[@]}" session release "$ID2" >/dev/null || fail "release before import"
 ID3="$("${C[@]}" import "$WORK/s.wire")" || fail "import"
 [ "$ID3" = "$ID2" ] || fail "import id '$ID3' is not the exported session's '$ID2'"
-# Migrating to the node that holds it is refused the same way, and the
-# session stays where it is.
+# Only a peer is a target: any other address is refused before it is dialled.
 set +e
-"${C[@]}" migrate "$ID2" --to "$ADDR" --peer-token t0ken >/dev/null 2>"$WORK/err7"; rc=$?
+"${C[@]}" migrate "$ID2" --to 127.0.0.1:1 --peer-token t0ken 2>"$WORK/err7"; rc=$?
 set -e
-[ $rc -eq 1 ] && grep -q 'ALREADY_EXISTS' "$WORK/err7" || fail "migrate to itself rc=$rc $(cat "$WORK/err7")"
-"${C[@]}" session show "$ID2" >/dev/null || fail "the session left after a refused migration"
+[ $rc -eq 1 ] && grep -q 'PERMISSION_DENIED' "$WORK/err7" && grep -q -- '--migrate-allow' "$WORK/err7" \
+  || fail "migrate to a non-peer rc=$rc $(cat "$WORK/err7")"
+"${C[@]}" session show "$ID2" >/dev/null || fail "a refused migration took the session"
+"${C[@]}" migrate "$ID2" --to "$PEER" --peer-token t0ken >"$WORK/migrate.out" || fail "migrate"
+grep -q "^migrated $ID2 to $PEER (node [^)]*) (" "$WORK/migrate.out" || fail "migrate: $(cat "$WORK/migrate.out")"
+set +e
+"${C[@]}" session show "$ID2" >/dev/null 2>&1; rc=$?
+set -e
+[ $rc -eq 1 ] || fail "the migrated session is still on the source"
+# It kept its id on the peer.
+"$CLI" --server "$PEER" --token t0ken session show "$ID2" >/dev/null \
+  || fail "the migrated session is not on the peer under its id"
 echo "PASS: cortiq CLI end to end against $ADDR"

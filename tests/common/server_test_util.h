@@ -20,8 +20,11 @@ struct TestNode {
 };
 
 // Starts a server with `c` on 127.0.0.1 port 0, metrics off, one math thread
-// (the model, grace and the rest come from `c`).
-inline TestNode StartTestNode(server::ServerConfig c) {
+// (the model, grace and the rest come from `c`); the stub dials it with
+// `creds` (TLS ones for a node with --tls-cert).
+inline TestNode StartTestNode(
+    server::ServerConfig c,
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
   c.listen = "127.0.0.1:0";
   c.metrics_listen = "off";
   c.threads = 1;
@@ -31,7 +34,7 @@ inline TestNode StartTestNode(server::ServerConfig c) {
   if (!s.ok()) return n;
   n.server = *std::move(s);
   n.addr = "127.0.0.1:" + std::to_string(n.server->port());
-  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, grpc::InsecureChannelCredentials()));
+  n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, creds));
   return n;
 }
 
@@ -53,6 +56,33 @@ inline StreamOut RunGenerate(v1::Inference::Stub& stub, const v1::GenerateReques
   }
   o.status = reader->Finish();
   return o;
+}
+
+// A greedy turn of 8 tokens (EOS ignored) on the kept session `session`
+// ("" opens one): the request, and the call read whole.
+inline v1::GenerateRequest KeptTurnRequest(const std::string& session, const std::string& prompt) {
+  v1::GenerateRequest r;
+  r.set_prompt(prompt);
+  r.set_max_tokens(8);
+  r.set_ignore_eos(true);
+  r.set_keep_session(true);
+  r.set_session_id(session);
+  r.mutable_sampling()->set_temperature(0.0f);
+  return r;
+}
+inline StreamOut KeptTurn(TestNode& n, const std::string& session, const std::string& prompt) {
+  return RunGenerate(*n.stub, KeptTurnRequest(session, prompt));
+}
+
+// MigrateSession(session `id` -> `peer`) on `from`: the call's status
+// (*resp filled on OK).
+inline grpc::Status MigrateCall(TestNode& from, const std::string& id, const std::string& peer,
+                                v1::MigrateSessionResponse* resp) {
+  grpc::ClientContext ctx;
+  v1::MigrateSessionRequest req;
+  req.set_session_id(id);
+  req.set_peer(peer);
+  return from.stub->MigrateSession(&ctx, req, resp);
 }
 
 // Sets `c` to test mode `mode` with parameters small enough to exercise the

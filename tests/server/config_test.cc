@@ -115,6 +115,8 @@ Fields FieldsOf(const ServerConfig& c) {
       {"grace", Text(c.grace)},
       {"peers", Text(c.peers)},
       {"peer-dns", Text(c.peer_dns)},
+      {"migrate-allow", Text(c.migrate_allow)},
+      {"peer-ca", Text(c.peer_ca)},
       {"peer-token", Text(c.peer_token)},
       {"peer-connect-timeout", Text(c.peer_connect_timeout)},
       {"peer-min-throughput", Text(c.peer_min_throughput)},
@@ -168,6 +170,8 @@ TEST_F(ConfigTest, Defaults) {
       {"grace", "10000ms"},
       {"peers", ""},
       {"peer-dns", ""},
+      {"migrate-allow", ""},
+      {"peer-ca", ""},
       {"peer-token", ""},
       {"peer-connect-timeout", "5000ms"},
       {"peer-min-throughput", std::to_string(size_t{20} << 20)},
@@ -223,6 +227,8 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"grace", "30", "30000ms"},
       {"peers", "a:1,b:2", "a:1,b:2"},
       {"peer-dns", "svc:50051", "svc:50051"},
+      {"migrate-allow", " c:3, [::1]:4 ", "c:3,[::1]:4"},  // items trimmed
+      {"peer-ca", "ca.pem", "ca.pem"},
       {"peer-token", "pt", "pt"},
       {"peer-connect-timeout", "0.5", "500ms"},
       {"peer-min-throughput", "1M", std::to_string(size_t{1} << 20)},
@@ -298,6 +304,7 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--o1-rect", "max"}, "--o1-rect");
   ExpectUsageError({"--peers", "a:1,b"}, "--peers: expected HOST:PORT");
   ExpectUsageError({"--peer-dns", "svc"}, "--peer-dns: expected NAME:PORT");
+  ExpectUsageError({"--migrate-allow", "a:1,b"}, "--migrate-allow: expected HOST:PORT");
   ExpectUsageError({"--peer-connect-timeout", "0"}, "--peer-connect-timeout: must be > 0");
   ExpectUsageError({"--peer-min-throughput", "0"}, "--peer-min-throughput: must be >= 1");
   ExpectUsageError({"--drain-parallelism", "0"}, "--drain-parallelism: must be at least 1");
@@ -323,6 +330,25 @@ TEST_F(ConfigTest, EnvironmentFallbacks) {
   EXPECT_EQ(c->auth_token, "flagtok");
   EXPECT_THAT(c->peers, ElementsAre("r:3"));
   EXPECT_EQ(c->model_dir, "/flag/model");
+}
+
+// --peers and --migrate-allow are matched as exact HOST:PORT strings
+// (server/peer_dialer.h), so their items are trimmed: "a:1, b:2" allows
+// "b:2"; empty items are skipped. --help says how the match works.
+TEST_F(ConfigTest, PeerListsAreTrimmedForTheirExactMatch) {
+  absl::StatusOr<ServerConfig> c =
+      Parse({"--peers", " a:1 ,, b:2", "--migrate-allow", "c:3 , ,d:4 "});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->peers, ElementsAre("a:1", "b:2"));
+  EXPECT_THAT(c->migrate_allow, ElementsAre("c:3", "d:4"));
+  setenv("CORTIQ_PEERS", " p:1 , q:2", 1);
+  c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->peers, ElementsAre("p:1", "q:2"));
+  for (const char* needle :
+       {"--migrate-allow H:P", "exact HOST:PORT", "PERMISSION_DENIED", "--peer-ca FILE"}) {
+    EXPECT_THAT(ServerUsage(), HasSubstr(needle));
+  }
 }
 
 TEST_F(ConfigTest, AuthTokenFile) {

@@ -27,12 +27,7 @@ TestNode StartNode(std::vector<std::string> peers) {
 }
 
 StreamOut Turn(TestNode& n, const std::string& session, const std::string& prompt, int mode) {
-  v1::GenerateRequest r;
-  r.set_prompt(prompt);
-  r.set_max_tokens(8);
-  r.set_ignore_eos(true);
-  r.set_keep_session(true);
-  r.set_session_id(session);
+  v1::GenerateRequest r = testing::KeptTurnRequest(session, prompt);
   r.mutable_sampling()->set_temperature(mode == 4 ? 0.8f : 0.0f);
   if (session.empty()) {
     r.mutable_sampling()->set_seed(99);

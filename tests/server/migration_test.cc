@@ -27,12 +27,17 @@ namespace v1 = ::cortiq::v1;
 
 using Node = testing::TestNode;
 using Out = testing::StreamOut;
+using testing::MigrateCall;
 
-Node StartNode(const std::string& model_dir, size_t max_import_bytes = size_t{1} << 30) {
+// A node whose MigrateSession may move sessions to `allow` (--migrate-allow:
+// the targets must be started first, their ports being chosen at start).
+Node StartNode(const std::string& model_dir, std::vector<std::string> allow = {},
+               size_t max_import_bytes = size_t{1} << 30) {
   ServerConfig c;
   c.model_dir = model_dir;
   c.grace = milliseconds(0);
   c.max_import_bytes = max_import_bytes;
+  c.migrate_allow = std::move(allow);
   return testing::StartTestNode(c);
 }
 
@@ -57,15 +62,6 @@ std::string Open(Node& n, int mode, bool sampled) {
   Out o = Generate(n, r);
   EXPECT_TRUE(o.status.ok()) << o.status.error_message();
   return o.session;
-}
-
-grpc::Status Migrate(Node& from, const std::string& id, const std::string& peer,
-                     v1::MigrateSessionResponse* resp) {
-  grpc::ClientContext ctx;
-  v1::MigrateSessionRequest req;
-  req.set_session_id(id);
-  req.set_peer(peer);
-  return from.stub->MigrateSession(&ctx, req, resp);
 }
 
 std::string ExportBytes(Node& n, const std::string& id) {
@@ -98,7 +94,7 @@ grpc::Status ImportBytes(Node& n, const std::string& wire, v1::ImportSessionResp
 
 TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
   const std::string model = testing::TempModel("tiny");
-  Node a = StartNode(model), b = StartNode(model);
+  Node b = StartNode(model), a = StartNode(model, {b.addr});
   for (int mode = 0; mode < 5; ++mode) {
     for (bool sampled : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
@@ -109,7 +105,7 @@ TEST(MigrationTest, MidConversationMoveContinuesTokenIdenticallyInEveryMode) {
                 grpc::StatusCode::OK);
       ASSERT_TRUE(Generate(a, Turn(moved, " Some years ago", sampled)).status.ok());
       v1::MigrateSessionResponse resp;
-      grpc::Status st = Migrate(a, moved, b.addr, &resp);
+      grpc::Status st = MigrateCall(a, moved, b.addr, &resp);
       ASSERT_TRUE(st.ok()) << st.error_message();
       EXPECT_EQ(resp.version(), session::kSessionWireMaxVersion);  // the highest both speak
       EXPECT_GT(resp.wire_bytes(), 0u);
@@ -258,7 +254,7 @@ TEST(MigrationTest, ImportTakesEveryEncodingOfAChunk) {
 
 TEST(MigrationTest, LargeSessionsTravelInChunksOfAtMostOneMiB) {
   const std::string model = testing::TempModel("tiny");
-  Node a = StartNode(model), b = StartNode(model), c = StartNode(model);
+  Node b = StartNode(model), c = StartNode(model), a = StartNode(model, {c.addr});
   v1::GenerateRequest r = Turn("", std::string(3000, 'a'), false);
   Out o = Generate(a, r);
   ASSERT_TRUE(o.status.ok()) << o.status.error_message();
@@ -282,7 +278,7 @@ TEST(MigrationTest, LargeSessionsTravelInChunksOfAtMostOneMiB) {
   EXPECT_EQ(ExportBytes(b, resp.session().session_id()), wire);
   // MigrateSession sends the same stream (the peer re-exports it unchanged).
   v1::MigrateSessionResponse moved;
-  grpc::Status st = Migrate(a, o.session, c.addr, &moved);
+  grpc::Status st = MigrateCall(a, o.session, c.addr, &moved);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(moved.wire_bytes(), wire.size());
   EXPECT_EQ(ExportBytes(c, moved.peer_session_id()), wire);
@@ -291,7 +287,7 @@ TEST(MigrationTest, LargeSessionsTravelInChunksOfAtMostOneMiB) {
 
 TEST(MigrationTest, CorruptTruncatedAndOversizeImportsInstallNothing) {
   const std::string model = testing::TempModel("tiny");
-  Node a = StartNode(model), b = StartNode(model, /*max_import_bytes=*/200'000);
+  Node a = StartNode(model), b = StartNode(model, {}, /*max_import_bytes=*/200'000);
   const std::string wire = ExportBytes(a, Open(a, 0, false));
   ASSERT_LT(wire.size(), 200'000u);
   v1::ImportSessionResponse resp;
@@ -349,7 +345,17 @@ class DyingPeer final : public v1::Inference::CallbackService {
 
 TEST(MigrationTest, EveryFailureLeavesTheSourceSessionIntactAndUsable) {
   const std::string model = testing::TempModel("tiny");
-  Node a = StartNode(model);
+  // The targets, each allowed on A: one serving another model, and one that
+  // dies mid-stream.
+  Node other = StartNode(testing::TempModel("tiny", math::DType::kF32, /*seed=*/99));
+  DyingPeer dying;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&dying);
+  auto dying_server = builder.BuildAndStart();
+  const std::string dying_addr = "127.0.0.1:" + std::to_string(port);
+  Node a = StartNode(model, {"127.0.0.1:1", other.addr, dying_addr});
   const std::string id = Open(a, 0, false);
   const auto before = a.server->store().Get(id);
   auto check_intact = [&](const char* what) {
@@ -362,30 +368,23 @@ TEST(MigrationTest, EveryFailureLeavesTheSourceSessionIntactAndUsable) {
   };
   v1::MigrateSessionResponse resp;
   // Peer down: nothing listens there.
-  grpc::Status st = Migrate(a, id, "127.0.0.1:1", &resp);
+  grpc::Status st = MigrateCall(a, id, "127.0.0.1:1", &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   EXPECT_NE(st.error_message().find("127.0.0.1:1"), std::string::npos);
   check_intact("peer down");
   // Peer refuses: it serves another model.
-  Node other = StartNode(testing::TempModel("tiny", math::DType::kF32, /*seed=*/99));
-  st = Migrate(a, id, other.addr, &resp);
+  st = MigrateCall(a, id, other.addr, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
   check_intact("peer refuses");
   // Peer dies mid-stream.
-  DyingPeer dying;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&dying);
-  auto dying_server = builder.BuildAndStart();
-  st = Migrate(a, id, "127.0.0.1:" + std::to_string(port), &resp);
+  st = MigrateCall(a, id, dying_addr, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   check_intact("peer died");
   dying_server->Shutdown();
   // Unknown session and bad requests.
-  EXPECT_EQ(Migrate(a, "0123456789abcdef0123456789abcdef", other.addr, &resp).error_code(),
+  EXPECT_EQ(MigrateCall(a, "0123456789abcdef0123456789abcdef", other.addr, &resp).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(Migrate(a, id, "", &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(MigrateCall(a, id, "", &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   // Still usable: the conversation goes on.
   Out more = Generate(a, Turn(id, " and on", false));
   EXPECT_TRUE(more.status.ok());

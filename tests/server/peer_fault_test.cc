@@ -145,24 +145,14 @@ const v1::ModelInfo& TinyModelInfo() {
   return info;
 }
 
-testing::StreamOut Turn(testing::TestNode& n, const std::string& session,
-                        const std::string& prompt) {
-  v1::GenerateRequest r;
-  r.set_prompt(prompt);
-  r.set_max_tokens(8);
-  r.set_ignore_eos(true);
-  r.set_keep_session(true);
-  r.set_session_id(session);
-  r.mutable_sampling()->set_temperature(0.0f);
-  return testing::RunGenerate(*n.stub, r);
-}
+using testing::KeptTurn;
 
 // `n` kept sessions opened on `node` (one turn each); fewer if a turn failed
 // (the test's size check then fails).
 std::vector<std::string> KeepSessions(testing::TestNode& node, int n) {
   std::vector<std::string> ids;
   for (int i = 0; i < n; ++i) {
-    testing::StreamOut s = Turn(node, "", "session " + std::to_string(i));
+    testing::StreamOut s = KeptTurn(node, "", "session " + std::to_string(i));
     EXPECT_TRUE(s.status.ok()) << s.status.error_message();
     if (s.status.ok()) ids.push_back(s.session);
   }
@@ -194,9 +184,11 @@ constexpr double kPromptMs = 300;
 class PeerFaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    a_ = testing::StartTestNode(NodeConfig());
+    peer_ = std::make_unique<StallingPeer>(TinyModelInfo());
+    ServerConfig c = NodeConfig();
+    c.migrate_allow = {peer_->addr()};  // MigrateSession's target
+    a_ = testing::StartTestNode(c);
     ASSERT_TRUE(a_.server);
-    peer_ = std::make_unique<StallingPeer>(InfoOf(a_));
   }
   testing::TestNode a_;
   std::unique_ptr<StallingPeer> peer_;
@@ -209,7 +201,7 @@ TEST_F(PeerFaultTest, CallerCancelOrDeadlineUnlocksTheSessionIntact) {
   const std::string prompt = "It was the best of times";
   for (bool use_deadline : {false, true}) {
     SCOPED_TRACE(use_deadline ? "deadline" : "cancel");
-    testing::StreamOut moved = Turn(a_, "", prompt), twin = Turn(a_, "", prompt);
+    testing::StreamOut moved = KeptTurn(a_, "", prompt), twin = KeptTurn(a_, "", prompt);
     ASSERT_TRUE(moved.status.ok() && twin.status.ok());
     const int stalled_before = peer_->stalled();
     grpc::ClientContext ctx;
@@ -237,8 +229,8 @@ TEST_F(PeerFaultTest, CallerCancelOrDeadlineUnlocksTheSessionIntact) {
     EXPECT_GE(ms, 0) << "still leased after 5 s";
     EXPECT_LT(total, kPromptMs);
     // Generate works at once and the state is the twin's.
-    testing::StreamOut a = Turn(a_, moved.session, " it was the worst");
-    testing::StreamOut b = Turn(a_, twin.session, " it was the worst");
+    testing::StreamOut a = KeptTurn(a_, moved.session, " it was the worst");
+    testing::StreamOut b = KeptTurn(a_, twin.session, " it was the worst");
     ASSERT_TRUE(a.status.ok()) << a.status.error_message();
     EXPECT_EQ(a.ids, b.ids);
   }
@@ -247,7 +239,7 @@ TEST_F(PeerFaultTest, CallerCancelOrDeadlineUnlocksTheSessionIntact) {
 // A caller's W3C traceparent travels with the migration: both peer calls
 // (GetModelInfo, ImportSession) carry it.
 TEST_F(PeerFaultTest, TheCallersTraceContextReachesThePeer) {
-  testing::StreamOut s = Turn(a_, "", "a traced session");
+  testing::StreamOut s = KeptTurn(a_, "", "a traced session");
   ASSERT_TRUE(s.status.ok());
   const std::string trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
   grpc::ClientContext ctx;
@@ -262,7 +254,7 @@ TEST_F(PeerFaultTest, TheCallersTraceContextReachesThePeer) {
 // bytes / --peer-min-throughput + floor): with no caller deadline a stalled
 // peer is given up at about that budget, not 600 s.
 TEST_F(PeerFaultTest, StalledStreamEndsAtItsByteScaledDeadline) {
-  testing::StreamOut s = Turn(a_, "", "a session to move");
+  testing::StreamOut s = KeptTurn(a_, "", "a session to move");
   ASSERT_TRUE(s.status.ok());
   const ServerConfig& c = a_.server->config();
   const auto start = Clock::now();
@@ -286,7 +278,9 @@ TEST_F(PeerFaultTest, StalledStreamEndsAtItsByteScaledDeadline) {
 // promptly: released, the bytes it freed, and the store and the scraped
 // gauges no longer count the session when it returns.
 TEST(PeerFaultReleaseTest, ReleaseDuringAStalledMigrationFreesAtOnce) {
+  StallingPeer peer(TinyModelInfo());
   ServerConfig c = NodeConfig();
+  c.migrate_allow = {peer.addr()};
   c.listen = "127.0.0.1:0";
   c.metrics_listen = "127.0.0.1:0";
   c.threads = 1;
@@ -296,9 +290,8 @@ TEST(PeerFaultReleaseTest, ReleaseDuringAStalledMigrationFreesAtOnce) {
   a.server = *std::move(server);
   a.addr = "127.0.0.1:" + std::to_string(a.server->port());
   a.stub = v1::Inference::NewStub(grpc::CreateChannel(a.addr, grpc::InsecureChannelCredentials()));
-  StallingPeer peer(InfoOf(a));
 
-  testing::StreamOut s = Turn(a, "", "hold this one");
+  testing::StreamOut s = KeptTurn(a, "", "hold this one");
   ASSERT_TRUE(s.status.ok());
   const size_t bytes = a.server->store().MemoryByKindTotal().total();
   ASSERT_GT(bytes, 0u);
@@ -338,10 +331,11 @@ TEST(PeerFaultDrainTest, DrainTakesOverASessionFromAMigrationInFlight) {
   testing::TestNode b = testing::StartTestNode(bc);
   ASSERT_TRUE(b.server);
   ServerConfig c = NodeConfig();
-  c.peers = {b.addr};
+  c.peers = {b.addr};                  // the drain's target
+  c.migrate_allow = {stalled.addr()};  // MigrateSession's
   testing::TestNode a = testing::StartTestNode(c);
   ASSERT_TRUE(a.server);
-  testing::StreamOut s = Turn(a, "", "a session on the move");
+  testing::StreamOut s = KeptTurn(a, "", "a session on the move");
   ASSERT_TRUE(s.status.ok());
   grpc::ClientContext ctx;
   v1::MigrateSessionResponse resp;
@@ -367,7 +361,7 @@ TEST(PeerFaultDrainTest, ASessionReleasedDuringTheDrainIsNotAFailure) {
   c.peers = {peer.addr()};
   testing::TestNode a = testing::StartTestNode(c);
   ASSERT_TRUE(a.server);
-  testing::StreamOut s = Turn(a, "", "a session its owner lets go");
+  testing::StreamOut s = KeptTurn(a, "", "a session its owner lets go");
   ASSERT_TRUE(s.status.ok());
   auto drain = std::async(std::launch::async, [&] { return a.server->Drain(milliseconds(0)); });
   ASSERT_TRUE(peer.WaitStalled(1, milliseconds(5000)));
@@ -487,7 +481,7 @@ TEST(PeerFaultProcessTest, SigtermExitsWithinTheConfiguredBound) {
   testing::TestNode node;
   node.stub = v1::Inference::NewStub(
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
-  testing::StreamOut s = Turn(node, "", "kept across a drain");
+  testing::StreamOut s = KeptTurn(node, "", "kept across a drain");
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
 
   const auto start = Clock::now();

@@ -48,9 +48,11 @@ struct Node {
   std::string addr;
 };
 
-Node Start(const std::string& dir) {
+// `peers`: where its sessions may move (a MigrateSession target must be one).
+Node Start(const std::string& dir, std::vector<std::string> peers = {}) {
   cortiq::server::ServerConfig c;
   c.model_dir = dir;
+  c.peers = std::move(peers);
   c.listen = "127.0.0.1:0";
   c.metrics_listen = "off";
   c.max_import_bytes = size_t{32} << 30;
@@ -192,7 +194,7 @@ int main(int argc, char** argv) {
     auto cfg = cortiq::model::NamedShape(shape);
     if (!cfg.ok() || !cortiq::model::WriteRandomCheckpoint(*cfg, dir, o).ok()) return 1;
   }
-  Node a = Start(dir), b = Start(dir);
+  Node b = Start(dir), a = Start(dir, {b.addr});
   std::printf("shape %s (%s weights), %zu positions, kv %s, wire %s\n", shape.c_str(),
               dtype.c_str(), positions, int8 ? "int8" : "f32", f16 ? "f16" : "f32");
   std::printf("%-26s %12s %12s %10s %10s %10s %12s\n", "path", "session MB", "wire MB", "seconds",
