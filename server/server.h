@@ -62,6 +62,11 @@ class Server {
   void Shutdown(std::chrono::milliseconds grace);
   // The peers a drain would use now (static list + DNS).
   std::vector<std::string> ResolvePeers() const;
+  // Re-reads the token file (--auth-tokens): what SIGHUP does. On an error
+  // (unreadable, a bad line) the tokens in use stay, the error is logged
+  // and returned; the server keeps running. Blocking file I/O; any thread
+  // but a gRPC one (cortiq-server's signal thread).
+  absl::Status ReloadAuth();
   // Called after a Drain RPC answered (cortiq-server stops the process).
   void SetAfterDrain(std::function<void()> fn) { ctx_->after_drain = std::move(fn); }
   // Blocks until Shutdown has completed.
@@ -95,6 +100,7 @@ class Server {
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<session::SessionStore> store_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<session::Engine> engine_;
   std::unique_ptr<MetricsServer> metrics_server_;

@@ -55,10 +55,13 @@ absl::StatusOr<session::SessionWireSource> ExportSource(
 // A snapshot of a session's stream as chunk slices, read under its lease
 // (which returns before a byte is sent, so a slow client never holds the
 // session). Each chunk is read from the caches into its own buffer, which
-// gRPC sends as is and frees once sent.
+// gRPC sends as is and frees once sent. `tenant`: the sessions the caller
+// sees (Caller::sessions): another tenant's is NOT_FOUND.
 absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(ServiceContext& ctx, const std::string& id,
+                                                      const session::TenantFilter& tenant,
                                                       const session::SessionWireOptions& options) {
-  CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx.store->Acquire(id));
+  CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease,
+                          ctx.store->Acquire(id, session::Clock::time_point::max(), tenant));
   CORTIQ_ASSIGN_OR_RETURN(session::SessionWireSource src, ExportSource(ctx, *lease, options));
   std::vector<grpc::Slice> chunks;
   chunks.reserve((src.size() + kChunkBytes - 1) / kChunkBytes);
@@ -80,13 +83,15 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       : log_(ctx, call, "ExportSession") {
     absl::StatusOr<v1::ExportSessionRequest> req =
         ParseRequest<v1::ExportSessionRequest>(*ctx, call, "ExportSession", request);
-    absl::Status st = req.status();
-    if (st.ok()) st = CheckAuth(*ctx, call);
+    absl::StatusOr<Caller> caller =
+        req.ok() ? Authorize(*ctx, call, "ExportSession") : req.status();
+    absl::Status st = caller.status();
     if (st.ok()) st = CheckSessionId(req->session_id());
     if (st.ok()) st = CheckWireRequest(req->version(), req->dtype());
     if (st.ok()) {
       absl::StatusOr<std::vector<grpc::Slice>> chunks =
-          ExportChunks(*ctx, req->session_id(), WireOptionsFrom(req->version(), req->dtype()));
+          ExportChunks(*ctx, req->session_id(), caller->sessions(),
+                       WireOptionsFrom(req->version(), req->dtype()));
       if (chunks.ok()) {
         chunks_ = *std::move(chunks);
       } else {
@@ -244,7 +249,9 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
       : ctx_(ctx), response_(response), log_(ctx, call, "ImportSession") {
-    absl::Status st = CheckAuth(*ctx, call);
+    // The imported session keeps the tenant its stream carries (set on the
+    // sink's session before Install; a stream without one: tenant "").
+    absl::Status st = Authorize(*ctx, call, "ImportSession").status();
     if (st.ok()) st = Unavailable(*ctx);
     if (st.ok()) {
       absl::StatusOr<session::SessionStore::ImportReservation> r = ctx->store->BeginImport();

@@ -90,6 +90,11 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   const std::string& id() const { return id_; }
+  // The tenant the session belongs to (the name of the token that created
+  // it; "" on a node without tokens). Fixed before the session is installed
+  // in a store (SessionStore::Create, or set_tenant by an import); any
+  // thread may read it after that.
+  const std::string& tenant() const { return tenant_; }
   const SessionConfig& config() const { return config_; }
   Clock::time_point created() const { return created_; }
 
@@ -149,6 +154,9 @@ class Session {
   // (no session can hold one). O(tokens).
   absl::Status RestoreHistory(std::vector<int32_t> tokens, size_t cached,
                               std::string_view detok_pending);
+  // Sets the tenant (the owner of an uninstalled session only: the wire
+  // import sets the tenant the stream carries before SessionStore::Install).
+  void set_tenant(std::string tenant) { tenant_ = std::move(tenant); }
   // Sets the sampler (with its RNG state), e.g. Sampler::Deserialize's.
   void RestoreSampler(model::Sampler sampler);
   // Installs `cache` as layer `layer`'s rows holding `positions` positions
@@ -182,6 +190,7 @@ class Session {
   Session(std::string id, const model::ModelConfig& config, const SessionConfig& session_config);
 
   std::string id_;
+  std::string tenant_;
   SessionConfig config_;
   Clock::time_point created_;
   model::SequenceKv kv_;
