@@ -107,7 +107,7 @@ struct MetricsSources {
   // The configured tenants (the token file's names): the tenant="..."
   // labels of the per-tenant session series, besides "" and "~other".
   // Called at scrape time (thread-safe); empty function = none.
-  std::function<std::vector<std::string>()> tenants;
+  std::function<std::vector<std::string>()> tenants = nullptr;
 };
 
 class Metrics : public session::EngineObserver {
