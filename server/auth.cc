@@ -28,8 +28,8 @@ constexpr std::string_view kBearer = "Bearer ";
 // The RPCs a client may call: inference, and the session RPCs on its own
 // tenant's sessions (the store's tenant filter keeps it to them).
 constexpr std::array<std::string_view, 8> kClientRpcs = {
-    "Generate",       "Tokenize",     "GetModelInfo",  "CreateSession",
-    "GetSession",     "ListSessions", "ReleaseSession", "ExportSession"};
+    "Generate",   "Tokenize",     "GetModelInfo",   "CreateSession",
+    "GetSession", "ListSessions", "ReleaseSession", "ExportSession"};
 // A peer's own calls (node to node); on behalf of a caller it has that
 // caller's role instead.
 constexpr std::array<std::string_view, 2> kPeerRpcs = {"ImportSession", "GetModelInfo"};
@@ -153,13 +153,13 @@ absl::StatusOr<TokenTable> TokenTable::Parse(std::string_view text, std::string_
     // Messages name the field by position and never quote it: a line with
     // its fields out of order would otherwise echo a token.
     if (fields.size() != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": expected NAME ROLE TOKEN (3 fields separated by spaces), found ",
-          fields.size(), " fields"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": expected NAME ROLE TOKEN (3 fields separated by spaces), found ",
+                       fields.size(), " fields"));
     }
     if (!IsValidTenantName(fields[0])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": the name (field 1) must be 1-", kMaxTenantBytes, " bytes of [A-Za-z0-9._-]"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the name (field 1) must be 1-",
+                                                     kMaxTenantBytes, " bytes of [A-Za-z0-9._-]"));
     }
     const std::optional<Role> role = ParseRole(fields[1]);
     if (!role) {
@@ -181,16 +181,19 @@ absl::StatusOr<TokenTable> TokenTable::Parse(std::string_view text, std::string_
     t.entries_.push_back({d, Caller{std::string(fields[0]), *role}, line_no});
   }
   if (t.entries_.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        util::Sv(file), ": no token (each line: NAME ROLE TOKEN); refusing a token file that "
-                        "would let nobody in"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(util::Sv(file),
+                     ": no token (each line: NAME ROLE TOKEN); refusing a token file that "
+                     "would let nobody in"));
   }
   return t;
 }
 
 absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("--auth-tokens: cannot read '", path, "'"));
+  if (!f) {
+    return absl::InvalidArgumentError(absl::StrCat("--auth-tokens: cannot read '", path, "'"));
+  }
   std::stringstream ss;
   ss << f.rdbuf();
   if (f.bad()) {
@@ -212,8 +215,8 @@ std::optional<Caller> TokenTable::Find(std::string_view token) const {
   // with a mask, not a branch (tokens are unique: at most one matches).
   size_t found = 0;  // index + 1 of the match; 0 = none
   for (size_t i = 0; i < entries_.size(); ++i) {
-    const size_t equal = static_cast<size_t>(CRYPTO_memcmp(d.data(), entries_[i].digest.data(),
-                                                           d.size()) == 0);
+    const size_t equal =
+        static_cast<size_t>(CRYPTO_memcmp(d.data(), entries_[i].digest.data(), d.size()) == 0);
     found |= (i + 1) & (0 - equal);
   }
   if (found == 0) return std::nullopt;
@@ -233,7 +236,8 @@ std::vector<std::string> TokenTable::Tenants() const {
 
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(std::string token_file,
                                                                      std::string admin_token) {
-  std::unique_ptr<Authenticator> a(new Authenticator(std::move(token_file), std::move(admin_token)));
+  std::unique_ptr<Authenticator> a(
+      new Authenticator(std::move(token_file), std::move(admin_token)));
   absl::StatusOr<std::shared_ptr<const TokenTable>> table = a->Build();
   if (!table.ok()) return table.status();
   a->table_ = *std::move(table);
@@ -271,20 +275,21 @@ absl::StatusOr<Caller> Authenticator::Authenticate(
   if (!authorization) {
     return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
   }
-  if (!authorization->starts_with(kBearer)) return absl::UnauthenticatedError("invalid bearer token");
+  if (!authorization->starts_with(kBearer)) {
+    return absl::UnauthenticatedError("invalid bearer token");
+  }
   std::optional<Caller> caller = t->Find(authorization->substr(kBearer.size()));
   if (!caller) return absl::UnauthenticatedError("invalid bearer token");
   if (caller->role != Role::kPeer || !on_behalf_of) return *std::move(caller);
   // A peer acting for a caller: the call is that caller's.
   const size_t semi = on_behalf_of->find(';');
   const std::string_view tenant = on_behalf_of->substr(0, semi);
-  const std::optional<Role> role = semi == std::string_view::npos
-                                       ? std::nullopt
-                                       : ParseRole(on_behalf_of->substr(semi + 1));
+  const std::optional<Role> role =
+      semi == std::string_view::npos ? std::nullopt : ParseRole(on_behalf_of->substr(semi + 1));
   if (!role || !(tenant.empty() || IsValidTenantName(tenant))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        util::Sv(kOnBehalfOfHeader), ": expected TENANT;ROLE (TENANT \"\" or 1-", kMaxTenantBytes,
-        " bytes of [A-Za-z0-9._-], ROLE client, admin or peer)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(util::Sv(kOnBehalfOfHeader), ": expected TENANT;ROLE (TENANT \"\" or 1-",
+                     kMaxTenantBytes, " bytes of [A-Za-z0-9._-], ROLE client, admin or peer)"));
   }
   return Caller{std::string(tenant), *role};
 }

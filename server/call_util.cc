@@ -22,8 +22,7 @@ std::optional<std::string_view> Metadata(const grpc::CallbackServerContext* call
 absl::StatusOr<Caller> Authenticate(const ServiceContext& ctx,
                                     const grpc::CallbackServerContext* call) {
   if (ctx.auth == nullptr) return absl::InternalError("no authenticator configured");
-  return ctx.auth->Authenticate(Metadata(call, "authorization"),
-                                Metadata(call, kOnBehalfOfHeader));
+  return ctx.auth->Authenticate(Metadata(call, "authorization"), Metadata(call, kOnBehalfOfHeader));
 }
 
 absl::StatusOr<Caller> Authorize(const ServiceContext& ctx, const grpc::CallbackServerContext* call,

@@ -231,11 +231,11 @@ class Metrics::LiveState : public prometheus::Collectable {
     prometheus::MetricFamily sessions = NewFamily(
         "cortiq_tenant_sessions", "Live sessions on this node by tenant (docs/METRICS.md).",
         prometheus::MetricType::Gauge);
-    prometheus::MetricFamily bytes = NewFamily(
-        "cortiq_tenant_session_memory_bytes",
-        "Bytes of session state by tenant, every kind (exact; sums to "
-        "cortiq_session_memory_total_bytes).",
-        prometheus::MetricType::Gauge);
+    prometheus::MetricFamily bytes =
+        NewFamily("cortiq_tenant_session_memory_bytes",
+                  "Bytes of session state by tenant, every kind (exact; sums to "
+                  "cortiq_session_memory_total_bytes).",
+                  prometheus::MetricType::Gauge);
     for (const auto& [tenant, u] : by_label) {
       AddSample(sessions, static_cast<double>(u.sessions), {{"tenant", tenant}});
       AddSample(bytes, static_cast<double>(u.memory_bytes), {{"tenant", tenant}});

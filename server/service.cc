@@ -184,8 +184,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
                               ctx_->store->Peek(req.session_id(), g.deadline, caller.sessions()));
       CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, existing));
-      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Acquire(req.session_id(), plan, g.deadline,
-                                                          caller.sessions()));
+      CORTIQ_ASSIGN_OR_RETURN(
+          lease, ctx_->store->Acquire(req.session_id(), plan, g.deadline, caller.sessions()));
     } else {
       CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
                               ResolveSessionConfig(req.session_config(), *ctx_));

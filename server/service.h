@@ -59,7 +59,7 @@ struct DrainReport {
 // Everything a handler needs; owned by Server, outlives the service.
 struct ServiceContext {
   const ServerConfig* config = nullptr;
-  const Authenticator* auth = nullptr;     // the tokens and their roles (never null)
+  const Authenticator* auth = nullptr;  // the tokens and their roles (never null)
   const model::Transformer* model = nullptr;
   const tokenizer::Tokenizer* tokenizer = nullptr;
   session::SessionStore* store = nullptr;

@@ -340,7 +340,7 @@ SessionSnapshot SessionStore::SnapshotLocked(const Entry& e, Clock::time_point n
 }
 
 std::optional<SessionSnapshot> SessionStore::Get(const std::string& id,
-                                                const TenantFilter& tenant) const {
+                                                 const TenantFilter& tenant) const {
   std::unique_lock lock(mu_);
   auto it = FindLocked(id, tenant);
   if (it == sessions_.end()) return std::nullopt;

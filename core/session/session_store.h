@@ -135,9 +135,9 @@ class SessionStore {
   absl::StatusOr<Lease> Create(const model::Transformer& model, const RequestPlan& plan,
                                std::string tenant = {});
   // Installs a session built outside the store (an import) and leases it;
-  // it keeps its own tenant (Session::set_tenant). RESOURCE_EXHAUSTED (the session is destroyed, nothing installed) when the
-  // cap is reached or its bytes do not fit the budget; ALREADY_EXISTS on an
-  // id collision.
+  // it keeps its own tenant (Session::set_tenant). RESOURCE_EXHAUSTED (the
+  // session is destroyed, nothing installed) when the cap is reached or its
+  // bytes do not fit the budget; ALREADY_EXISTS on an id collision.
   absl::StatusOr<Lease> Install(std::unique_ptr<Session> session);
   // Install for an import that held `held` while it arrived: the session is
   // admitted against the budget without `held`'s own bytes, and `held`

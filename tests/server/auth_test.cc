@@ -211,8 +211,8 @@ TEST(AuthenticatorTest, BearerTokensAndOnBehalfOf) {
   absl::StatusOr<Caller> peer = a.Authenticate(Bearer(kPeer), std::nullopt);
   ASSERT_TRUE(peer.ok());
   EXPECT_EQ(peer->role, Role::kPeer);
-  for (const Caller& want : {Caller{"bob", Role::kClient}, Caller{"ops", Role::kAdmin},
-                             Caller{"", Role::kAdmin}}) {
+  for (const Caller& want :
+       {Caller{"bob", Role::kClient}, Caller{"ops", Role::kAdmin}, Caller{"", Role::kAdmin}}) {
     const std::string v = OnBehalfOfValue(want);
     absl::StatusOr<Caller> c = a.Authenticate(Bearer(kPeer), std::string_view(v));
     ASSERT_TRUE(c.ok()) << v << ": " << c.status();
@@ -277,9 +277,9 @@ TEST(AuthenticatorTest, ReloadSwapsTheTableAndABadFileKeepsTheOldOne) {
 
 // The permission table of the README, RPC by RPC.
 TEST(PermissionTest, RolesMayCallWhatTheTableSays) {
-  const std::vector<std::string_view> client = {
-      "Generate",     "Tokenize",      "GetModelInfo", "CreateSession",
-      "GetSession",   "ListSessions",  "ReleaseSession", "ExportSession"};
+  const std::vector<std::string_view> client = {"Generate",       "Tokenize",     "GetModelInfo",
+                                                "CreateSession",  "GetSession",   "ListSessions",
+                                                "ReleaseSession", "ExportSession"};
   const std::vector<std::string_view> peer = {"ImportSession", "GetModelInfo"};
   auto in = [](const std::vector<std::string_view>& v, std::string_view rpc) {
     return std::find(v.begin(), v.end(), rpc) != v.end();
@@ -297,7 +297,8 @@ TEST(PermissionTest, RolesMayCallWhatTheTableSays) {
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(std::string(st.message()), "Drain: the client role may not call it (allowed: admin)");
   st = CheckPermission(Caller{"cluster", Role::kPeer}, "GetSession");
-  EXPECT_EQ(std::string(st.message()), "GetSession: the peer role may not call it (allowed: client, admin)");
+  EXPECT_EQ(std::string(st.message()),
+            "GetSession: the peer role may not call it (allowed: client, admin)");
   EXPECT_TRUE(CheckPermission(Caller{"cluster", Role::kPeer}, "ImportSession").ok());
 }
 

@@ -92,8 +92,8 @@ class TenantTest : public ::testing::Test {
   }
   void WriteTokens(const std::string& text) {
     std::ofstream(token_file_, std::ios::trunc) << text;
-    std::filesystem::permissions(token_file_, std::filesystem::perms::owner_read |
-                                                  std::filesystem::perms::owner_write);
+    std::filesystem::permissions(
+        token_file_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   }
 
   // A kept session of `token`'s tenant after one turn; its id.
@@ -108,16 +108,7 @@ class TenantTest : public ::testing::Test {
     return o.session;
   }
   testing::StreamOut Generate(std::string_view token, const v1::GenerateRequest& r) {
-    Ctx ctx(token);
-    testing::StreamOut o;
-    auto reader = stub_->Generate(&ctx.c, r);
-    v1::GenerateResponse m;
-    while (reader->Read(&m)) {
-      if (m.has_token()) o.ids.push_back(m.token().token_id());
-      if (m.has_summary()) o.session = m.summary().session_id();
-    }
-    o.status = reader->Finish();
-    return o;
+    return testing::RunGenerate(*stub_, r, std::string(token));
   }
   grpc::Status Continue(std::string_view token, const std::string& id) {
     v1::GenerateRequest r;
@@ -345,7 +336,8 @@ TEST_F(TenantTest, TenantGaugesSumExactlyAndReturnToZero) {
   EXPECT_GT(want_bytes["alice"], 0);
   for (const char* t : {"alice", "bob", "ops"}) EXPECT_EQ(bytes(t), want_bytes[t]) << t;
   double sum_bytes = 0, sum_sessions = 0;
-  for (const testing::Sample* s : e.All("cortiq_tenant_session_memory_bytes")) sum_bytes += s->value;
+  for (const testing::Sample* s : e.All("cortiq_tenant_session_memory_bytes"))
+    sum_bytes += s->value;
   for (const testing::Sample* s : e.All("cortiq_tenant_sessions")) sum_sessions += s->value;
   EXPECT_EQ(sum_bytes, e.Value("cortiq_session_memory_total_bytes"));
   EXPECT_EQ(sum_sessions, e.Value("cortiq_sessions_active"));
@@ -417,6 +409,26 @@ TEST_F(TenantTest, ReloadAddsAndRemovesTokensAndABadFileChangesNothing) {
   }
   spdlog::set_default_logger(saved);
   ConfigureLogging(LogFormat::kText);
+}
+
+// A bad token file stops the server at start-up, naming the file and the
+// line, never the line's text.
+TEST(TenantStartTest, ABadTokenFileStopsTheServerNamingFileAndLine) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     absl::StrCat("cortiq_tenant_bad_", getpid(), ".tokens");
+  std::ofstream(path) << "alice client " << kAlice << "\nbob client S3CRET+short\n";
+  ServerConfig c;
+  c.model_dir = DefaultModelDir();
+  c.auth_tokens_file = path.string();
+  c.listen = "127.0.0.1:0";
+  c.metrics_listen = "off";
+  absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(c);
+  std::filesystem::remove(path);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(s.status().message());
+  EXPECT_EQ(m.rfind(path.string() + ":2: the token (field 3) is 12 bytes", 0), 0u) << m;
+  EXPECT_EQ(m.find("S3CRET"), std::string::npos) << m;
 }
 
 }  // namespace

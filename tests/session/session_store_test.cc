@@ -460,7 +460,8 @@ TEST_F(StoreTest, ATenantSeesOnlyItsOwnSessions) {
     if (at != std::string::npos) m.replace(at, id.size(), "ID");
     return std::make_pair(st.code(), m);
   };
-  const auto missing = shape(store.Acquire(unknown, Clock::time_point::max(), bob).status(), unknown);
+  const auto missing =
+      shape(store.Acquire(unknown, Clock::time_point::max(), bob).status(), unknown);
   EXPECT_EQ(missing.first, absl::StatusCode::kNotFound);
   EXPECT_EQ(shape(store.Acquire(a_id, Clock::time_point::max(), bob).status(), a_id), missing);
   EXPECT_EQ(shape(store.Peek(a_id, Clock::time_point::max(), bob).status(), a_id), missing);
