@@ -3,35 +3,37 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
 
 namespace cortiq::server {
 
 namespace {
 
-bool ConstantTimeEqual(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+std::optional<std::string_view> Metadata(const grpc::CallbackServerContext* call,
+                                         std::string_view key) {
+  const auto& md = call->client_metadata();
+  auto it = md.find(grpc::string_ref(key.data(), key.size()));
+  if (it == md.end()) return std::nullopt;
+  return std::string_view(it->second.data(), it->second.size());
 }
 
 }  // namespace
 
+absl::StatusOr<Caller> Authenticate(const ServiceContext& ctx,
+                                    const grpc::CallbackServerContext* call) {
+  if (ctx.auth == nullptr) return absl::InternalError("no authenticator configured");
+  return ctx.auth->Authenticate(Metadata(call, "authorization"), Metadata(call, kOnBehalfOfHeader));
+}
+
+absl::StatusOr<Caller> Authorize(const ServiceContext& ctx, const grpc::CallbackServerContext* call,
+                                 std::string_view rpc) {
+  CORTIQ_ASSIGN_OR_RETURN(Caller caller, Authenticate(ctx, call));
+  CORTIQ_RETURN_IF_ERROR(CheckPermission(caller, rpc));
+  return caller;
+}
+
 absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerContext* call) {
-  const std::string& token = ctx.config->auth_token;
-  if (token.empty()) return absl::OkStatus();
-  const auto& md = call->client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
-  }
-  std::string_view value(it->second.data(), it->second.size());
-  constexpr std::string_view kBearer = "Bearer ";
-  if (value.substr(0, kBearer.size()) != kBearer ||
-      !ConstantTimeEqual(value.substr(kBearer.size()), token)) {
-    return absl::UnauthenticatedError("invalid bearer token");
-  }
-  return absl::OkStatus();
+  return Authenticate(ctx, call).status();
 }
 
 // ---- the per-call log line ----
@@ -66,11 +68,11 @@ CallLog::CallLog(ServiceContext* ctx, const grpc::CallbackServerContext* call, s
       id_(ctx->next_request_id.fetch_add(1)),
       start_(Clock::now()),
       peer_(call->peer()) {
-  const auto& md = call->client_metadata();
-  auto it = md.find("traceparent");
-  if (it != md.end()) {
-    const std::string_view v(it->second.data(), it->second.size());
-    if (IsValidTraceparent(v)) traceparent_ = std::string(v);
+  if (const auto v = Metadata(call, "traceparent"); v && IsValidTraceparent(*v)) {
+    traceparent_ = std::string(*v);
+  }
+  if (absl::StatusOr<Caller> caller = Authenticate(*ctx, call); caller.ok()) {
+    caller_ = *std::move(caller);
   }
 }
 
@@ -79,6 +81,10 @@ void CallLog::Done(grpc::StatusCode code, std::string_view message, LogFields fi
   if (ctx_->metrics) {
     ctx_->metrics->CountRequest(rpc_, static_cast<int>(code));
     ctx_->metrics->ObserveRequest(rpc_, s);
+  }
+  if (caller_) {
+    fields.push_back({"tenant", caller_->tenant});
+    fields.push_back({"role", std::string(RoleName(caller_->role))});
   }
   LogRequest({.request_id = id_,
               .rpc = rpc_,
@@ -149,6 +155,7 @@ void ToProto(const session::MemoryByKind& m, v1::SessionMemory* out) {
 void ToProto(const session::SessionSnapshot& s, std::string_view node, v1::SessionInfo* out) {
   out->set_session_id(s.id);
   out->set_node(std::string(node));
+  out->set_tenant(s.tenant);
   ToProto(s.config, out->mutable_config());
   out->set_tokens(s.tokens);
   out->set_cached_tokens(s.cached_tokens);

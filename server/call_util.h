@@ -1,11 +1,19 @@
-// Shared by the service's handlers: the bearer-token check, the per-call log
-// line and request metrics, the typed view of the raw (byte) API, common
-// validation, and proto conversions.
+// Shared by the service's handlers: who the caller is and what it may call
+// (server/auth.h), the per-call log line and request metrics, the typed
+// view of the raw (byte) API, common validation, and proto conversions.
+//
+// Authorization has one gate per kind of call: ServeUnary for every unary
+// RPC (before the request is parsed or any handler runs), the Generate,
+// ExportSession and ImportSession reactors at their start. Each asks
+// Authorize(ctx, call, rpc) and hands the Caller on; the session RPCs pass
+// Caller::sessions() to the store, whose lookups hide other tenants'
+// sessions.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +27,7 @@
 #include "core/util/tsan_annotations.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/auth.h"
 #include "server/forward.h"
 #include "server/log_format.h"
 #include "server/service.h"
@@ -29,8 +38,18 @@ namespace cortiq::server {
 using session::Clock;
 using session::Seconds;
 
-// UNAUTHENTICATED unless the call carries "authorization: Bearer <token>"
-// (constant-time comparison) when the server has a token.
+// The call's caller from its "authorization: Bearer <token>" and
+// x-cortiq-on-behalf-of metadata (Authenticator::Authenticate: admin of
+// tenant "" when the server has no token; UNAUTHENTICATED for a missing or
+// unknown token; constant-time lookup).
+absl::StatusOr<Caller> Authenticate(const ServiceContext& ctx,
+                                    const grpc::CallbackServerContext* call);
+// Authenticate, then CheckPermission(caller, rpc): PERMISSION_DENIED naming
+// the RPC and the role when the role may not call it.
+absl::StatusOr<Caller> Authorize(const ServiceContext& ctx, const grpc::CallbackServerContext* call,
+                                 std::string_view rpc);
+// Authenticate's status: UNAUTHENTICATED or OK. The permission is checked
+// by the gates (see the banner); this is for a handler behind one.
 absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerContext* call);
 // Adds kNodeMetadata (server/forward.h) = this node's name to the call's initial metadata: every
 // call this node serves itself (a call it forwards carries the owner's).
@@ -65,8 +84,10 @@ void ForwardTraceContext(std::string_view traceparent, grpc::ClientContext& c);
 
 class CallLog {
  public:
-  // Starts the call's clock; keeps the caller's address (call->peer()) and
-  // its "traceparent" metadata when valid (IsValidTraceparent).
+  // Starts the call's clock; keeps the caller's address (call->peer()), its
+  // "traceparent" metadata when valid (IsValidTraceparent), and its tenant
+  // and role when it authenticates (Authenticate: one SHA-256 of the token
+  // and a compare per configured token; never the token itself).
   CallLog(ServiceContext* ctx, const grpc::CallbackServerContext* call, std::string_view rpc);
 
   uint64_t id() const { return id_; }
@@ -86,6 +107,7 @@ class CallLog {
   Clock::time_point start_;
   std::string peer_;
   std::string traceparent_;
+  std::optional<Caller> caller_;  // nullopt: the call did not authenticate
 };
 
 // ---- the raw (byte) API, seen typed ----
@@ -98,7 +120,8 @@ class CallLog {
 
 // Parses a request that arrived as bytes. One that does not parse is
 // INVALID_ARGUMENT naming the RPC and the message type, unless the call
-// fails the bearer-token check, which answers first (UNAUTHENTICATED).
+// fails Authorize(rpc), which answers first (UNAUTHENTICATED,
+// PERMISSION_DENIED).
 template <typename Request>
 absl::StatusOr<Request> ParseRequest(const ServiceContext& ctx,
                                      const grpc::CallbackServerContext* call, std::string_view rpc,
@@ -106,8 +129,8 @@ absl::StatusOr<Request> ParseRequest(const ServiceContext& ctx,
   Request request;
   grpc::ByteBuffer copy(bytes);  // shares the slices; Deserialize consumes its buffer
   if (grpc::SerializationTraits<Request>::Deserialize(&copy, &request).ok()) return request;
-  absl::Status auth = CheckAuth(ctx, call);
-  if (!auth.ok()) return auth;
+  absl::StatusOr<Caller> auth = Authorize(ctx, call, rpc);
+  if (!auth.ok()) return auth.status();
   return absl::InvalidArgumentError(absl::StrCat(util::Sv(rpc), ": the request is not a ",
                                                  Request::descriptor()->full_name(), " (",
                                                  bytes.Length(), " bytes do not parse)"));
@@ -128,6 +151,11 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   // gRPC, valid until the call is finished (Reply/ReplyRaw).
   virtual const grpc::ByteBuffer& request_bytes() const = 0;
   virtual grpc::ByteBuffer* response_bytes() = 0;
+
+  // The authorized caller: ServeUnary sets it before the typed handler
+  // runs (the only way a handler gets this reactor).
+  const Caller& caller() const { return caller_; }
+  void set_caller(Caller caller) { caller_ = std::move(caller); }
 
   // Runs `cancel` when the caller cancels the call or its deadline passes
   // (on a gRPC thread: it must not block), or at once if that has happened.
@@ -155,6 +183,7 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   std::mutex cancel_mu_;
   bool cancelled_ = false;
   std::function<void()> on_cancel_;
+  Caller caller_;
 };
 
 // Owns a unary call's typed request and response until gRPC is done with
@@ -207,35 +236,42 @@ class TypedUnaryReactor final : public UnaryReactor {
 
 // Serves one unary call of the raw API with a typed handler
 // `handler(call, const Request*, Response*, UnaryReactor*)`, which returns
-// the reactor and replies on it (now or later). A request that does not
-// parse is answered here (ParseRequest), logged and counted as `rpc`.
+// the reactor and replies on it (now or later). The gate of every unary
+// RPC: a caller that is not authorized for `rpc` (Authorize), or a request
+// that does not parse, is answered here, logged and counted as `rpc`; the
+// handler runs with reactor->caller() set.
 template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* ServeUnary(ServiceContext* ctx, grpc::CallbackServerContext* call,
                                      std::string_view rpc, const grpc::ByteBuffer* request_bytes,
                                      grpc::ByteBuffer* response_bytes, Handler&& handler) {
-  auto* reactor =
-      new TypedUnaryReactor<Request, Response>(*ctx, call, request_bytes, response_bytes);
-  absl::StatusOr<Request> request = ParseRequest<Request>(*ctx, call, rpc, *request_bytes);
-  if (!request.ok()) {
-    CallLog log(ctx, call, rpc);
-    const grpc::Status gs = ToGrpcStatus(request.status());
-    log.Done(gs.error_code(), gs.error_message());
-    reactor->Reply(gs);
-    return reactor;
+  auto* reactor = new TypedUnaryReactor<Request, Response>(*ctx, call, request_bytes, response_bytes);
+  absl::StatusOr<Caller> caller = Authorize(*ctx, call, rpc);
+  absl::Status refused = caller.status();
+  if (refused.ok()) {
+    absl::StatusOr<Request> request = ParseRequest<Request>(*ctx, call, rpc, *request_bytes);
+    if (request.ok()) {
+      reactor->set_caller(*std::move(caller));
+      reactor->request = *std::move(request);
+      return handler(call, &reactor->request, &reactor->response, reactor);
+    }
+    refused = request.status();
   }
-  reactor->request = *std::move(request);
-  return handler(call, &reactor->request, &reactor->response, reactor);
+  CallLog log(ctx, call, rpc);
+  const grpc::Status gs = ToGrpcStatus(refused);
+  log.Done(gs.error_code(), gs.error_message());
+  reactor->Reply(gs);
+  return reactor;
 }
 
-// Runs a unary handler body with auth, logging and metrics around it, and
-// replies on `reactor`; `fields` go into the call's log line.
+// Runs a unary handler body `body(const Caller&)` with logging and metrics
+// around it, and replies on `reactor` (ServeUnary authorized the caller);
+// `fields` go into the call's log line.
 template <typename Body>
 grpc::ServerUnaryReactor* Unary(ServiceContext* ctx, grpc::CallbackServerContext* call,
                                 UnaryReactor* reactor, std::string_view rpc, Body&& body,
                                 LogFields fields = {}) {
   CallLog log(ctx, call, rpc);
-  absl::Status st = CheckAuth(*ctx, call);
-  if (st.ok()) st = body();
+  absl::Status st = body(reactor->caller());
   grpc::Status gs = ToGrpcStatus(st);
   log.Done(gs.error_code(), gs.error_message(), std::move(fields));
   reactor->Reply(gs);

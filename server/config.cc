@@ -63,8 +63,9 @@ absl::Status InsecureListenError(const std::string& listen) {
       ": refusing to serve a non-loopback address without an auth token (anyone who reaches "
       "the port could generate, read and release every session). Add a token: "
       "`openssl rand -hex 32 > token && chmod 600 token`, then --auth-token-file token (or env "
-      "CORTIQ_AUTH_TOKEN); clients send \"authorization: Bearer <token>\". To serve without "
-      "one anyway (a trusted network), pass --insecure"));
+      "CORTIQ_AUTH_TOKEN), or a token file with roles (--auth-tokens FILE); clients send "
+      "\"authorization: Bearer <token>\". To serve without one anyway (a trusted network), pass "
+      "--insecure"));
 }
 
 }  // namespace
@@ -156,7 +157,10 @@ std::string ServerUsage() {
                           rest are cancelled and reported failed (default 60). Exit after
                           SIGTERM takes at most --grace + --drain-timeout + 10 s
   --auth-token T          require "authorization: Bearer T" (or --auth-token-file F,
-                          or env CORTIQ_AUTH_TOKEN)
+                          or env CORTIQ_AUTH_TOKEN): one admin token named "admin"
+  --auth-tokens FILE      named tokens with roles, one "NAME ROLE TOKEN" per line (ROLE
+                          client | admin | peer; NAME is the tenant); re-read on SIGHUP.
+                          Merges with --auth-token
   --insecure              allow a non-loopback --listen without an auth token (refused
                           otherwise; /metrics is never authenticated, see README)
   --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key
@@ -223,6 +227,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::SecondsFlag("drain-timeout", &c.drain_timeout),
       StringFlag("auth-token", &c.auth_token),
       StringFlag("auth-token-file", &token_file),
+      StringFlag("auth-tokens", &c.auth_tokens_file),
       util::SwitchFlag("insecure", &c.insecure),
       StringFlag("tls-cert", &c.tls_cert),
       StringFlag("tls-key", &c.tls_key),
@@ -263,7 +268,8 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   if (c.drain_timeout.count() <= 0) {
     return absl::InvalidArgumentError("--drain-timeout: must be > 0 seconds");
   }
-  if (c.auth_token.empty() && !c.insecure && !IsLoopbackListen(c.listen)) {
+  if (c.auth_token.empty() && c.auth_tokens_file.empty() && !c.insecure &&
+      !IsLoopbackListen(c.listen)) {
     return InsecureListenError(c.listen);
   }
   if (c.import_idle_timeout.count() <= 0) {

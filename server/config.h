@@ -69,6 +69,7 @@ struct ServerConfig {
   size_t drain_parallelism = 4;                     // migrations a drain runs at once
   std::chrono::milliseconds drain_timeout{60'000};  // after --grace; then the rest are cancelled
   std::string auth_token;                   // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
+  std::string auth_tokens_file;             // --auth-tokens FILE: named tokens with roles (auth.h)
   bool insecure = false;                    // --insecure: a non-loopback --listen without a token
   std::string tls_cert, tls_key;            // PEM files; both or neither
   std::string log_level = "info";           // trace | debug | info | warn | error | off
@@ -90,8 +91,9 @@ bool IsValidNodeName(std::string_view name);
 std::string DefaultNodeName(std::string_view listen);
 
 // Parses argv[1..]; env CORTIQ_AUTH_TOKEN, CORTIQ_PEERS and CORTIQ_MODEL fill
-// the token, the peers and the model when the flags do not. A --listen that
-// is not loopback (IsLoopbackListen) with no auth token is refused
+// the token, the peers and the model when the flags do not. The token file
+// (--auth-tokens) is read by the Server (server/auth.h). A --listen that
+// is not loopback (IsLoopbackListen) with no auth token and no token file is refused
 // (InvalidArgument saying how to add one) unless --insecure. Sets *help (and
 // checks nothing else) when --help or -h was given: the caller prints
 // ServerUsage() and exits 0; on an error it exits util::kExitUsage.

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -126,7 +127,7 @@ std::string_view ExportRefusalName(ExportRefusal reason) {
 class Metrics::LiveState : public prometheus::Collectable {
  public:
   explicit LiveState(const MetricsSources& s)
-      : store_(s.store), model_(s.model), engine_(s.engine) {}
+      : store_(s.store), model_(s.model), tenants_(s.tenants), engine_(s.engine) {}
 
   void AttachEngine(const session::Engine* engine) {
     engine_.store(engine, std::memory_order_release);
@@ -201,6 +202,46 @@ class Metrics::LiveState : public prometheus::Collectable {
                 {{"reason", std::string(session::ReleaseReasonName(reason))}});
     }
     out.push_back(std::move(rel));
+    CollectTenants(out);
+  }
+
+  // Sessions and bytes by tenant. The labels are bounded by configuration,
+  // never by what a client sends: every tenant of the token file (a series
+  // even at 0, so a release shows as 0 rather than a vanished series), ""
+  // (a node without tokens), and "~other" (not a valid tenant name) for
+  // sessions of a tenant not in the file — imported from a node with other
+  // tokens, made on behalf of a caller a peer vouched for, or of a tenant
+  // removed by a reload. The bytes sum exactly to
+  // cortiq_session_memory_total_bytes (one locked pass of the store).
+  void CollectTenants(std::vector<prometheus::MetricFamily>& out) const {
+    constexpr std::string_view kOther = "~other";
+    std::map<std::string, session::TenantUsage> by_label;
+    by_label[""];
+    if (tenants_) {
+      for (std::string& t : tenants_()) by_label[std::move(t)];
+    }
+    session::TenantUsage other;
+    for (const auto& [tenant, usage] : store_->UsageByTenant()) {
+      auto it = by_label.find(tenant);
+      session::TenantUsage& u = it != by_label.end() ? it->second : other;
+      u.sessions += usage.sessions;
+      u.memory_bytes += usage.memory_bytes;
+    }
+    if (other.sessions > 0) by_label[std::string(kOther)] = other;
+    prometheus::MetricFamily sessions = NewFamily(
+        "cortiq_tenant_sessions", "Live sessions on this node by tenant (docs/METRICS.md).",
+        prometheus::MetricType::Gauge);
+    prometheus::MetricFamily bytes =
+        NewFamily("cortiq_tenant_session_memory_bytes",
+                  "Bytes of session state by tenant, every kind (exact; sums to "
+                  "cortiq_session_memory_total_bytes).",
+                  prometheus::MetricType::Gauge);
+    for (const auto& [tenant, u] : by_label) {
+      AddSample(sessions, static_cast<double>(u.sessions), {{"tenant", tenant}});
+      AddSample(bytes, static_cast<double>(u.memory_bytes), {{"tenant", tenant}});
+    }
+    out.push_back(std::move(sessions));
+    out.push_back(std::move(bytes));
   }
 
   static void CollectEngine(const session::Engine& e, std::vector<prometheus::MetricFamily>& out) {
@@ -218,6 +259,7 @@ class Metrics::LiveState : public prometheus::Collectable {
 
   const session::SessionStore* const store_;
   const model::Transformer* const model_;
+  const std::function<std::vector<std::string>()> tenants_;
   std::atomic<const session::Engine*> engine_;
 };
 

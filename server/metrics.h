@@ -35,10 +35,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/kv/wire_refusal.h"
@@ -102,6 +104,10 @@ struct MetricsSources {
   const model::Transformer* model = nullptr;
   std::string version;     // cortiq_build_info{version=...}; empty → "unknown"
   std::string model_name;  // cortiq_build_info{model=...}; empty → "unknown"
+  // The configured tenants (the token file's names): the tenant="..."
+  // labels of the per-tenant session series, besides "" and "~other".
+  // Called at scrape time (thread-safe); empty function = none.
+  std::function<std::vector<std::string>()> tenants = nullptr;
 };
 
 class Metrics : public session::EngineObserver {

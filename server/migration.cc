@@ -28,8 +28,10 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
+#include "server/forwarding.h"
 #include "server/config.h"
 #include "server/peer_dialer.h"
+#include "server/session_router.h"
 #include "server/wire_chunk.h"
 
 namespace cortiq::server {
@@ -326,6 +328,8 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
         lease->ReleaseOnReturn(session::ReleaseReason::kMigrated);
         out.peer_session_id = sent->session().session_id();
         out.peer_node = sent->session().node();
+        // Calls that still name it here go there (forwarding, --forward-ttl).
+        if (ctx.router) ctx.router->Moved(session_id, peer);
         result = out;
       } else {
         result = sent.status();
@@ -379,6 +383,12 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
                                                            const v1::MigrateSessionRequest* request,
                                                            v1::MigrateSessionResponse* response,
                                                            UnaryReactor* reactor) {
+  // A session another node holds is migrated by that node (to a target its
+  // own --peers / --migrate-allow permit).
+  if (ShouldForward(*ctx_, context, request->session_id(), reactor->caller())) {
+    return ForwardUnaryToOwner(ctx_, context, reactor, "MigrateSession", request->session_id(),
+                               reactor->caller());
+  }
   auto log = std::make_shared<CallLog>(ctx_, context, "MigrateSession");
   absl::Status st = CheckAuth(*ctx_, context);
   if (st.ok()) st = CheckSessionId(request->session_id());

@@ -135,7 +135,7 @@ void PeerDialer::ResolverLoop() {
   }
 }
 
-std::vector<std::string> PeerDialer::DnsPeers() {
+std::vector<std::string> PeerDialer::DnsPeers(Wait wait) {
   if (dns_host_.empty()) return {};
   std::unique_lock lock(dns_mu_);
   const auto now = std::chrono::steady_clock::now();
@@ -145,6 +145,7 @@ std::vector<std::string> PeerDialer::DnsPeers() {
   const uint64_t seen = dns_answers_;
   dns_wanted_ = true;
   dns_cv_.notify_all();
+  if (wait == Wait::kNo) return dns_peers_;
   const bool answered = dns_cv_.wait_until(lock, now + dns_wait_,
                                            [&] { return dns_answers_ != seen || dns_stopping_; });
   if (!answered && !dns_late_logged_) {
@@ -157,9 +158,9 @@ std::vector<std::string> PeerDialer::DnsPeers() {
   return dns_peers_;
 }
 
-std::vector<std::string> PeerDialer::Peers() {
+std::vector<std::string> PeerDialer::Peers(Wait wait) {
   std::vector<std::string> peers = static_peers_;
-  for (std::string& p : DnsPeers()) {
+  for (std::string& p : DnsPeers(wait)) {
     if (!Contains(peers, p)) peers.push_back(std::move(p));
   }
   return peers;
@@ -182,8 +183,9 @@ absl::Status PeerDialer::CheckAllowed(std::string_view address) {
   return CheckAllowedIn(address, Peers());
 }
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> PeerDialer::Channel(const std::string& address) {
-  const std::vector<std::string> peers = Peers();
+absl::StatusOr<std::shared_ptr<grpc::Channel>> PeerDialer::Channel(const std::string& address,
+                                                                   Wait wait) {
+  const std::vector<std::string> peers = Peers(wait);
   CORTIQ_RETURN_IF_ERROR(CheckAllowedIn(address, peers));
   std::lock_guard lock(channels_mu_);
   if (auto it = channels_.find(address); it != channels_.end()) return it->second;

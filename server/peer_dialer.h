@@ -69,6 +69,12 @@ namespace cortiq::server {
 
 class PeerDialer {
  public:
+  // Whether a call may wait for a stale --peer-dns answer to be refreshed
+  // (kYes, up to --peer-connect-timeout: the migrations and the drain, on
+  // background workers) or takes the last answer at once and lets the
+  // refresh run (kNo: the forwarding, on gRPC's callback threads, which
+  // must not block).
+  enum class Wait { kYes, kNo };
   // How long a --peer-dns answer is used before the name is looked up again.
   static constexpr std::chrono::milliseconds kDnsCacheTtl{5'000};
   // The longest a cached channel waits before reconnecting to a peer that
@@ -101,7 +107,7 @@ class PeerDialer {
   // The peers now: --peers in their order, then the --peer-dns addresses
   // ("IP:PORT", "[IPv6]:PORT") not already listed. May block (see the
   // banner).
-  std::vector<std::string> Peers();
+  std::vector<std::string> Peers(Wait wait = Wait::kYes);
 
   // OK when `address` is one of Peers() or of --migrate-allow (exact string
   // match); otherwise PERMISSION_DENIED naming the address and the flags that
@@ -113,7 +119,8 @@ class PeerDialer {
   // (as migrations always dialled); reconnect backoff capped at
   // kMaxReconnectBackoff. Connects lazily, on its first call. May block (see
   // the banner).
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& address);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& address,
+                                                         Wait wait = Wait::kYes);
 
   // True when peers are dialled over TLS (--peer-ca).
   bool tls() const { return tls_; }
@@ -123,7 +130,7 @@ class PeerDialer {
              std::shared_ptr<grpc::ChannelCredentials> creds, bool tls);
   // The --peer-dns addresses: the cached answer, or a fresh one waited for
   // up to the connect timeout (see the banner).
-  std::vector<std::string> DnsPeers();
+  std::vector<std::string> DnsPeers(Wait wait);
   // The resolver thread: one lookup each time a caller asks for one.
   void ResolverLoop();
   // Whether `address` is in `peers` (a Peers() answer) or --migrate-allow;

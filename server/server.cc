@@ -88,6 +88,7 @@ absl::Status Server::Init() {
   so.lease_wait = c.lease_wait;
   so.max_imports = c.max_concurrent_imports;
   store_ = std::make_unique<session::SessionStore>(so);
+  CORTIQ_ASSIGN_OR_RETURN(auth_, Authenticator::Create(c.auth_tokens_file, c.auth_token));
 
   const bool metrics_on = !c.metrics_listen.empty() && c.metrics_listen != "off";
   if (metrics_on) {
@@ -96,6 +97,7 @@ absl::Status Server::Init() {
     src.model = model_.get();
     src.model_name = std::filesystem::path(c.model_dir).filename().string();
     src.version = "0.1.0";
+    src.tenants = [auth = auth_.get()] { return auth->Tenants(); };
     CORTIQ_ASSIGN_OR_RETURN(metrics_, Metrics::Create(src));
   }
   session::EngineOptions eo;
@@ -108,9 +110,20 @@ absl::Status Server::Init() {
   if (metrics_) metrics_->AttachEngine(engine_.get());
 
   CORTIQ_ASSIGN_OR_RETURN(peers_, PeerDialer::Create(c));
+  // Lookups start on gRPC's threads: they take the peers DNS last gave and
+  // never wait for a fresher answer.
+  router_ = std::make_unique<SessionRouter>(
+      SessionRouter::Options{.forward_ttl = c.forward_ttl,
+                             .lookup_timeout = c.peer_connect_timeout},
+      [p = peers_.get()] { return p->Peers(PeerDialer::Wait::kNo); },
+      [p = peers_.get()](const std::string& address) {
+        return p->Channel(address, PeerDialer::Wait::kNo);
+      });
   ctx_ = std::make_unique<ServiceContext>();
   ctx_->config = &config_;
   ctx_->peers = peers_.get();
+  ctx_->router = router_.get();
+  ctx_->auth = auth_.get();
   ctx_->model = model_.get();
   ctx_->tokenizer = tokenizer_.get();
   ctx_->store = store_.get();
@@ -161,6 +174,23 @@ absl::Status Server::Init() {
     CORTIQ_ASSIGN_OR_RETURN(metrics_server_, MetricsServer::Start(c.metrics_listen, *metrics_));
   }
   reaper_ = std::thread([this] { ReaperLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status Server::ReloadAuth() {
+  if (config_.auth_tokens_file.empty()) {
+    spdlog::info("SIGHUP: no --auth-tokens file to re-read");
+    return absl::OkStatus();
+  }
+  absl::Status st = auth_->Reload();
+  if (!st.ok()) {
+    // The message names the file and line, never a token.
+    spdlog::error("auth: reload failed, the tokens in use stay: {}",
+                  util::EscapeForLog(std::string(st.message())));
+    return st;
+  }
+  spdlog::info("auth: reloaded {} ({} tenant(s))", util::EscapeForLog(config_.auth_tokens_file),
+               auth_->Tenants().size());
   return absl::OkStatus();
 }
 

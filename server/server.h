@@ -37,6 +37,7 @@
 #include "server/config.h"
 #include "server/metrics.h"
 #include "server/peer_dialer.h"
+#include "server/session_router.h"
 #include "server/service.h"
 
 namespace cortiq::server {
@@ -64,6 +65,11 @@ class Server {
   void Shutdown(std::chrono::milliseconds grace);
   // Who this node may dial, and its channels to them.
   PeerDialer& peer_dialer() { return *peers_; }
+  // Re-reads the token file (--auth-tokens): what SIGHUP does. On an error
+  // (unreadable, a bad line) the tokens in use stay, the error is logged
+  // and returned; the server keeps running. Blocking file I/O; any thread
+  // but a gRPC one (cortiq-server's signal thread).
+  absl::Status ReloadAuth();
   // Called after a Drain RPC answered (cortiq-server stops the process).
   void SetAfterDrain(std::function<void()> fn) { ctx_->after_drain = std::move(fn); }
   // Blocks until Shutdown has completed.
@@ -100,12 +106,16 @@ class Server {
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<session::SessionStore> store_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<session::Engine> engine_;
   std::unique_ptr<MetricsServer> metrics_server_;
   // Used by ctx_'s users (migrations, the drain): declared before ctx_ and
   // background_ so that it outlives them.
   std::unique_ptr<PeerDialer> peers_;
+  // Where the sessions this node does not hold live (the forwarding); it
+  // dials through peers_, and its destructor waits for its lookups.
+  std::unique_ptr<SessionRouter> router_;
   std::unique_ptr<ServiceContext> ctx_;
   // MigrateSession and Drain bodies (ctx_->background); declared after ctx_,
   // which its tasks use. Shutdown drains and joins it.

@@ -1,6 +1,7 @@
 // cortiq-server: serves a model over gRPC (cortiq.v1.Inference) with
 // Prometheus metrics. Flags: cortiq-server --help (server/config.h).
-// SIGTERM / SIGINT drain the server (see Server::Shutdown) and exit 0.
+// SIGTERM / SIGINT drain the server (see Server::Shutdown) and exit 0;
+// SIGHUP re-reads the token file (--auth-tokens) and keeps serving.
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGUSR1);  // a Drain RPC has finished: stop
+  sigaddset(&signals, SIGHUP);   // re-read --auth-tokens
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto server = cortiq::server::Server::Start(*config);
@@ -57,8 +59,13 @@ int main(int argc, char** argv) {
 
   (*server)->SetAfterDrain([] { kill(getpid(), SIGUSR1); });
 
+  // sigwait takes each signal on this thread, as an ordinary return: the
+  // reload runs here, not in a signal handler, so it may read files, lock
+  // and log.
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    (void)(*server)->ReloadAuth();  // logs its outcome; a bad file keeps the old tokens
+  }
   spdlog::info("{}: draining (grace {} ms)", sig == SIGUSR1 ? "drain request" : strsignal(sig),
                config->grace.count());
   // Drain: stop new work, let streams finish, move every kept session to a

@@ -12,6 +12,7 @@
 #include "core/util/status_macros.h"
 #include "core/util/tsan_annotations.h"
 #include "server/call_util.h"
+#include "server/forwarding.h"
 #include "server/status_util.h"
 #include "spdlog/spdlog.h"
 
@@ -61,7 +62,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   void Start(const grpc::ByteBuffer& bytes) {
     absl::StatusOr<v1::GenerateRequest> request =
         ParseRequest<v1::GenerateRequest>(*ctx_, call_, "Generate", bytes);
-    absl::Status st = request.ok() ? Setup(*request) : request.status();
+    absl::StatusOr<Caller> caller =
+        request.ok() ? Authorize(*ctx_, call_, "Generate") : request.status();
+    absl::Status st = caller.ok() ? Setup(*request, *caller) : caller.status();
     if (!st.ok()) {
       std::lock_guard lock(mu_);
       FinishLocked(ToGrpcStatus(st));
@@ -128,8 +131,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   }
 
  private:
-  absl::Status Setup(const v1::GenerateRequest& req) {
-    CORTIQ_RETURN_IF_ERROR(CheckAuth(*ctx_, call_));
+  absl::Status Setup(const v1::GenerateRequest& req, const Caller& caller) {
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
     const ServerConfig& cfg = *ctx_->config;
     session::GenerationRequest g;
@@ -183,14 +185,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       // engine thread when the lease returns. A session whose holder is still
       // generating is refused (ABORTED) at once, without waiting.
       CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
-                              ctx_->store->Peek(req.session_id(), g.deadline));
+                              ctx_->store->Peek(req.session_id(), g.deadline, caller.sessions()));
       CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, existing));
-      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Acquire(req.session_id(), plan, g.deadline));
+      CORTIQ_ASSIGN_OR_RETURN(
+          lease, ctx_->store->Acquire(req.session_id(), plan, g.deadline, caller.sessions()));
     } else {
       CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
                               ResolveSessionConfig(req.session_config(), *ctx_));
       CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, config));
-      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Create(*ctx_->model, plan));
+      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Create(*ctx_->model, plan, caller.tenant));
       g.release_at_end = !req.keep_session();
     }
     session_id_ = lease->id();
@@ -440,6 +443,11 @@ absl::StatusOr<session::SessionConfig> ResolveSessionConfig(const v1::SessionCon
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  // A continuation of a session another node holds is relayed there.
+  if (auto* forwarded =
+          MaybeForwardStream<v1::GenerateRequest>(ctx_, context, *request, "Generate")) {
+    return forwarded;
+  }
   auto* reactor = new GenerateReactor(ctx_, context);
   reactor->Start(*request);
   return reactor;
@@ -449,12 +457,12 @@ grpc::ServerUnaryReactor* InferenceService::CreateSession(grpc::CallbackServerCo
                                                           const v1::CreateSessionRequest* request,
                                                           v1::SessionInfo* response,
                                                           UnaryReactor* reactor) {
-  return Unary(ctx_, context, reactor, "CreateSession", [&]() -> absl::Status {
+  return Unary(ctx_, context, reactor, "CreateSession", [&](const Caller& caller) -> absl::Status {
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
     auto config = ResolveSessionConfig(request->config(), *ctx_);
     if (!config.ok()) return config.status();
     CORTIQ_RETURN_IF_ERROR(session::CheckSessionConfig(*config, ctx_->engine->max_context()));
-    auto lease = ctx_->store->Create(*ctx_->model, *config, /*projected_bytes=*/0);
+    auto lease = ctx_->store->Create(*ctx_->model, *config, /*projected_bytes=*/0, caller.tenant);
     if (!lease.ok()) return lease.status();
     const std::string id = (*lease)->id();
     (*lease)->PublishMemory();
@@ -470,9 +478,13 @@ grpc::ServerUnaryReactor* InferenceService::GetSession(grpc::CallbackServerConte
                                                        const v1::GetSessionRequest* request,
                                                        v1::SessionInfo* response,
                                                        UnaryReactor* reactor) {
-  return Unary(ctx_, context, reactor, "GetSession", [&]() -> absl::Status {
+  if (ShouldForward(*ctx_, context, request->session_id(), reactor->caller())) {
+    return ForwardUnaryToOwner(ctx_, context, reactor, "GetSession", request->session_id(),
+                               reactor->caller());
+  }
+  return Unary(ctx_, context, reactor, "GetSession", [&](const Caller& caller) -> absl::Status {
     CORTIQ_RETURN_IF_ERROR(CheckSessionId(request->session_id()));
-    auto snap = ctx_->store->Get(request->session_id());
+    auto snap = ctx_->store->Get(request->session_id(), caller.sessions());
     if (!snap) {
       return absl::NotFoundError(
           absl::StrCat("session_id: no session '", request->session_id(), "' on this node"));
@@ -483,12 +495,15 @@ grpc::ServerUnaryReactor* InferenceService::GetSession(grpc::CallbackServerConte
 }
 
 grpc::ServerUnaryReactor* InferenceService::ListSessions(grpc::CallbackServerContext* context,
-                                                         const v1::ListSessionsRequest*,
+                                                         const v1::ListSessionsRequest* request,
                                                          v1::ListSessionsResponse* response,
                                                          UnaryReactor* reactor) {
-  return Unary(ctx_, context, reactor, "ListSessions", [&]() -> absl::Status {
+  if (request->cluster() && CallHops(context) < kMaxForwardHops) {
+    return ListClusterSessions(ctx_, context, reactor, response, reactor->caller());
+  }
+  return Unary(ctx_, context, reactor, "ListSessions", [&](const Caller& caller) -> absl::Status {
     session::MemoryByKind total;
-    for (const auto& s : ctx_->store->List()) {
+    for (const auto& s : ctx_->store->List(caller.sessions())) {
       ToProto(s, ctx_->node_name, response->add_sessions());
       total += s.memory;
     }
@@ -501,9 +516,20 @@ grpc::ServerUnaryReactor* InferenceService::ReleaseSession(grpc::CallbackServerC
                                                            const v1::ReleaseSessionRequest* request,
                                                            v1::ReleaseSessionResponse* response,
                                                            UnaryReactor* reactor) {
-  return Unary(ctx_, context, reactor, "ReleaseSession", [&]() -> absl::Status {
+  if (ShouldForward(*ctx_, context, request->session_id(), reactor->caller())) {
+    // Released nowhere (no node holds it): released = false, as here.
+    return ForwardUnaryToOwner(ctx_, context, reactor, "ReleaseSession", request->session_id(),
+                               reactor->caller(), [reactor] {
+                                 bool own = false;
+                                 (void)grpc::SerializationTraits<v1::ReleaseSessionResponse>::
+                                     Serialize(v1::ReleaseSessionResponse(),
+                                               reactor->response_bytes(), &own);
+                               });
+  }
+  return Unary(ctx_, context, reactor, "ReleaseSession", [&](const Caller& caller) -> absl::Status {
     CORTIQ_RETURN_IF_ERROR(CheckSessionId(request->session_id()));
-    const session::ReleaseResult r = ctx_->store->Release(request->session_id());
+    const session::ReleaseResult r = ctx_->store->Release(
+        request->session_id(), session::ReleaseReason::kExplicit, caller.sessions());
     response->set_released(r.released);
     response->set_freed_bytes(r.freed_bytes);
     return absl::OkStatus();
@@ -514,7 +540,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
                                                      const v1::TokenizeRequest* request,
                                                      v1::TokenizeResponse* response,
                                                      UnaryReactor* reactor) {
-  return Unary(ctx_, context, reactor, "Tokenize", [&]() -> absl::Status {
+  return Unary(ctx_, context, reactor, "Tokenize", [&](const Caller&) -> absl::Status {
     if (request->text().size() > ctx_->config->max_prompt_bytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("text: ", request->text().size(), " bytes, the limit is ",
@@ -533,7 +559,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
                                                          const v1::GetModelInfoRequest*,
                                                          v1::ModelInfo* response,
                                                          UnaryReactor* reactor) {
-  return Unary(ctx_, context, reactor, "GetModelInfo", [&]() -> absl::Status {
+  return Unary(ctx_, context, reactor, "GetModelInfo", [&](const Caller&) -> absl::Status {
     const auto& c = ctx_->model->config();
     response->set_name(ctx_->model_name);
     response->set_node(ctx_->node_name);

@@ -10,7 +10,9 @@
 // service.cc): one write in flight, OnCancel cancels the job, OnDone frees
 // everything and deletes the reactor.
 //
-// Every RPC: bearer-token check first (when configured), then validation —
+// Every RPC: the caller's token and role first (server/auth.h: UNAUTHENTICATED,
+// PERMISSION_DENIED; a client's session RPCs see only its tenant's
+// sessions), then validation —
 // bad input gets INVALID_ARGUMENT naming the field and the limit and changes
 // nothing. Each call ends with one log line (request id, RPC, code, tokens,
 // duration, session, caller, traceparent; never the prompt text; text or
@@ -33,12 +35,14 @@
 #include "core/util/in_flight.h"
 #include "core/util/task_runner.h"
 #include "cortiq/v1/inference.grpc.pb.h"
+#include "server/auth.h"
 #include "server/config.h"
 #include "server/metrics.h"
 
 namespace cortiq::server {
 
 class PeerDialer;  // server/peer_dialer.h
+class SessionRouter;  // server/session_router.h
 
 // The outcome of a drain: every session that was on the node, moved or not.
 // A session its owner released while the drain ran (ReleaseSession is served
@@ -58,11 +62,13 @@ struct DrainReport {
 // Everything a handler needs; owned by Server, outlives the service.
 struct ServiceContext {
   const ServerConfig* config = nullptr;
+  const Authenticator* auth = nullptr;  // the tokens and their roles (never null)
   const model::Transformer* model = nullptr;
   const tokenizer::Tokenizer* tokenizer = nullptr;
   session::SessionStore* store = nullptr;
   session::Engine* engine = nullptr;
   Metrics* metrics = nullptr;              // may be null (metrics off)
+  SessionRouter* router = nullptr;         // where other nodes' sessions live (session_router.h)
   PeerDialer* peers = nullptr;             // every channel to another node (peer_dialer.h)
   std::string model_name;                  // directory basename
   std::string node_name;                   // --node-name or DefaultNodeName: x-cortiq-node

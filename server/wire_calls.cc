@@ -27,6 +27,8 @@
 #include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
+#include "server/forwarding.h"
+#include "server/session_router.h"
 #include "server/service.h"
 #include "server/wire_chunk.h"
 
@@ -55,10 +57,13 @@ absl::StatusOr<session::SessionWireSource> ExportSource(
 // A snapshot of a session's stream as chunk slices, read under its lease
 // (which returns before a byte is sent, so a slow client never holds the
 // session). Each chunk is read from the caches into its own buffer, which
-// gRPC sends as is and frees once sent.
+// gRPC sends as is and frees once sent. `tenant`: the sessions the caller
+// sees (Caller::sessions): another tenant's is NOT_FOUND.
 absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(ServiceContext& ctx, const std::string& id,
+                                                      const session::TenantFilter& tenant,
                                                       const session::SessionWireOptions& options) {
-  CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, ctx.store->Acquire(id));
+  CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease,
+                          ctx.store->Acquire(id, session::Clock::time_point::max(), tenant));
   CORTIQ_ASSIGN_OR_RETURN(session::SessionWireSource src, ExportSource(ctx, *lease, options));
   std::vector<grpc::Slice> chunks;
   chunks.reserve((src.size() + kChunkBytes - 1) / kChunkBytes);
@@ -81,13 +86,15 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     AddNodeMetadata(*ctx, call);
     absl::StatusOr<v1::ExportSessionRequest> req =
         ParseRequest<v1::ExportSessionRequest>(*ctx, call, "ExportSession", request);
-    absl::Status st = req.status();
-    if (st.ok()) st = CheckAuth(*ctx, call);
+    absl::StatusOr<Caller> caller =
+        req.ok() ? Authorize(*ctx, call, "ExportSession") : req.status();
+    absl::Status st = caller.status();
     if (st.ok()) st = CheckSessionId(req->session_id());
     if (st.ok()) st = CheckWireRequest(req->version(), req->dtype());
     if (st.ok()) {
       absl::StatusOr<std::vector<grpc::Slice>> chunks =
-          ExportChunks(*ctx, req->session_id(), WireOptionsFrom(req->version(), req->dtype()));
+          ExportChunks(*ctx, req->session_id(), caller->sessions(),
+                       WireOptionsFrom(req->version(), req->dtype()));
       if (chunks.ok()) {
         chunks_ = *std::move(chunks);
       } else {
@@ -254,7 +261,9 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   ImportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
       : ctx_(ctx), response_(response), log_(ctx, call, "ImportSession") {
     AddNodeMetadata(*ctx, call);
-    absl::Status st = CheckAuth(*ctx, call);
+    // The imported session keeps the tenant its stream carries (set on the
+    // sink's session before Install; a stream without one: tenant "").
+    absl::Status st = Authorize(*ctx, call, "ImportSession").status();
     if (st.ok()) st = Unavailable(*ctx);
     if (st.ok()) {
       absl::StatusOr<session::SessionStore::ImportReservation> r = ctx->store->BeginImport();
@@ -371,6 +380,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         ctx_->store->Install(std::move(s), held_);
     if (installed.status().code() == absl::StatusCode::kAlreadyExists) return AlreadyHeld(id_);
     CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, std::move(installed));
+    if (ctx_->router) ctx_->router->Forget(id_);  // it lives here again
     lease.Return();
     v1::ImportSessionResponse reply;
     auto snap = ctx_->store->Get(id_);
@@ -432,6 +442,11 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::ExportSession(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  // The export of a session another node holds is relayed there.
+  if (auto* forwarded =
+          MaybeForwardStream<v1::ExportSessionRequest>(ctx_, context, *request, "ExportSession")) {
+    return forwarded;
+  }
   return new ExportReactor(ctx_, context, *request);
 }
 

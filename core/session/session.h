@@ -90,11 +90,12 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   const std::string& id() const { return id_; }
-  // The tenant the session belongs to ("" without tenants): set once, before
-  // the session is installed (SessionStore::Create, an import); it travels
-  // with the session (wire version 4).
+  // The tenant the session belongs to (the name of the token that created
+  // it; "" on a node without tokens). Fixed before the session is installed
+  // in a store (SessionStore::Create, or set_tenant by an import); any
+  // thread may read it after that. It travels with the session (wire
+  // version 4).
   const std::string& tenant() const { return tenant_; }
-  void set_tenant(std::string tenant) { tenant_ = std::move(tenant); }
   const SessionConfig& config() const { return config_; }
   Clock::time_point created() const { return created_; }
 
@@ -154,6 +155,9 @@ class Session {
   // (no session can hold one). O(tokens).
   absl::Status RestoreHistory(std::vector<int32_t> tokens, size_t cached,
                               std::string_view detok_pending);
+  // Sets the tenant (the owner of an uninstalled session only: the wire
+  // import sets the tenant the stream carries before SessionStore::Install).
+  void set_tenant(std::string tenant) { tenant_ = std::move(tenant); }
   // Sets the sampler (with its RNG state), e.g. Sampler::Deserialize's.
   void RestoreSampler(model::Sampler sampler);
   // Installs `cache` as layer `layer`'s rows holding `positions` positions

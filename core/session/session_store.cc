@@ -125,12 +125,14 @@ absl::Status SessionStore::AdmitLocked(size_t bytes, std::string_view what) cons
 
 absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transformer& model,
                                                          const SessionConfig& config,
-                                                         size_t projected_bytes) {
+                                                         size_t projected_bytes,
+                                                         std::string tenant) {
   std::unique_lock lock(mu_);
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(projected_bytes, "this request projects"));
   std::string id = NewId();
   absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(id, model, config);
   if (!s.ok()) return s.status();
+  (*s)->set_tenant(std::move(tenant));
   Entry& e = sessions_[id];
   e.session = *std::move(s);
   e.reservation = projected_bytes;
@@ -138,12 +140,32 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transforme
 }
 
 absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transformer& model,
-                                                         const RequestPlan& plan) {
-  return Create(model, plan.config, plan.projected.total());
+                                                         const RequestPlan& plan,
+                                                         std::string tenant) {
+  return Create(model, plan.config, plan.projected.total(), std::move(tenant));
 }
 
-absl::Status SessionStore::CheckLeasableLocked(const std::string& id) const {
+namespace {
+
+bool Sees(const TenantFilter& tenant, const Session& s) { return !tenant || *tenant == s.tenant(); }
+
+}  // namespace
+
+std::map<std::string, SessionStore::Entry>::iterator SessionStore::FindLocked(
+    const std::string& id, const TenantFilter& tenant) {
   auto it = sessions_.find(id);
+  return it != sessions_.end() && Sees(tenant, *it->second.session) ? it : sessions_.end();
+}
+
+std::map<std::string, SessionStore::Entry>::const_iterator SessionStore::FindLocked(
+    const std::string& id, const TenantFilter& tenant) const {
+  auto it = sessions_.find(id);
+  return it != sessions_.end() && Sees(tenant, *it->second.session) ? it : sessions_.end();
+}
+
+absl::Status SessionStore::CheckLeasableLocked(const std::string& id,
+                                               const TenantFilter& tenant) const {
+  auto it = FindLocked(id, tenant);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "' on this node"));
   }
@@ -161,8 +183,11 @@ absl::Status SessionStore::CheckLeasableLocked(const std::string& id) const {
 }
 
 absl::Status SessionStore::WaitLeasableLocked(std::unique_lock<std::mutex>& lock,
-                                              const std::string& id,
-                                              Clock::time_point deadline) const {
+                                              const std::string& id, Clock::time_point deadline,
+                                              const TenantFilter& tenant) const {
+  // Another tenant's session is not there: answered before any wait, so how
+  // long the answer takes says nothing about its lease.
+  if (FindLocked(id, tenant) == sessions_.end()) return CheckLeasableLocked(id, tenant);
   // The waits are on a condition variable (ReturnLease and LeaseEnding::Mark
   // notify), bounded: a cancelled job returns its lease at the engine's next
   // step (milliseconds), so the caller's thread is held about that long,
@@ -184,20 +209,22 @@ absl::Status SessionStore::WaitLeasableLocked(std::unique_lock<std::mutex>& lock
   returned_cv_.wait_until(lock, std::min(deadline, start + options_.lease_wait), [&] {
     return gone(e) || Clock::now() < e->ending_at;
   });
-  return CheckLeasableLocked(id);
+  return CheckLeasableLocked(id, tenant);
 }
 
 absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
-                                                          Clock::time_point deadline) {
+                                                          Clock::time_point deadline,
+                                                          const TenantFilter& tenant) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline));
+  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
   return LeaseLocked(sessions_.at(id));
 }
 
 absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id,
-                                                   Clock::time_point deadline) const {
+                                                   Clock::time_point deadline,
+                                                   const TenantFilter& tenant) const {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline));
+  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
   // Unleased: no call mutates the history while mu_ is held.
   const Session& s = *sessions_.at(id).session;
   return ExistingSession{s.tokens().size(), s.config()};
@@ -205,9 +232,10 @@ absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id,
 
 absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
                                                           const RequestPlan& plan,
-                                                          Clock::time_point deadline) {
+                                                          Clock::time_point deadline,
+                                                          const TenantFilter& tenant) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline));
+  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
   Entry& e = sessions_.at(id);
   const size_t history = e.session->tokens().size();
   if (history != plan.history) {
@@ -228,9 +256,10 @@ std::unique_ptr<Session> SessionStore::EraseLocked(std::map<std::string, Entry>:
   return s;
 }
 
-ReleaseResult SessionStore::Release(const std::string& id, ReleaseReason reason) {
+ReleaseResult SessionStore::Release(const std::string& id, ReleaseReason reason,
+                                    const TenantFilter& tenant) {
   std::unique_lock lock(mu_);
-  auto it = sessions_.find(id);
+  auto it = FindLocked(id, tenant);
   if (it == sessions_.end()) return {};
   ReleaseResult r;
   r.released = true;
@@ -297,6 +326,7 @@ void SessionStore::CancelAll() {
 SessionSnapshot SessionStore::SnapshotLocked(const Entry& e, Clock::time_point now) const {
   SessionSnapshot s;
   s.id = e.session->id();
+  s.tenant = e.session->tenant();
   s.config = e.session->config();
   s.tokens = e.session->published_tokens();
   s.cached_tokens = e.session->published_cached();
@@ -309,19 +339,22 @@ SessionSnapshot SessionStore::SnapshotLocked(const Entry& e, Clock::time_point n
   return s;
 }
 
-std::optional<SessionSnapshot> SessionStore::Get(const std::string& id) const {
+std::optional<SessionSnapshot> SessionStore::Get(const std::string& id,
+                                                 const TenantFilter& tenant) const {
   std::unique_lock lock(mu_);
-  auto it = sessions_.find(id);
+  auto it = FindLocked(id, tenant);
   if (it == sessions_.end()) return std::nullopt;
   return SnapshotLocked(it->second, Clock::now());
 }
 
-std::vector<SessionSnapshot> SessionStore::List() const {
+std::vector<SessionSnapshot> SessionStore::List(const TenantFilter& tenant) const {
   std::vector<std::pair<Clock::time_point, SessionSnapshot>> v;
   {
     std::unique_lock lock(mu_);
     const auto now = Clock::now();
-    for (const auto& [id, e] : sessions_) v.emplace_back(e.session->created(), SnapshotLocked(e, now));
+    for (const auto& [id, e] : sessions_) {
+      if (Sees(tenant, *e.session)) v.emplace_back(e.session->created(), SnapshotLocked(e, now));
+    }
   }
   std::stable_sort(v.begin(), v.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -336,6 +369,17 @@ MemoryByKind SessionStore::MemoryByKindTotal() const {
   MemoryByKind m;
   for (const auto& [id, e] : sessions_) m += e.session->Memory();
   return m;
+}
+
+std::map<std::string, TenantUsage> SessionStore::UsageByTenant() const {
+  std::unique_lock lock(mu_);
+  std::map<std::string, TenantUsage> usage;
+  for (const auto& [id, e] : sessions_) {
+    TenantUsage& u = usage[e.session->tenant()];
+    ++u.sessions;
+    u.memory_bytes += e.session->Memory().total();
+  }
+  return usage;
 }
 
 size_t SessionStore::num_sessions() const {

@@ -23,6 +23,15 @@
 // still running (a truly concurrent call) answers ABORTED once
 // options.cancel_settle (20 ms) has passed without its cancel arriving.
 //
+// Tenants: every session belongs to one (Session::tenant(), set by Create
+// or carried by an import). Every lookup by id — Get, Peek, Acquire,
+// Release — and List take a TenantFilter: nullopt sees every tenant's
+// sessions (an admin caller, and the node's own work: drain, migration);
+// a name sees that tenant's only, and another tenant's session answers
+// exactly as an unknown id does (NOT_FOUND with the same message, released
+// = false, nullopt), without waiting for its lease: no oracle, not even a
+// timing one. The check lives here, in the lookup, so no handler can skip it.
+//
 // Admission takes a RequestPlan's bytes (PlanRequest projects them once):
 // Create(model, plan) for a new session; Peek → PlanRequest → Acquire(id,
 // plan) for a continuation, so a request that fails its plan never leases.
@@ -74,9 +83,15 @@ struct StoreOptions {
   size_t max_imports = 4;
 };
 
+// Which sessions a caller may see (see the banner): nullopt = every
+// tenant's; a name = that tenant's only.
+using TenantFilter = std::optional<std::string>;
+inline const TenantFilter kAnyTenant = std::nullopt;
+
 // A snapshot of one session for GetSession / ListSessions.
 struct SessionSnapshot {
   std::string id;
+  std::string tenant;
   SessionConfig config;
   size_t tokens = 0;
   size_t cached_tokens = 0;
@@ -85,6 +100,12 @@ struct SessionSnapshot {
   double age_seconds = 0;
   double idle_seconds = 0;
   double ttl_remaining_seconds = 0;
+};
+
+// One tenant's share of the store (SessionStore::UsageByTenant).
+struct TenantUsage {
+  size_t sessions = 0;
+  size_t memory_bytes = 0;  // Σ Session::Memory().total()
 };
 
 struct ReleaseResult {
@@ -103,18 +124,20 @@ class SessionStore {
   SessionStore(const SessionStore&) = delete;
   SessionStore& operator=(const SessionStore&) = delete;
 
-  // Creates a session and leases it. RESOURCE_EXHAUSTED (nothing allocated,
-  // numbers in the message) when the cap is reached or projected_bytes does
-  // not fit the budget; INVALID_ARGUMENT from Session::Create.
+  // Creates a session of `tenant` and leases it. RESOURCE_EXHAUSTED
+  // (nothing allocated, numbers in the message) when the cap is reached or
+  // projected_bytes does not fit the budget; INVALID_ARGUMENT from
+  // Session::Create.
   absl::StatusOr<Lease> Create(const model::Transformer& model, const SessionConfig& config,
-                               size_t projected_bytes);
-  // Create(model, plan.config, plan.projected.total()): the session a plan
-  // for a new session (PlanRequest with a SessionConfig) was made for.
-  absl::StatusOr<Lease> Create(const model::Transformer& model, const RequestPlan& plan);
-  // Installs a session built outside the store (an import) and leases it.
-  // RESOURCE_EXHAUSTED (the session is destroyed, nothing installed) when the
-  // cap is reached or its bytes do not fit the budget; ALREADY_EXISTS on an
-  // id collision.
+                               size_t projected_bytes, std::string tenant = {});
+  // Create(model, plan.config, plan.projected.total(), tenant): the session
+  // a plan for a new session (PlanRequest with a SessionConfig) was made for.
+  absl::StatusOr<Lease> Create(const model::Transformer& model, const RequestPlan& plan,
+                               std::string tenant = {});
+  // Installs a session built outside the store (an import) and leases it;
+  // it keeps its own tenant (Session::set_tenant). RESOURCE_EXHAUSTED (the
+  // session is destroyed, nothing installed) when the cap is reached or its
+  // bytes do not fit the budget; ALREADY_EXISTS on an id collision.
   absl::StatusOr<Lease> Install(std::unique_ptr<Session> session);
   // Install for an import that held `held` while it arrived: the session is
   // admitted against the budget without `held`'s own bytes, and `held`
@@ -126,34 +149,40 @@ class SessionStore {
   absl::StatusOr<ImportReservation> BeginImport();
   // A fresh session id: 32 hex digits of 128 bits from the kernel CSPRNG.
   static std::string RandomId();
-  // Leases an existing session. NOT_FOUND for an unknown id; ABORTED when
-  // another call holds it ("session busy"). When the holder is ending (see
-  // the banner) this blocks the calling thread until its lease returns, at
-  // most options.lease_wait and until `deadline`; ABORTED if it has not.
+  // Leases an existing session. NOT_FOUND for an unknown id (or one
+  // `tenant` does not see); ABORTED when another call holds it ("session
+  // busy"). When the holder is ending (see the banner) this blocks the
+  // calling thread until its lease returns, at most options.lease_wait and
+  // until `deadline`; ABORTED if it has not.
   absl::StatusOr<Lease> Acquire(const std::string& id,
-                                Clock::time_point deadline = Clock::time_point::max());
+                                Clock::time_point deadline = Clock::time_point::max(),
+                                const TenantFilter& tenant = kAnyTenant);
   // What a continuation is planned against (PlanRequest): the session's
   // history length and config, without leasing it or touching it. NOT_FOUND
   // / ABORTED as Acquire would answer now, after the same wait for an ending
   // holder.
   absl::StatusOr<ExistingSession> Peek(const std::string& id,
-                                       Clock::time_point deadline = Clock::time_point::max()) const;
+                                       Clock::time_point deadline = Clock::time_point::max(),
+                                       const TenantFilter& tenant = kAnyTenant) const;
   // Leases the session `plan` was made for (from Peek) and reserves
   // plan.projected.total() bytes for the call, in one step: nothing changes
   // on an error. NOT_FOUND / ABORTED as Acquire; ABORTED ("session busy")
   // also when its history is no longer plan.history (another call ran since
   // the Peek: plan again); RESOURCE_EXHAUSTED as Lease::Reserve.
   absl::StatusOr<Lease> Acquire(const std::string& id, const RequestPlan& plan,
-                                Clock::time_point deadline = Clock::time_point::max());
+                                Clock::time_point deadline = Clock::time_point::max(),
+                                const TenantFilter& tenant = kAnyTenant);
 
-  // Frees a session. Idempotent: unknown / already released → released=false.
+  // Frees a session. Idempotent: unknown / already released / not seen by
+  // `tenant` → released=false.
   // A leased session has its canceller called, is marked for release, and
   // this waits (up to options.release_wait) until the lease returns and its
   // state is freed: then freed_bytes is what was freed, and the store's
   // counts (num_sessions, MemoryByKindTotal) no longer include it. If the
   // holder does not return the lease within the wait, it reports
   // released=true with freed_bytes 0 (the release happens when it returns).
-  ReleaseResult Release(const std::string& id, ReleaseReason reason = ReleaseReason::kExplicit);
+  ReleaseResult Release(const std::string& id, ReleaseReason reason = ReleaseReason::kExplicit,
+                        const TenantFilter& tenant = kAnyTenant);
 
   // Releases (reason ttl) every idle, unleased session whose last use is
   // older than the TTL. Returns how many. Called by the server's reaper.
@@ -164,11 +193,18 @@ class SessionStore {
   // and shutdown.
   void CancelAll();
 
-  std::optional<SessionSnapshot> Get(const std::string& id) const;
-  std::vector<SessionSnapshot> List() const;  // by creation time
+  // nullopt for an unknown id or one `tenant` does not see.
+  std::optional<SessionSnapshot> Get(const std::string& id,
+                                     const TenantFilter& tenant = kAnyTenant) const;
+  // The sessions `tenant` sees, by creation time.
+  std::vector<SessionSnapshot> List(const TenantFilter& tenant = kAnyTenant) const;
 
   // ---- accounting (read at scrape time) ----
   MemoryByKind MemoryByKindTotal() const;
+  // Sessions and bytes per tenant, read in one locked pass: the counts sum
+  // to num_sessions() and the bytes to MemoryByKindTotal().total() as of
+  // that pass. O(sessions).
+  std::map<std::string, TenantUsage> UsageByTenant() const;
   size_t num_sessions() const;
   size_t num_leased() const;
   // Bytes admission counts as committed: Σ max(current, reservation).
@@ -305,13 +341,21 @@ class SessionStore {
   // RESOURCE_EXHAUSTED (with the numbers) unless one more session holding
   // `bytes` fits the cap and the budget; `what` names the bytes in the message.
   absl::Status AdmitLocked(size_t bytes, std::string_view what) const;
-  // NOT_FOUND / ABORTED ("session busy") unless `id` names an unleased session.
-  absl::Status CheckLeasableLocked(const std::string& id) const;
+  // The entry of `id` when `tenant` sees it, else end(): the one place the
+  // tenant filter is applied.
+  std::map<std::string, Entry>::iterator FindLocked(const std::string& id,
+                                                    const TenantFilter& tenant);
+  std::map<std::string, Entry>::const_iterator FindLocked(const std::string& id,
+                                                          const TenantFilter& tenant) const;
+  // NOT_FOUND / ABORTED ("session busy") unless `id` names an unleased
+  // session `tenant` sees.
+  absl::Status CheckLeasableLocked(const std::string& id, const TenantFilter& tenant) const;
   // Waits (releasing mu_ meanwhile) while `id` is leased by an ending
   // holder, until options_.lease_wait has passed or `deadline`; then
-  // CheckLeasableLocked.
+  // CheckLeasableLocked. A session `tenant` does not see is NOT_FOUND at
+  // once (no wait).
   absl::Status WaitLeasableLocked(std::unique_lock<std::mutex>& lock, const std::string& id,
-                                  Clock::time_point deadline) const;
+                                  Clock::time_point deadline, const TenantFilter& tenant) const;
   // Leases e's session (a new serial, not ending) and stamps its use.
   Lease LeaseLocked(Entry& e);
   // Lease::Reserve with mu_ held.

@@ -44,9 +44,11 @@ struct StreamOut {
   std::string session;       // the summary's session id
 };
 
-// One Generate call, read to the end.
-inline StreamOut RunGenerate(v1::Inference::Stub& stub, const v1::GenerateRequest& r) {
+// One Generate call, read to the end; with `token`, as its bearer.
+inline StreamOut RunGenerate(v1::Inference::Stub& stub, const v1::GenerateRequest& r,
+                             const std::string& token = "") {
   grpc::ClientContext ctx;
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
   StreamOut o;
   auto reader = stub.Generate(&ctx, r);
   v1::GenerateResponse m;

@@ -123,6 +123,7 @@ Fields FieldsOf(const ServerConfig& c) {
       {"drain-parallelism", Text(c.drain_parallelism)},
       {"drain-timeout", Text(c.drain_timeout)},
       {"auth-token", Text(c.auth_token)},
+      {"auth-tokens", Text(c.auth_tokens_file)},
       {"insecure", c.insecure ? "true" : "false"},
       {"lease-wait", Text(c.lease_wait)},
       {"tls-cert", Text(c.tls_cert)},
@@ -178,6 +179,7 @@ TEST_F(ConfigTest, Defaults) {
       {"drain-parallelism", "4"},
       {"drain-timeout", "60000ms"},
       {"auth-token", ""},
+      {"auth-tokens", ""},
       {"insecure", "false"},
       {"lease-wait", "1000ms"},
       {"tls-cert", ""},
@@ -235,6 +237,7 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"drain-parallelism", "8", "8"},
       {"drain-timeout", "3", "3000ms"},
       {"auth-token", "at", "at"},
+      {"auth-tokens", "/etc/cortiq/tokens", "/etc/cortiq/tokens"},
       {"lease-wait", "0.25", "250ms"},
       {"tls-cert", "c.pem", "c.pem"},
       {"tls-key", "k.pem", "k.pem"},
@@ -394,6 +397,11 @@ TEST_F(ConfigTest, NonLoopbackListenNeedsATokenOrInsecure) {
   EXPECT_TRUE(c->auth_token.empty());
   c = Parse({"--listen", "0.0.0.0:50051", "--auth-token", "t"});
   ASSERT_TRUE(c.ok()) << c.status();
+  // A token file counts as a token (the Server reads it: a bad one stops it).
+  c = Parse({"--listen", "0.0.0.0:50051", "--auth-tokens", "/etc/cortiq/tokens"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->insecure);
+  ExpectUsageError({"--listen", "0.0.0.0:50051"}, "--auth-tokens FILE");
   setenv("CORTIQ_AUTH_TOKEN", "envtok", 1);
   c = Parse({"--listen", "0.0.0.0:50051"});
   ASSERT_TRUE(c.ok()) << c.status();

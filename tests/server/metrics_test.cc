@@ -411,9 +411,9 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndLowCardinalityLabels) {
     ++families;
     EXPECT_EQ(family.rfind("cortiq_", 0), 0u) << family;
   }
-  EXPECT_EQ(families, 22u);  // docs/METRICS.md lists 26; no engine attached here (4)
-  const std::set<std::string> allowed = {"kind",      "reason", "rpc",     "code",  "le",
-                                         "direction", "result", "version", "model", "copy"};
+  EXPECT_EQ(families, 24u);  // docs/METRICS.md lists 28; no engine attached here (4)
+  const std::set<std::string> allowed = {"kind",   "reason",  "rpc",   "code", "le",    "direction",
+                                         "result", "version", "model", "copy", "tenant"};
   for (const Sample& s : e.samples) {
     if (!ours(s.name)) continue;
     for (const auto& [k, v] : s.labels) EXPECT_TRUE(allowed.count(k)) << s.name << " " << k;

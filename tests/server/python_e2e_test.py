@@ -5,7 +5,8 @@ Makes a random tiny model with cortiq-tool, starts cortiq-server on port 0 and
 checks the public API (proto/cortiq/v1/inference.proto) from the outside:
 model info, streamed generation, kept sessions, argument errors, client-side
 cancellation (no leaked session bytes), Tokenize, grpc.health.v1, bearer-token
-authentication and SIGTERM draining. Runs with Debian's python3-grpcio and
+authentication, tenants and roles from a token file (re-read on SIGHUP) and
+SIGTERM draining. Runs with Debian's python3-grpcio and
 python3-protobuf (/usr/bin/python3).
 
   python_e2e_test.py --server-bin BIN --tool-bin BIN --proto-py DIR --workdir DIR
@@ -635,6 +636,78 @@ def run_checks(model_dir):
                 a.proc.kill()
 
     check("h bearer-token auth", auth)
+
+    # (j) tenants and roles from a token file, re-read on a real SIGHUP.
+    def tenants():
+        tokens = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab",
+                  "carol": "carol-token-0123456789"}
+        path = Path(ARGS.workdir) / "tokens"
+
+        def write_tokens(names):
+            path.write_text("# NAME ROLE TOKEN\n"
+                            + "".join(f"{n} client {tokens[n]}\n" for n in names))
+            path.chmod(0o600)
+
+        def md(name):
+            return (("authorization", f"Bearer {tokens[name]}"),)
+
+        write_tokens(["alice", "bob"])
+        t = Server("server-tenants", model_dir, ["--auth-tokens", str(path), "--grace", "0"])
+        try:
+            _, s, _ = generate(t.stub, metadata=md("alice"), prompt=PROMPT, max_tokens=2,
+                               keep_session=True)
+            sid = s.session_id
+            info = t.stub.GetSession(pb2.GetSessionRequest(session_id=sid), timeout=RPC_TIMEOUT,
+                                     metadata=md("alice"))
+            assert info.tenant == "alice", f"tenant {info.tenant!r}"
+            # bob: alice's session answers as an unknown id does.
+            hidden = expect_error(grpc.StatusCode.NOT_FOUND, lambda: t.stub.GetSession(
+                pb2.GetSessionRequest(session_id=sid), timeout=RPC_TIMEOUT, metadata=md("bob")))
+            unknown_id = "0" * 32
+            unknown = expect_error(grpc.StatusCode.NOT_FOUND, lambda: t.stub.GetSession(
+                pb2.GetSessionRequest(session_id=unknown_id), timeout=RPC_TIMEOUT,
+                metadata=md("bob")))
+            assert hidden.replace(sid, "ID") == unknown.replace(unknown_id, "ID"), \
+                f"{hidden!r} vs {unknown!r}"
+            lst = t.stub.ListSessions(pb2.ListSessionsRequest(), timeout=RPC_TIMEOUT,
+                                      metadata=md("bob"))
+            assert len(lst.sessions) == 0, f"bob lists {len(lst.sessions)} sessions"
+            denied = expect_error(grpc.StatusCode.PERMISSION_DENIED, lambda: t.stub.Drain(
+                pb2.DrainRequest(), timeout=RPC_TIMEOUT, metadata=md("alice")), "Drain", "client")
+            # SIGHUP: carol added, bob removed.
+            write_tokens(["alice", "carol"])
+            t.proc.send_signal(signal.SIGHUP)
+
+            def carol_in():
+                try:
+                    t.stub.GetModelInfo(pb2.GetModelInfoRequest(), timeout=RPC_TIMEOUT,
+                                        metadata=md("carol"))
+                    return True
+                except grpc.RpcError:
+                    return False
+            assert poll(carol_in, 10), "carol's token does not work 10 s after SIGHUP"
+            assert t.proc.poll() is None, "the server exited on SIGHUP"
+            expect_error(grpc.StatusCode.UNAUTHENTICATED, lambda: t.stub.GetModelInfo(
+                pb2.GetModelInfoRequest(), timeout=RPC_TIMEOUT, metadata=md("bob")))
+            # Released by its tenant (a kept session would make the drain exit 3).
+            rel = t.stub.ReleaseSession(pb2.ReleaseSessionRequest(session_id=sid),
+                                        timeout=RPC_TIMEOUT, metadata=md("alice"))
+            assert rel.released, "alice could not release her session"
+            t.close_channel()
+            t.proc.send_signal(signal.SIGTERM)
+            rc = t.proc.wait(timeout=15)
+            assert rc == 0, f"tenant server: exit {rc} after SIGTERM"
+            log = t.log_path.read_text(errors="replace")
+            assert "auth: reloaded" in log, "no reload line in the log"
+            assert "tenant=alice role=client" in log, "no tenant/role in the request lines"
+            leaked = [n for n, tok in tokens.items() if tok in log]
+            assert not leaked, f"the log holds the token of {leaked}"
+            return f"hidden = unknown ({unknown}); {denied}; SIGHUP: carol in, bob out"
+        finally:
+            if t.proc.poll() is None:
+                t.proc.kill()
+
+    check("j tenants, roles and SIGHUP", tenants)
 
 
 def main():

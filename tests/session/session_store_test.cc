@@ -434,5 +434,76 @@ TEST_F(StoreTest, ProjectionBoundsWhatTheCachesReserve) {
   }
 }
 
+// The tenant filter: another tenant's session answers exactly as an
+// unknown id (same code, same message with the id in it), is released by
+// nobody but its tenant or an unfiltered caller, and is never waited for.
+TEST_F(StoreTest, ATenantSeesOnlyItsOwnSessions) {
+  SessionStore store({.lease_wait = milliseconds(2000)});
+  const TenantFilter alice = std::string("alice"), bob = std::string("bob");
+  std::string a_id, b_id;
+  {
+    auto a = store.Create(*model_, {}, 0, "alice");
+    ASSERT_TRUE(a.ok()) << a.status();
+    Fill(*a, 5);
+    a_id = (*a)->id();
+    EXPECT_EQ((*a)->tenant(), "alice");
+    auto b = store.Create(*model_, {}, 0, "bob");
+    ASSERT_TRUE(b.ok()) << b.status();
+    b_id = (*b)->id();
+  }
+  const std::string unknown = SessionStore::RandomId();
+  // The message of `st` with `id` replaced: equal for a hidden and an unknown id.
+  auto shape = [](const absl::Status& st, const std::string& id) {
+    std::string m(st.message());
+    const size_t at = m.find(id);
+    EXPECT_NE(at, std::string::npos) << m;
+    if (at != std::string::npos) m.replace(at, id.size(), "ID");
+    return std::make_pair(st.code(), m);
+  };
+  const auto missing =
+      shape(store.Acquire(unknown, Clock::time_point::max(), bob).status(), unknown);
+  EXPECT_EQ(missing.first, absl::StatusCode::kNotFound);
+  EXPECT_EQ(shape(store.Acquire(a_id, Clock::time_point::max(), bob).status(), a_id), missing);
+  EXPECT_EQ(shape(store.Peek(a_id, Clock::time_point::max(), bob).status(), a_id), missing);
+  EXPECT_FALSE(store.Get(a_id, bob).has_value());
+  EXPECT_TRUE(store.Get(a_id, alice).has_value());
+  EXPECT_EQ(store.Get(a_id, kAnyTenant)->tenant, "alice");
+
+  // List: own sessions only; unfiltered: all.
+  ASSERT_EQ(store.List(bob).size(), 1u);
+  EXPECT_EQ(store.List(bob)[0].id, b_id);
+  EXPECT_EQ(store.List(bob)[0].tenant, "bob");
+  EXPECT_EQ(store.List().size(), 2u);
+
+  // A leased session of another tenant: NOT_FOUND at once, not ABORTED after
+  // the lease wait (a wait, or "busy", would say the id exists).
+  {
+    auto held = store.Acquire(a_id, Clock::time_point::max(), alice);
+    ASSERT_TRUE(held.ok()) << held.status();
+    held->ending().Mark();  // its owner would wait for this lease
+    EXPECT_EQ(shape(store.Acquire(a_id, Clock::time_point::max(), bob).status(), a_id), missing);
+    EXPECT_EQ(shape(store.Peek(a_id, Clock::time_point::max(), bob).status(), a_id), missing);
+  }
+
+  // Release by another tenant: as for an unknown id; the session stays.
+  const ReleaseResult wrong = store.Release(a_id, ReleaseReason::kExplicit, bob);
+  EXPECT_FALSE(wrong.released);
+  EXPECT_EQ(wrong.freed_bytes, 0u);
+  EXPECT_TRUE(store.Get(a_id).has_value());
+
+  // Usage by tenant sums exactly to the totals.
+  const auto usage = store.UsageByTenant();
+  ASSERT_EQ(usage.size(), 2u);
+  EXPECT_EQ(usage.at("alice").sessions + usage.at("bob").sessions, store.num_sessions());
+  EXPECT_GT(usage.at("alice").memory_bytes, 0u);
+  EXPECT_EQ(usage.at("alice").memory_bytes + usage.at("bob").memory_bytes,
+            store.MemoryByKindTotal().total());
+
+  const ReleaseResult own = store.Release(a_id, ReleaseReason::kExplicit, alice);
+  EXPECT_TRUE(own.released);
+  EXPECT_EQ(own.freed_bytes, usage.at("alice").memory_bytes);
+  EXPECT_EQ(store.UsageByTenant().count("alice"), 0u);
+}
+
 }  // namespace
 }  // namespace cortiq::session

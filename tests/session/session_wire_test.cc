@@ -80,8 +80,8 @@ class SessionWireTest : public ::testing::Test {
   }
 
   // A kept session of `mode` after a 150-token prompt and 10 generated tokens.
-  std::string MakeSession(SessionStore& store, int mode, bool sampled) {
-    auto lease = store.Create(*model_, Mode(mode), 0);
+  std::string MakeSession(SessionStore& store, int mode, bool sampled, std::string tenant = "") {
+    auto lease = store.Create(*model_, Mode(mode), 0, std::move(tenant));
     EXPECT_TRUE(lease.ok()) << lease.status();
     const std::string id = (*lease)->id();
     lease->Return();
@@ -151,12 +151,7 @@ TEST_F(SessionWireTest, RoundTripIsByteExactAndContinuesIdentically) {
 // carries none: the import takes the id it is given and no tenant.
 TEST_F(SessionWireTest, VersionFourCarriesTheIdAndTheTenant) {
   SessionStore store({});
-  const std::string id = MakeSession(store, 0, false);
-  {
-    auto lease = store.Acquire(id);
-    ASSERT_TRUE(lease.ok());
-    (*lease)->set_tenant("team-a.prod_1");
-  }
+  const std::string id = MakeSession(store, 0, false, "team-a.prod_1");
   auto v4 = Export(store, id);
   ASSERT_TRUE(v4.ok()) << v4.status();
   auto imported = ImportSessionWire(*v4, *model_, kFingerprint, SessionStore::RandomId());
