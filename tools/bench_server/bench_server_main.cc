@@ -1,9 +1,11 @@
-// cortiq-bench-server: the service's overhead and its batching, measured.
+// cortiq-bench-server: the service's overhead, its batching, and the cost of
+// the cluster's forwarding, measured.
 //
 //   cortiq-bench-server [--shape qwen3-0.6b] [--dtype bf16] [--model DIR]
 //                       [--streams 1,4,8,16] [--max-tokens 64] [--prompt-tokens 32]
-//                       [--rounds 2] [--threads N]
+//                       [--rounds 2] [--threads N] [--hop | --cluster 3]
 //
+// Without --hop or --cluster, one server:
 // 1. In-process engine, one stream: decode tokens/s of one job (Engine
 //    directly, no gRPC).
 // 2. The same request through a real server on 127.0.0.1 (gRPC streaming,
@@ -12,12 +14,38 @@
 // 3. N concurrent streams for each N: aggregate tokens/s (all tokens / wall
 //    time), its ratio to one stream, and time to first token p50 / p99 as the
 //    clients see it.
+//
+// --hop: one extra hop. Two nodes A and B in this process, peers of each
+// other; two kept sessions on B, fed the same greedy turns, one turn after
+// the other for --rounds rounds: one session's turns go to B directly, the
+// other's to A, which forwards them to B. Decode tokens/s, ms per token and
+// time to first token, direct against proxied, and the first proxied call's
+// owner lookup on its own. Both sessions hold the same history at every
+// round, so the two paths must stream the same tokens (checked).
+//
+// --cluster N: N nodes in this process, all peers, against one node with the
+// same math threads in total. For each client count C in --streams: C
+// clients, client i's session on node i % N, its turns sent to node
+// (i + 1) % N (every turn is forwarded one hop); each round all C clients
+// run one greedy turn on their kept session at once. Aggregate tokens/s and
+// time to first token p50 / p99, side by side with the same C clients on
+// one node (sessions there, turns sent there).
+//
 // A random checkpoint of the shape is written to /tmp unless --model is given.
+// Every node loads it (the file is mmap'ed: the page cache is shared, each
+// node's converted weights are not).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/model/random_checkpoint.h"
@@ -25,12 +53,18 @@
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/server.h"
+#include "server/session_router.h"
 #include "spdlog/spdlog.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace v1 = cortiq::v1;
+
+// Every client call's deadline: far beyond any turn of the shapes benched,
+// so that a wedged node ends the bench with DEADLINE_EXCEEDED instead of
+// hanging it.
+constexpr auto kCallDeadline = std::chrono::minutes(10);
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -39,11 +73,20 @@ struct StreamResult {
   double ttft = 0;        // call start → first token
   double decode_tps = 0;  // (tokens - 1) / (last - first)
   bool ok = false;
+  std::vector<int32_t> ids;  // the streamed token ids
+  std::string node;          // x-cortiq-node: the node that served the call
 };
+
+std::string InitialMetadata(const grpc::ClientContext& ctx, std::string_view key) {
+  const auto& md = ctx.GetServerInitialMetadata();
+  auto it = md.find(grpc::string_ref(key.data(), key.size()));
+  return it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+}
 
 StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req) {
   StreamResult r;
   grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
   const auto t0 = Clock::now();
   Clock::time_point first, last;
   auto reader = stub.Generate(&ctx, req);
@@ -52,12 +95,14 @@ StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req
     if (!msg.has_token()) continue;
     last = Clock::now();
     if (r.tokens++ == 0) first = last;
+    r.ids.push_back(msg.token().token_id());
   }
   grpc::Status st = reader->Finish();
   r.ok = st.ok();
   if (!st.ok()) std::fprintf(stderr, "stream failed: %s\n", st.error_message().c_str());
   r.ttft = Seconds(first - t0);
   if (r.tokens > 1) r.decode_tps = double(r.tokens - 1) / Seconds(last - first);
+  r.node = InitialMetadata(ctx, "x-cortiq-node");
   return r;
 }
 
@@ -71,59 +116,68 @@ double Percentile(std::vector<double> v, double p) {
 constexpr const char* kUsage =
     "usage: cortiq-bench-server [--shape S] [--dtype f32|bf16] [--model DIR]\n"
     "         [--streams 1,4,8,16] [--max-tokens N] [--prompt-tokens N] [--rounds R]"
-    " [--threads N]\n";
+    " [--threads N]\n"
+    "         [--hop | --cluster N]\n"
+    "  --hop        one extra hop: turns through node A forwarded to node B, against B directly\n"
+    "  --cluster N  N nodes, clients and sessions spread over them, against one node\n"
+    "               (client counts from --streams)\n";
 
-}  // namespace
+// What every mode shares: the checkpoint, the request's shape, the rounds.
+struct BenchOptions {
+  std::string model_dir;
+  std::vector<int32_t> prompt;  // filled once the vocabulary is known
+  size_t prompt_tokens = 32;
+  size_t max_tokens = 64;
+  size_t rounds = 2;
+  size_t threads = 0;  // math threads; 0 = every core
+  std::vector<size_t> levels;
+};
 
-int main(int argc, char** argv) {
-  std::string shape = "qwen3-0.6b", dtype = "bf16", model_dir;
-  std::vector<size_t> levels = {1, 4, 8, 16};
-  size_t max_tokens = 64, prompt_tokens = 32, rounds = 2, threads = 0;
-  using cortiq::util::IntFlag;
-  using cortiq::util::StringFlag;
-  absl::StatusOr<cortiq::util::ParsedArgs> parsed = cortiq::util::ParseFlags(
-      {
-          StringFlag("shape", &shape),
-          StringFlag("dtype", &dtype),
-          StringFlag("model", &model_dir),
-          cortiq::util::IntListFlag("streams", &levels, "stream count", {.min = 1}),
-          IntFlag("max-tokens", &max_tokens),
-          IntFlag("prompt-tokens", &prompt_tokens),
-          IntFlag("rounds", &rounds),
-          IntFlag("threads", &threads),
-      },
-      std::vector<std::string>(argv + 1, argv + argc),
-      {.positionals = cortiq::util::Positionals::kNone});
-  if (!parsed.ok()) return cortiq::util::ReportUsageError("cortiq-bench-server", parsed.status());
-  if (parsed->help) {
-    std::fputs(kUsage, stdout);
-    return 0;
+// The checkpoint to serve: `model_dir` when given, else a random one of
+// `shape` written to /tmp (kept for the next run).
+absl::StatusOr<std::string> PrepareModel(const std::string& shape, const std::string& dtype,
+                                         std::string model_dir) {
+  if (!model_dir.empty()) return model_dir;
+  model_dir = "/tmp/cortiq-bench-" + shape + "-" + dtype;
+  if (std::filesystem::exists(model_dir + "/model.safetensors")) return model_dir;
+  auto cfg = cortiq::model::NamedShape(shape);
+  if (!cfg.ok()) return cfg.status();
+  cortiq::model::RandomCheckpointOptions o;
+  o.dtype = dtype == "f32" ? cortiq::math::DType::kF32 : cortiq::math::DType::kBF16;
+  std::printf("writing a random %s %s checkpoint to %s\n", shape.c_str(), dtype.c_str(),
+              model_dir.c_str());
+  if (auto s = cortiq::model::WriteRandomCheckpoint(*cfg, model_dir, o); !s.ok()) return s;
+  return model_dir;
+}
+
+std::vector<int32_t> MakePrompt(size_t n, int64_t vocab) {
+  std::vector<int32_t> prompt(n);
+  for (size_t i = 0; i < n; ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(vocab));
+  return prompt;
+}
+
+// The CPU's name as lscpu prints it ("model name" in /proc/cpuinfo).
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
   }
-  rounds = std::max<size_t>(rounds, 1);
-  spdlog::set_level(spdlog::level::warn);
-  if (model_dir.empty()) {
-    model_dir = "/tmp/cortiq-bench-" + shape + "-" + dtype;
-    if (!std::filesystem::exists(model_dir + "/model.safetensors")) {
-      auto cfg = cortiq::model::NamedShape(shape);
-      if (!cfg.ok()) {
-        std::fprintf(stderr, "%s\n", std::string(cfg.status().message()).c_str());
-        return 1;
-      }
-      cortiq::model::RandomCheckpointOptions o;
-      o.dtype = dtype == "f32" ? cortiq::math::DType::kF32 : cortiq::math::DType::kBF16;
-      std::printf("writing a random %s %s checkpoint to %s\n", shape.c_str(), dtype.c_str(),
-                  model_dir.c_str());
-      if (auto s = cortiq::model::WriteRandomCheckpoint(*cfg, model_dir, o); !s.ok()) {
-        std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-        return 1;
-      }
-    }
-  }
+  return "unknown CPU";
+}
+
+size_t Cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// ---------------------------------------------------------------------------
+// One server: the in-process engine, one stream, N streams.
+
+int RunServerBench(BenchOptions opt) {
   cortiq::server::ServerConfig config;
-  config.model_dir = model_dir;
+  config.model_dir = opt.model_dir;
   config.listen = "127.0.0.1:0";
   config.metrics_listen = "off";
-  config.threads = threads;
+  config.threads = opt.threads;
   config.max_batch = 32;
   auto server = cortiq::server::Server::Start(config);
   if (!server.ok()) {
@@ -131,19 +185,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto& srv = **server;
-  const auto vocab = srv.model().config().vocab_size;
-  std::vector<int32_t> prompt(prompt_tokens);
-  for (size_t i = 0; i < prompt_tokens; ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(vocab));
+  const std::vector<int32_t> prompt =
+      MakePrompt(opt.prompt_tokens, srv.model().config().vocab_size);
   std::printf("model %s, %zu math threads, prompt %zu tokens, %zu generated per stream\n",
-              model_dir.c_str(), srv.model().pool()->num_threads(), prompt_tokens, max_tokens);
+              opt.model_dir.c_str(), srv.model().pool()->num_threads(), opt.prompt_tokens,
+              opt.max_tokens);
 
   // 1. In-process: the engine directly.
   std::vector<double> inproc;
-  for (size_t r = 0; r < rounds + 1; ++r) {
+  for (size_t r = 0; r < opt.rounds + 1; ++r) {
     auto lease = srv.store().Create(srv.model(), {}, 0);
     cortiq::session::GenerationRequest g;
     g.prompt = prompt;
-    g.max_tokens = max_tokens;
+    g.max_tokens = opt.max_tokens;
     g.sampling.temperature = 0;
     g.ignore_eos = true;
     g.release_at_end = true;
@@ -161,14 +215,14 @@ int main(int argc, char** argv) {
   auto stub = v1::Inference::NewStub(channel);
   v1::GenerateRequest req;
   for (int32_t t : prompt) req.add_prompt_tokens(t);
-  req.set_max_tokens(uint32_t(max_tokens));
+  req.set_max_tokens(uint32_t(opt.max_tokens));
   req.mutable_sampling()->set_temperature(0);
   req.set_ignore_eos(true);
 
   std::vector<double> single;
-  for (size_t r = 0; r < rounds; ++r) single.push_back(RunStream(*stub, req).decode_tps);
+  for (size_t r = 0; r < opt.rounds; ++r) single.push_back(RunStream(*stub, req).decode_tps);
   const double server_tps = Percentile(single, 0.5);
-  std::printf("\none stream, decode tokens/s (median of %zu):\n", rounds);
+  std::printf("\none stream, decode tokens/s (median of %zu):\n", opt.rounds);
   std::printf("  in-process engine   %8.2f\n", inproc_tps);
   std::printf("  through the server  %8.2f   overhead %.1f%%\n", server_tps,
               100.0 * (1.0 - server_tps / inproc_tps));
@@ -176,9 +230,9 @@ int main(int argc, char** argv) {
   std::printf("\n%8s %14s %10s %12s %12s %10s\n", "streams", "aggregate t/s", "x single",
               "ttft p50 ms", "ttft p99 ms", "per-stream");
   double base = 0;
-  for (size_t n : levels) {
+  for (size_t n : opt.levels) {
     std::vector<double> aggs, ttfts, per;
-    for (size_t r = 0; r < rounds; ++r) {
+    for (size_t r = 0; r < opt.rounds; ++r) {
       const auto t0 = Clock::now();
       std::vector<std::future<StreamResult>> fs;
       for (size_t i = 0; i < n; ++i) {
@@ -201,4 +255,384 @@ int main(int argc, char** argv) {
   }
   srv.Shutdown(std::chrono::milliseconds(0));
   return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Nodes of a cluster in this process.
+
+// A loopback port nobody listens on now (the kernel's pick, released for a
+// node to take): every node's peers must be named before any node starts.
+// Another process may take it in between; Start then fails naming the
+// address, and the bench says so.
+absl::StatusOr<int> FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  if (!ok) return absl::InternalError("no free loopback port");
+  return int(ntohs(a.sin_port));
+}
+
+std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+struct Node {
+  std::string name;
+  std::unique_ptr<cortiq::server::Server> server;
+  std::unique_ptr<v1::Inference::Stub> stub;  // a client's channel to the node
+};
+
+// `count` nodes named a, b, c, ..., every one a peer of all the others,
+// each with `threads` math threads (threads[i] for node i).
+absl::StatusOr<std::vector<Node>> StartNodes(const BenchOptions& opt,
+                                             const std::vector<size_t>& threads) {
+  const size_t count = threads.size();
+  std::vector<int> ports;
+  for (size_t i = 0; i < count; ++i) {
+    absl::StatusOr<int> p = FreePort();
+    if (!p.ok()) return p.status();
+    ports.push_back(*p);
+  }
+  std::vector<Node> nodes(count);
+  for (size_t i = 0; i < count; ++i) {
+    cortiq::server::ServerConfig c;
+    c.model_dir = opt.model_dir;
+    c.listen = Addr(ports[i]);
+    c.metrics_listen = "off";
+    c.threads = threads[i];
+    c.max_batch = 32;
+    c.node_name = std::string(1, char('a' + i));
+    for (size_t j = 0; j < count; ++j) {
+      if (j != i) c.peers.push_back(Addr(ports[j]));
+    }
+    auto s = cortiq::server::Server::Start(c);
+    if (!s.ok()) return s.status();
+    nodes[i].name = c.node_name;
+    nodes[i].server = *std::move(s);
+    nodes[i].stub =
+        v1::Inference::NewStub(grpc::CreateChannel(c.listen, grpc::InsecureChannelCredentials()));
+  }
+  return nodes;
+}
+
+void StopNodes(std::vector<Node>& nodes) {
+  for (Node& n : nodes) n.server->Shutdown(std::chrono::milliseconds(0));
+  nodes.clear();
+}
+
+// An empty kept session (the server's default configuration) on `stub`'s node.
+absl::StatusOr<std::string> CreateSession(v1::Inference::Stub& stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  v1::SessionInfo info;
+  const grpc::Status st = stub.CreateSession(&ctx, v1::CreateSessionRequest(), &info);
+  if (!st.ok()) return absl::UnavailableError("CreateSession: " + st.error_message());
+  return info.session_id();
+}
+
+void ReleaseSession(v1::Inference::Stub& stub, const std::string& id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  v1::ReleaseSessionRequest req;
+  req.set_session_id(id);
+  v1::ReleaseSessionResponse resp;
+  (void)stub.ReleaseSession(&ctx, req, &resp);  // best effort: the nodes stop next
+}
+
+// One greedy turn on kept session `id`: the prompt appended, max_tokens
+// generated (no early end of sequence).
+v1::GenerateRequest TurnRequest(const BenchOptions& opt, const std::string& id) {
+  v1::GenerateRequest req;
+  for (int32_t t : opt.prompt) req.add_prompt_tokens(t);
+  req.set_max_tokens(uint32_t(opt.max_tokens));
+  req.mutable_sampling()->set_temperature(0);
+  req.set_ignore_eos(true);
+  req.set_session_id(id);
+  return req;
+}
+
+// The line every cluster figure carries: where it was measured.
+void PrintMachine(const cortiq::server::Server& any) {
+  std::printf("CPU %s, %zu cores; kernels %s; %s activations\n", CpuModelName().c_str(), Cores(),
+              any.kernel_tier(), any.model().bf16_activations() ? "bf16" : "f32");
+}
+
+// ---------------------------------------------------------------------------
+// --hop: the same turns on B directly and through A.
+
+struct PathStats {
+  std::vector<double> tps, ms_per_token, ttft_ms;
+  void Add(const StreamResult& s) {
+    tps.push_back(s.decode_tps);
+    ms_per_token.push_back(s.decode_tps > 0 ? 1e3 / s.decode_tps : 0);
+    ttft_ms.push_back(s.ttft * 1e3);
+  }
+};
+
+int RunHopBench(BenchOptions opt) {
+  // B does the math; A only relays, so one math thread is all it needs.
+  auto started = StartNodes(opt, {1, opt.threads});
+  if (!started.ok()) {
+    std::fprintf(stderr, "start nodes: %s\n", std::string(started.status().message()).c_str());
+    return 1;
+  }
+  std::vector<Node>& nodes = *started;
+  Node& a = nodes[0];
+  Node& b = nodes[1];
+  opt.prompt = MakePrompt(opt.prompt_tokens, b.server->model().config().vocab_size);
+  PrintMachine(*b.server);
+  std::printf(
+      "one extra hop: node a forwards to node b, which holds the sessions "
+      "(b: %zu math threads, a: %zu)\n"
+      "model %s, each turn: %zu prompt tokens, %zu generated, greedy, on a kept session\n",
+      b.server->model().pool()->num_threads(), a.server->model().pool()->num_threads(),
+      opt.model_dir.c_str(), opt.prompt_tokens, opt.max_tokens);
+
+  absl::StatusOr<std::string> direct_id = CreateSession(*b.stub);
+  absl::StatusOr<std::string> proxied_id = CreateSession(*b.stub);
+  if (!direct_id.ok() || !proxied_id.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 std::string((direct_id.ok() ? proxied_id : direct_id).status().message()).c_str());
+    return 1;
+  }
+  auto turn = [&](bool proxied) {
+    return RunStream(proxied ? *a.stub : *b.stub,
+                     TurnRequest(opt, proxied ? *proxied_id : *direct_id));
+  };
+  // A turn that failed, was served by a node other than b, or streamed other
+  // tokens than its twin on the other path: the figures would be of
+  // something else.
+  auto check = [&](const StreamResult& s, const char* path) {
+    if (s.ok && s.node == b.name) return true;
+    std::fprintf(stderr, "%s turn: %s (served by '%s')\n", path, s.ok ? "wrong node" : "failed",
+                 s.node.c_str());
+    return false;
+  };
+
+  // Round 0 warms both paths up and is not counted; its proxied turn is the
+  // one that finds the owner (a asks its peers; later turns use the cached
+  // owner, for SessionRouter::kOwnerCacheTtl).
+  cortiq::server::SessionRouter& router = *a.server->context().router;
+  const size_t lookups_before = router.lookups_started();
+  const StreamResult first_direct = turn(false);
+  const StreamResult first_proxied = turn(true);
+  if (!check(first_direct, "direct") || !check(first_proxied, "proxied")) return 1;
+  const size_t lookups_first = router.lookups_started() - lookups_before;
+
+  PathStats direct, proxied;
+  size_t identical = first_direct.ids == first_proxied.ids ? 1 : 0;
+  for (size_t r = 0; r < opt.rounds; ++r) {
+    // Alternate which path goes first, so that a drift (the history grows,
+    // the machine's other load changes) falls on both alike.
+    StreamResult d, p;
+    if (r % 2 == 0) {
+      d = turn(false);
+      p = turn(true);
+    } else {
+      p = turn(true);
+      d = turn(false);
+    }
+    if (!check(d, "direct") || !check(p, "proxied")) return 1;
+    direct.Add(d);
+    proxied.Add(p);
+    if (d.ids == p.ids) ++identical;
+  }
+  const size_t lookups_total = router.lookups_started() - lookups_before;
+
+  const double d_tps = Percentile(direct.tps, 0.5), p_tps = Percentile(proxied.tps, 0.5);
+  const double d_ms = Percentile(direct.ms_per_token, 0.5);
+  const double p_ms = Percentile(proxied.ms_per_token, 0.5);
+  const double d_t50 = Percentile(direct.ttft_ms, 0.5), p_t50 = Percentile(proxied.ttft_ms, 0.5);
+  const double d_t99 = Percentile(direct.ttft_ms, 0.99), p_t99 = Percentile(proxied.ttft_ms, 0.99);
+  std::printf("\n%zu rounds, one turn per path each (medians; ttft p99 over %zu turns)\n",
+              opt.rounds, opt.rounds);
+  std::printf("%-18s %12s %10s %12s %12s\n", "", "decode t/s", "ms/token", "ttft p50 ms",
+              "ttft p99 ms");
+  std::printf("%-18s %12.2f %10.3f %12.1f %12.1f\n", "direct (b)", d_tps, d_ms, d_t50, d_t99);
+  std::printf("%-18s %12.2f %10.3f %12.1f %12.1f\n", "proxied (a -> b)", p_tps, p_ms, p_t50, p_t99);
+  std::printf("%-18s %11.3fx %9.3fx %11.3fx %11.3fx\n", "proxied / direct", p_tps / d_tps,
+              p_ms / d_ms, p_t50 / d_t50, p_t99 / d_t99);
+  std::printf("overhead of the hop: %+.3f ms per token, %+.1f ms time to first token (p50)\n",
+              p_ms - d_ms, p_t50 - d_t50);
+  std::printf(
+      "first turn through a (owner lookup included): ttft %.1f ms, direct first turn %.1f ms; "
+      "lookups a made: %zu on the first turn, %zu in all\n",
+      first_proxied.ttft * 1e3, first_direct.ttft * 1e3, lookups_first, lookups_total);
+  std::printf("same tokens on both paths: %zu of %zu turns\n", identical, opt.rounds + 1);
+
+  ReleaseSession(*b.stub, *direct_id);
+  ReleaseSession(*b.stub, *proxied_id);
+  StopNodes(nodes);
+  return identical == opt.rounds + 1 ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------
+// --cluster N: clients and sessions spread over N nodes, against one node.
+
+struct LoadResult {
+  double agg_tps = 0;  // median over the rounds of all tokens / the round's wall time
+  double ttft_p50_ms = 0, ttft_p99_ms = 0;
+  size_t forwarded = 0, turns = 0;  // turns served by a node other than the one called
+};
+
+// `clients` clients; client i's session is created on nodes[i % N] and its
+// turns go to nodes[(i + shift) % N]. One round (not counted) warms up and
+// makes the forwarding nodes find the owners; then opt.rounds rounds of one
+// concurrent turn per client.
+absl::StatusOr<LoadResult> RunLoad(const BenchOptions& opt, std::vector<Node>& nodes,
+                                   size_t clients, size_t shift) {
+  const size_t n = nodes.size();
+  std::vector<std::string> ids(clients);
+  for (size_t i = 0; i < clients; ++i) {
+    absl::StatusOr<std::string> id = CreateSession(*nodes[i % n].stub);
+    if (!id.ok()) return id.status();
+    ids[i] = *id;
+  }
+  LoadResult out;
+  std::vector<double> aggs, ttfts;
+  for (size_t r = 0; r < opt.rounds + 1; ++r) {
+    const auto t0 = Clock::now();
+    std::vector<std::future<StreamResult>> fs;
+    for (size_t i = 0; i < clients; ++i) {
+      fs.push_back(std::async(std::launch::async, [&, i] {
+        return RunStream(*nodes[(i + shift) % n].stub, TurnRequest(opt, ids[i]));
+      }));
+    }
+    size_t tokens = 0;
+    bool ok = true;
+    for (size_t i = 0; i < clients; ++i) {
+      StreamResult s = fs[i].get();
+      ok = ok && s.ok;
+      tokens += s.tokens;
+      if (r == 0) continue;
+      ttfts.push_back(s.ttft * 1e3);
+      ++out.turns;
+      if (s.node != nodes[(i + shift) % n].name) ++out.forwarded;
+    }
+    if (!ok) return absl::UnavailableError("a turn failed (see above)");
+    if (r > 0) aggs.push_back(double(tokens) / Seconds(Clock::now() - t0));
+  }
+  for (size_t i = 0; i < clients; ++i) ReleaseSession(*nodes[i % n].stub, ids[i]);
+  out.agg_tps = Percentile(aggs, 0.5);
+  out.ttft_p50_ms = Percentile(ttfts, 0.5);
+  out.ttft_p99_ms = Percentile(ttfts, 0.99);
+  return out;
+}
+
+int RunClusterBench(BenchOptions opt, size_t count) {
+  // The same math threads in all: the one node gets them all, each of the
+  // N nodes its share (at least one).
+  const size_t total = opt.threads > 0 ? opt.threads : Cores();
+  const size_t each = std::max<size_t>(1, total / count);
+  std::vector<LoadResult> single, cluster;
+  {
+    auto one = StartNodes(opt, {total});
+    if (!one.ok()) {
+      std::fprintf(stderr, "start node: %s\n", std::string(one.status().message()).c_str());
+      return 1;
+    }
+    opt.prompt = MakePrompt(opt.prompt_tokens, (*one)[0].server->model().config().vocab_size);
+    PrintMachine(*(*one)[0].server);
+    std::printf(
+        "cluster of %zu nodes in this process, all peers, against one node; model %s\n"
+        "each turn: %zu prompt tokens, %zu generated, greedy, on the client's kept session\n"
+        "client i's session lives on node i %% %zu and its turns are sent to node (i+1) %% %zu:\n"
+        "every cluster turn is forwarded one hop; on one node every turn is direct\n"
+        "math threads: one node %zu; cluster %zu per node (%zu in all on %zu cores%s)\n",
+        count, opt.model_dir.c_str(), opt.prompt_tokens, opt.max_tokens, count, count, total, each,
+        each * count, Cores(), each * count > Cores() ? ": the nodes share the cores" : "");
+    for (size_t c : opt.levels) {
+      absl::StatusOr<LoadResult> r = RunLoad(opt, *one, c, 0);
+      if (!r.ok()) {
+        std::fprintf(stderr, "one node, %zu clients: %s\n", c,
+                     std::string(r.status().message()).c_str());
+        return 1;
+      }
+      single.push_back(*r);
+    }
+    StopNodes(*one);
+  }
+  auto nodes = StartNodes(opt, std::vector<size_t>(count, each));
+  if (!nodes.ok()) {
+    std::fprintf(stderr, "start nodes: %s\n", std::string(nodes.status().message()).c_str());
+    return 1;
+  }
+  for (size_t c : opt.levels) {
+    absl::StatusOr<LoadResult> r = RunLoad(opt, *nodes, c, 1);
+    if (!r.ok()) {
+      std::fprintf(stderr, "%zu nodes, %zu clients: %s\n", count, c,
+                   std::string(r.status().message()).c_str());
+      return 1;
+    }
+    cluster.push_back(*r);
+  }
+  StopNodes(*nodes);
+
+  std::printf("\n%zu rounds per client count (aggregate: median round; ttft over every turn)\n",
+              opt.rounds);
+  std::printf("%8s | %-36s | %-36s | %9s\n", "", "one node",
+              (std::to_string(count) + " nodes").c_str(), "");
+  std::printf("%8s | %12s %11s %11s | %12s %11s %11s | %9s %10s\n", "clients", "agg t/s",
+              "ttft p50", "ttft p99", "agg t/s", "ttft p50", "ttft p99", "agg ratio", "forwarded");
+  for (size_t i = 0; i < opt.levels.size(); ++i) {
+    const LoadResult& s = single[i];
+    const LoadResult& c = cluster[i];
+    std::printf("%8zu | %12.2f %9.1fms %9.1fms | %12.2f %9.1fms %9.1fms | %8.2fx %5zu/%-4zu\n",
+                opt.levels[i], s.agg_tps, s.ttft_p50_ms, s.ttft_p99_ms, c.agg_tps, c.ttft_p50_ms,
+                c.ttft_p99_ms, c.agg_tps / s.agg_tps, c.forwarded, c.turns);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shape = "qwen3-0.6b", dtype = "bf16", model_dir;
+  BenchOptions opt;
+  opt.levels = {1, 4, 8, 16};
+  bool hop = false;
+  size_t cluster = 0;
+  using cortiq::util::IntFlag;
+  using cortiq::util::StringFlag;
+  absl::StatusOr<cortiq::util::ParsedArgs> parsed = cortiq::util::ParseFlags(
+      {
+          StringFlag("shape", &shape),
+          StringFlag("dtype", &dtype),
+          StringFlag("model", &model_dir),
+          cortiq::util::IntListFlag("streams", &opt.levels, "stream count", {.min = 1}),
+          IntFlag("max-tokens", &opt.max_tokens),
+          IntFlag("prompt-tokens", &opt.prompt_tokens),
+          IntFlag("rounds", &opt.rounds),
+          IntFlag("threads", &opt.threads),
+          cortiq::util::SwitchFlag("hop", &hop),
+          IntFlag("cluster", &cluster, {.min = 2, .max = 26}),
+      },
+      std::vector<std::string>(argv + 1, argv + argc),
+      {.positionals = cortiq::util::Positionals::kNone});
+  if (!parsed.ok()) return cortiq::util::ReportUsageError("cortiq-bench-server", parsed.status());
+  if (parsed->help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (hop && cluster > 0) {
+    return cortiq::util::ReportUsageError(
+        "cortiq-bench-server",
+        absl::InvalidArgumentError("--hop and --cluster are two benchmarks: give one"));
+  }
+  opt.rounds = std::max<size_t>(opt.rounds, 1);
+  spdlog::set_level(spdlog::level::warn);
+  absl::StatusOr<std::string> dir = PrepareModel(shape, dtype, model_dir);
+  if (!dir.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(dir.status().message()).c_str());
+    return 1;
+  }
+  opt.model_dir = *dir;
+  if (hop) return RunHopBench(std::move(opt));
+  if (cluster > 0) return RunClusterBench(std::move(opt), cluster);
+  return RunServerBench(std::move(opt));
 }
