@@ -237,6 +237,12 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(
                                         config.peer_connect_timeout.count() / 1000.0, " s"));
     }
   }
+  // --peer-dns lists this node too (a headless Service resolves to every
+  // pod): a session does not move to where it is.
+  if (info.node() == ctx.node_name) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer ", peer, " is this node (", ctx.node_name, ")"));
+  }
   std::vector<uint32_t> versions(info.wire_versions().begin(), info.wire_versions().end());
   CORTIQ_ASSIGN_OR_RETURN(*version, session::NegotiateWireVersion(versions));
   session::SessionWireOptions o;
