@@ -2,6 +2,11 @@
 #
 #   docker build -t cortiq-serve .
 #   docker run --rm -p 50051:50051 -p 9464:9464 cortiq-serve [EXTRA SERVER FLAGS]
+#   buildah bud --format docker -t cortiq-serve .   # buildah: docker format keeps the HEALTHCHECK
+#
+# tests/deploy/image_test.sh builds it with buildah and runs a generation in it
+# (deploy/README.md, "The image": build time, size, and the base image made
+# with debootstrap where Docker Hub is out of reach).
 #
 # Two stages. `build` installs the toolchain through scripts/bootstrap.sh (the
 # project's one package list; CORTIQ_BOOTSTRAP_MINIMAL=1 leaves out the test,
@@ -29,9 +34,11 @@ COPY models models
 RUN test -f models/cortiq-byte-4m/config.json || \
       { echo "models/cortiq-byte-4m is missing: the image serves the embedded model" >&2; exit 1; }
 # Runtime CPU dispatch (CORTIQ_NATIVE=OFF): the image runs on any x86-64.
+# CORTIQ_BUILD_JOBS (--build-arg): parallel compile jobs; empty: ninja's default.
+ARG CORTIQ_BUILD_JOBS=
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCORTIQ_BUILD_TESTS=OFF -DCORTIQ_NATIVE=OFF \
- && cmake --build /build --target cortiq-server cortiq \
+ && cmake --build /build ${CORTIQ_BUILD_JOBS:+-j "$CORTIQ_BUILD_JOBS"} --target cortiq-server cortiq \
  && mkdir -p /out/bin \
  && objcopy --strip-debug /build/server/cortiq-server /out/bin/cortiq-server \
  && objcopy --strip-debug /build/client/cortiq /out/bin/cortiq
