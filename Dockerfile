@@ -73,17 +73,17 @@ EXPOSE 50051 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD ["/usr/bin/cortiq", "--server", "127.0.0.1:50051", "--timeout", "3", "health"]
 # SIGTERM drains: NOT_SERVING, new work UNAVAILABLE, streams get --grace, kept
-# sessions migrate to --peers / --peer-dns within --drain-timeout, exit 0
+# sessions migrate (same ids) to --peers / --peer-dns within --drain-timeout, exit 0
 # (nonzero if one could not move). The exit comes at most
 # --grace + --drain-timeout + 10 s after the signal (defaults: 10 + 60 + 10 =
 # 80 s): give `docker stop --time` / compose stop_grace_period that much.
 STOPSIGNAL SIGTERM
-# Secure by default: on 0.0.0.0 the server refuses to start without an auth
-# token. Give it one from a secret: a file (--auth-token-file
-# /run/secrets/cortiq_token, as deploy/compose.yaml does) or the environment
-# (CORTIQ_AUTH_TOKEN from a Kubernetes Secret, as deploy/k8s does); peers get
-# the same token. Make one with `openssl rand -hex 32`. --insecure serves
-# without one (a trusted network only). /metrics stays unauthenticated.
+# Secure by default: on 0.0.0.0 the server refuses to start without a
+# token. Give it from a secret: a roles file (--auth-tokens FILE, with a
+# peer-role --peer-token, as deploy/compose.yaml and deploy/k8s do; made by
+# deploy/make-tokens.sh) or one admin token (CORTIQ_AUTH_TOKEN, or
+# --auth-token-file FILE). --insecure serves without one (a trusted network
+# only). /metrics stays unauthenticated.
 ENTRYPOINT ["/usr/bin/cortiq-server", "--listen", "0.0.0.0:50051", "--metrics-listen", "0.0.0.0:9464"]
 # Extra flags are appended (docker run IMAGE --peers ..., compose `command`,
 # Kubernetes `args`); a repeated flag takes its last value.
