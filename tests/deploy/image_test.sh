@@ -112,11 +112,29 @@ mapfile -t ENTRYPOINT <"$WORK/entrypoint"
 # --- run it -------------------------------------------------------------------
 CTR=$(buildah from "$TAG")
 RUN_PID="" HOST_PID=""
-cleanup() {
-  for pid in $RUN_PID $HOST_PID; do
-    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
-    wait "$pid" 2>/dev/null || true
+descendants() {  # descendants PID: every process below PID, children first
+  local child
+  for child in $(pgrep -P "$1" || true); do
+    descendants "$child"
+    echo "$child"
   done
+}
+stop_tree() {  # stop_tree PID: SIGTERM, 10 s, then SIGKILL to PID and what runs below it
+  local pid=$1 tree deadline
+  kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+  tree="$(descendants "$pid")"
+  # `buildah run` answers SIGTERM by killing the process it runs (it does not
+  # forward the signal), then exits; SIGKILL would orphan that process.
+  kill -TERM "$pid" 2>/dev/null || true
+  deadline=$((SECONDS + 10))
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+  # shellcheck disable=SC2086
+  kill -KILL $tree "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local pid
+  for pid in $RUN_PID $HOST_PID; do stop_tree "$pid"; done
   buildah rm "$CTR" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -135,7 +153,8 @@ ok "the ENTRYPOINT as shipped refuses 0.0.0.0 without a token (exit $rc)"
 # The ENTRYPOINT with flags appended, as compose `command` / Kubernetes `args`
 # do: loopback on free ports (the last --listen wins), the token from the env.
 TOKEN="$(head -c 24 /dev/urandom | od -An -tx1 -v | tr -d ' \n')"
-run_in_image --env "CORTIQ_AUTH_TOKEN=$TOKEN" "$CTR" -- "${ENTRYPOINT[@]}" \
+# buildah itself in the background (not a function: $! must be buildah's pid).
+buildah run --isolation chroot --network host --env "CORTIQ_AUTH_TOKEN=$TOKEN" "$CTR" -- "${ENTRYPOINT[@]}" \
     --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --threads 1 >"$WORK/server.out" 2>"$WORK/server.err" &
 RUN_PID=$!
 "$SERVER" --listen 127.0.0.1:0 --metrics-listen off --threads 1 >"$WORK/host.out" 2>"$WORK/host.err" &
