@@ -170,6 +170,8 @@ std::string ServerUsage() {
                           SessionInfo.node, ModelInfo.node (default <hostname>:<port>)
   --forward-ttl SECONDS   how long a node remembers where it moved a session, to forward
                           calls that still name it here (default 600)
+  --advertise HOST:PORT   the address peers reach this node at (e.g. the pod IP): never
+                          one of its own peers, though --peer-dns lists it
   --help                  this text
 
 Flags are --name value or --name=value; a usage error exits with status 2.
@@ -236,6 +238,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::ChoiceFlag("log-format", &c.log_format, {"text", "json"}),
       StringFlag("node-name", &c.node_name),
       util::SecondsFlag("forward-ttl", &c.forward_ttl),
+      StringFlag("advertise", &c.advertise),
   };
   absl::StatusOr<util::ParsedArgs> parsed =
       util::ParseFlags(flags, args, {.positionals = util::Positionals::kNone});

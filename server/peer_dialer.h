@@ -141,6 +141,7 @@ class PeerDialer {
 
   const std::vector<std::string> static_peers_;  // --peers
   const std::vector<std::string> migrate_allow_;
+  const std::string advertise_;                  // --advertise: this node, never its own peer
   const std::string dns_host_, dns_port_;     // --peer-dns split; empty host: none
   const std::chrono::milliseconds dns_wait_;  // --peer-connect-timeout
   const Resolver resolve_;
