@@ -389,9 +389,12 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
                                                            const v1::MigrateSessionRequest* request,
                                                            v1::MigrateSessionResponse* response,
                                                            UnaryReactor* reactor) {
-  // A session another node holds is migrated by that node (to a target its
-  // own --peers / --migrate-allow permit).
-  if (ShouldForward(*ctx_, context, request->session_id(), reactor->caller())) {
+  // A session another node holds is migrated by that node, to a target its
+  // own --peers / --migrate-allow permit; this node must permit it too, so a
+  // refused target is refused here, before anything is dialled, whether or
+  // not the session exists.
+  if (ShouldForward(*ctx_, context, request->session_id(), reactor->caller()) &&
+      ctx_->peers->CheckAllowed(request->peer(), PeerDialer::Wait::kNo).ok()) {
     return ForwardUnaryToOwner(ctx_, context, reactor, "MigrateSession", request->session_id(),
                                reactor->caller());
   }

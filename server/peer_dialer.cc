@@ -182,8 +182,8 @@ absl::Status PeerDialer::CheckAllowedIn(std::string_view address,
       "--migrate-allow (an exact HOST:PORT match); nothing was dialled"));
 }
 
-absl::Status PeerDialer::CheckAllowed(std::string_view address) {
-  return CheckAllowedIn(address, Peers());
+absl::Status PeerDialer::CheckAllowed(std::string_view address, Wait wait) {
+  return CheckAllowedIn(address, Peers(wait));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> PeerDialer::Channel(const std::string& address,
