@@ -2,6 +2,11 @@
 #
 #   docker build -t cortiq-serve .
 #   docker run --rm -p 50051:50051 -p 9464:9464 cortiq-serve [EXTRA SERVER FLAGS]
+#   buildah bud --format docker -t cortiq-serve .   # buildah: docker format keeps the HEALTHCHECK
+#
+# tests/deploy/image_test.sh builds it with buildah and runs a generation in it
+# (deploy/README.md, "The image": build time, size, and the base image made
+# with debootstrap where Docker Hub is out of reach).
 #
 # Two stages. `build` installs the toolchain through scripts/bootstrap.sh (the
 # project's one package list; CORTIQ_BOOTSTRAP_MINIMAL=1 leaves out the test,
@@ -29,9 +34,11 @@ COPY models models
 RUN test -f models/cortiq-byte-4m/config.json || \
       { echo "models/cortiq-byte-4m is missing: the image serves the embedded model" >&2; exit 1; }
 # Runtime CPU dispatch (CORTIQ_NATIVE=OFF): the image runs on any x86-64.
+# CORTIQ_BUILD_JOBS (--build-arg): parallel compile jobs; empty: ninja's default.
+ARG CORTIQ_BUILD_JOBS=
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCORTIQ_BUILD_TESTS=OFF -DCORTIQ_NATIVE=OFF \
- && cmake --build /build --target cortiq-server cortiq \
+ && cmake --build /build ${CORTIQ_BUILD_JOBS:+-j "$CORTIQ_BUILD_JOBS"} --target cortiq-server cortiq \
  && mkdir -p /out/bin \
  && objcopy --strip-debug /build/server/cortiq-server /out/bin/cortiq-server \
  && objcopy --strip-debug /build/client/cortiq /out/bin/cortiq
@@ -66,17 +73,17 @@ EXPOSE 50051 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD ["/usr/bin/cortiq", "--server", "127.0.0.1:50051", "--timeout", "3", "health"]
 # SIGTERM drains: NOT_SERVING, new work UNAVAILABLE, streams get --grace, kept
-# sessions migrate to --peers / --peer-dns within --drain-timeout, exit 0
+# sessions migrate (same ids) to --peers / --peer-dns within --drain-timeout, exit 0
 # (nonzero if one could not move). The exit comes at most
 # --grace + --drain-timeout + 10 s after the signal (defaults: 10 + 60 + 10 =
 # 80 s): give `docker stop --time` / compose stop_grace_period that much.
 STOPSIGNAL SIGTERM
-# Secure by default: on 0.0.0.0 the server refuses to start without an auth
-# token. Give it one from a secret: a file (--auth-token-file
-# /run/secrets/cortiq_token, as deploy/compose.yaml does) or the environment
-# (CORTIQ_AUTH_TOKEN from a Kubernetes Secret, as deploy/k8s does); peers get
-# the same token. Make one with `openssl rand -hex 32`. --insecure serves
-# without one (a trusted network only). /metrics stays unauthenticated.
+# Secure by default: on 0.0.0.0 the server refuses to start without a
+# token. Give it from a secret: a roles file (--auth-tokens FILE, with a
+# peer-role --peer-token, as deploy/compose.yaml and deploy/k8s do; made by
+# deploy/make-tokens.sh) or one admin token (CORTIQ_AUTH_TOKEN, or
+# --auth-token-file FILE). --insecure serves without one (a trusted network
+# only). /metrics stays unauthenticated.
 ENTRYPOINT ["/usr/bin/cortiq-server", "--listen", "0.0.0.0:50051", "--metrics-listen", "0.0.0.0:9464"]
 # Extra flags are appended (docker run IMAGE --peers ..., compose `command`,
 # Kubernetes `args`); a repeated flag takes its last value.

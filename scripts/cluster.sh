@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# The local stand-in for the cluster: two cortiq-server nodes on loopback that
-# know each other as peers, and Debian's prometheus with the deploy rules.
+# The local stand-in for the cluster: three cortiq-server nodes on loopback,
+# each with the other two as --peers (any node serves any session: calls for a
+# session another node holds are forwarded to it), and Debian's prometheus
+# with the deploy rules.
 #
 #   scripts/cluster.sh up       start node a (127.0.0.1:50051, metrics :9464),
-#                               node b (127.0.0.1:50052, metrics :9465) and
+#                               node b (127.0.0.1:50052, metrics :9465),
+#                               node c (127.0.0.1:50053, metrics :9466) and
 #                               prometheus (http://127.0.0.1:9090)
-#   scripts/cluster.sh status   health of both nodes, Prometheus readiness and targets
-#   scripts/cluster.sh down     SIGTERM each (a node drains: its kept sessions
-#                               migrate to the other if it is still up), wait
+#   scripts/cluster.sh status   health of every node, Prometheus readiness and targets
+#   scripts/cluster.sh down     drain the nodes one by one, a, b, then c (SIGTERM;
+#                               each waits for the previous to exit: a's kept
+#                               sessions move to b or c, b's to c, c's have
+#                               nowhere to go), then stop Prometheus
 #
 # Pids, logs and Prometheus' data live in build/cluster/. Prometheus' config is
 # generated from deploy/prometheus/prometheus.yml (the `cortiq` job, targets
 # on loopback) and uses deploy/prometheus/rules.yml as it is.
-# Environment: CORTIQ_SERVER_FLAGS (extra flags for both nodes),
-# CLUSTER_GRPC_PORTS (default "50051 50052"), CLUSTER_METRICS_PORTS
-# ("9464 9465"), CLUSTER_PROMETHEUS_PORT (9090; a taken 9090, e.g. by Debian's
+# Environment: CORTIQ_SERVER_FLAGS (extra flags for every node),
+# CLUSTER_GRPC_PORTS (default "50051 50052 50053"), CLUSTER_METRICS_PORTS
+# ("9464 9465 9466"), CLUSTER_PROMETHEUS_PORT (9090; a taken 9090, e.g. by Debian's
 # prometheus.service, moves it to the next free port up to 9099),
 # CLUSTER_DRAIN_TIMEOUT (seconds `down` waits for a node, default 60).
 set -euo pipefail
@@ -25,15 +30,19 @@ DIR="$BUILD/cluster"
 SERVER="$BUILD/server/cortiq-server"
 CLIENT="$BUILD/client/cortiq"
 TOOL="$BUILD/tools/cortiq/cortiq-tool"
-GRPC_PORTS_SPEC="${CLUSTER_GRPC_PORTS:-50051 50052}"
-METRICS_PORTS_SPEC="${CLUSTER_METRICS_PORTS:-9464 9465}"
+GRPC_PORTS_SPEC="${CLUSTER_GRPC_PORTS:-50051 50052 50053}"
+METRICS_PORTS_SPEC="${CLUSTER_METRICS_PORTS:-9464 9465 9466}"
 # status and down use the ports `up` used.
 if [ "${1:-}" != up ] && [ -f "$DIR/ports" ]; then
   { read -r GRPC_PORTS_SPEC; read -r METRICS_PORTS_SPEC; } <"$DIR/ports"
 fi
 read -r -a GRPC_PORTS <<<"$GRPC_PORTS_SPEC"
 read -r -a METRICS_PORTS <<<"$METRICS_PORTS_SPEC"
-NODES=(a b)
+NODES=(a b c)
+if [ ${#GRPC_PORTS[@]} -ne ${#NODES[@]} ] || [ ${#METRICS_PORTS[@]} -ne ${#NODES[@]} ]; then
+  echo "cluster: CLUSTER_GRPC_PORTS and CLUSTER_METRICS_PORTS need ${#NODES[@]} ports each" >&2
+  exit 2
+fi
 DRAIN_TIMEOUT="${CLUSTER_DRAIN_TIMEOUT:-60}"
 
 usage() { echo "usage: scripts/cluster.sh up|down|status" >&2; exit 2; }
@@ -60,7 +69,7 @@ build_binaries() {
   fi
 }
 
-# The model both nodes serve (a migration needs the same one on both sides).
+# The model every node serves (a migration needs the same one on both sides).
 model_flags() {
   if [ -f models/cortiq-byte-4m/config.json ]; then
     MODEL_FLAG=()
@@ -73,16 +82,19 @@ model_flags() {
 }
 
 start_node() {  # start_node INDEX
-  local i=$1 name=${NODES[$1]} peer=$((1 - $1))
+  local i=$1 name=${NODES[$1]} j peers=""
   local pidf="$DIR/node-$name.pid" log="$DIR/node-$name.log"
-  local grpc=${GRPC_PORTS[$i]} metrics=${METRICS_PORTS[$i]} peer_port=${GRPC_PORTS[$peer]}
+  local grpc=${GRPC_PORTS[$i]} metrics=${METRICS_PORTS[$i]}
+  for j in "${!NODES[@]}"; do
+    [ "$j" -eq "$i" ] || peers+="${peers:+,}127.0.0.1:${GRPC_PORTS[$j]}"
+  done
   if alive "$pidf"; then echo "node $name: already running (pid $(cat "$pidf"))"; return 0; fi
   for p in "$grpc" "$metrics"; do
     if port_taken "$p"; then echo "node $name: port $p is taken (set CLUSTER_GRPC_PORTS / CLUSTER_METRICS_PORTS)" >&2; return 1; fi
   done
   # shellcheck disable=SC2086
   "$SERVER" "${MODEL_FLAG[@]}" --listen "127.0.0.1:$grpc" --metrics-listen "127.0.0.1:$metrics" \
-      --peers "127.0.0.1:$peer_port" ${CORTIQ_SERVER_FLAGS:-} >"$log" 2>&1 &
+      --peers "$peers" ${CORTIQ_SERVER_FLAGS:-} >"$log" 2>&1 &
   echo $! >"$pidf"
 }
 
@@ -186,7 +198,7 @@ stop() {  # stop NAME PIDFILE [LOG]
       rm -f "$pidf"
       note=""
       if [ -n "$log" ]; then
-        note=$(sed -n 's/.*drain: \([0-9]* session(s) migrated, [0-9]* failed\).*/ (drain: \1)/p' "$log" | tail -n 1)
+        note=$(sed -n 's/.*drain: \([0-9]* session(s) migrated, .* failed\).*/ (drain: \1)/p' "$log" | tail -n 1)
       fi
       echo "$name: stopped$note"
       return 0
@@ -201,7 +213,9 @@ stop() {  # stop NAME PIDFILE [LOG]
 
 cmd_up() {
   mkdir -p "$DIR"
-  if ! alive "$DIR/node-a.pid" && ! alive "$DIR/node-b.pid"; then
+  local name any=0
+  for name in "${NODES[@]}"; do alive "$DIR/node-$name.pid" && any=1; done
+  if [ $any -eq 0 ]; then
     printf '%s\n%s\n' "$GRPC_PORTS_SPEC" "$METRICS_PORTS_SPEC" >"$DIR/ports"
   elif [ -f "$DIR/ports" ]; then
     { read -r GRPC_PORTS_SPEC; read -r METRICS_PORTS_SPEC; } <"$DIR/ports"
@@ -210,26 +224,32 @@ cmd_up() {
   fi
   build_binaries
   model_flags
-  local rc=0
-  start_node 0 && start_node 1 || rc=1
-  if [ $rc -eq 0 ]; then wait_node 0 || rc=1; fi
-  if [ $rc -eq 0 ]; then wait_node 1 || rc=1; fi
+  local rc=0 i
+  for i in "${!NODES[@]}"; do
+    if [ $rc -eq 0 ]; then start_node "$i" || rc=1; fi
+  done
+  for i in "${!NODES[@]}"; do
+    if [ $rc -eq 0 ]; then wait_node "$i" || rc=1; fi
+  done
   if [ $rc -eq 0 ]; then start_prometheus || rc=1; fi
   if [ $rc -ne 0 ]; then
     echo "cluster: start-up failed; stopping what started" >&2
     cmd_down >/dev/null 2>&1 || true
     return 1
   fi
-  echo "try: $CLIENT --server 127.0.0.1:${GRPC_PORTS[0]} generate --keep \"It was\""
-  echo "     $CLIENT --server 127.0.0.1:${GRPC_PORTS[0]} drain     # node a's sessions move to node b"
+  echo "try: $CLIENT --server 127.0.0.1:${GRPC_PORTS[0]} generate --keep \"It was\"   # prints the session id"
+  echo "     $CLIENT --server 127.0.0.1:${GRPC_PORTS[0]} drain     # node a's sessions move to b or c, same ids"
+  echo "     $CLIENT --server 127.0.0.1:${GRPC_PORTS[1]} generate --session ID \" on\"   # any node finds it"
 }
 
 cmd_down() {
-  local rc=0
-  # Node a first: its kept sessions migrate to node b, which is still up; node
-  # b's then have no peer left (logged, nonzero exit, nothing else).
-  stop "node a" "$DIR/node-a.pid" "$DIR/node-a.log" || rc=1
-  stop "node b" "$DIR/node-b.pid" "$DIR/node-b.log" || rc=1
+  local rc=0 name
+  # One node at a time, each after the previous one exited: a's kept sessions
+  # migrate to b or c, which are still up, b's to c; c's then have no peer
+  # left (logged, exit status 3, nothing else).
+  for name in "${NODES[@]}"; do
+    stop "node $name" "$DIR/node-$name.pid" "$DIR/node-$name.log" || rc=1
+  done
   stop "prometheus" "$DIR/prometheus.pid" || rc=1
   rm -f "$DIR/prometheus.port" "$DIR/ports"
   return $rc
@@ -237,7 +257,7 @@ cmd_down() {
 
 cmd_status() {
   local rc=0 i name pidf health
-  for i in 0 1; do
+  for i in "${!NODES[@]}"; do
     name=${NODES[$i]}
     pidf="$DIR/node-$name.pid"
     if alive "$pidf"; then

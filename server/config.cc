@@ -46,12 +46,16 @@ absl::StatusOr<std::string> ParsePeerDns(std::string_view v) {
   return std::string(v);
 }
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFlagFile(path, "--auth-token-file");
+// A file holding one token (--auth-token-file, --peer-token-file): its
+// text less surrounding whitespace; an empty one is an error naming `flag`.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, std::string_view flag) {
+  absl::StatusOr<std::string> text = ReadFlagFile(path, flag);
   if (!text.ok()) return text.status();
   std::string t(absl::StripAsciiWhitespace(*text));
-  if (t.empty())
-    return absl::InvalidArgumentError(absl::StrCat("--auth-token-file: '", path, "' is empty"));
+  if (t.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(util::Sv(flag), ": '", path, "' is empty"));
+  }
   return t;
 }
 
@@ -148,7 +152,9 @@ std::string ServerUsage() {
   --peer-ca FILE          dial peers over TLS, trusting the PEM CA certificates in FILE
                           (with --tls-cert/--tls-key, presented as the client
                           certificate); without it, peers are dialled in plaintext
-  --peer-token T          bearer token for the peers (default: --auth-token)
+  --peer-token T          bearer token for the peers (default: --auth-token); with
+                          --auth-tokens, a `peer`-role token (or --peer-token-file F:
+                          the token in a file, kept out of the process list)
   --peer-connect-timeout SECONDS  connecting to a peer and its GetModelInfo (default 5)
   --peer-min-throughput BYTES  slowest peer accepted, per second: a migration of B bytes
                           gets connect timeout + B / this + 1 s (default 20M)
@@ -170,6 +176,8 @@ std::string ServerUsage() {
                           SessionInfo.node, ModelInfo.node (default <hostname>:<port>)
   --forward-ttl SECONDS   how long a node remembers where it moved a session, to forward
                           calls that still name it here (default 600)
+  --advertise HOST:PORT   the address peers reach this node at (e.g. the pod IP): never
+                          one of its own peers, though --peer-dns lists it
   --help                  this text
 
 Flags are --name value or --name=value; a usage error exits with status 2.
@@ -181,7 +189,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   using util::StringFlag;
   ServerConfig c;
   *help = false;
-  std::string token_file;
+  std::string token_file, peer_token_file;
   const std::vector<util::Flag> flags = {
       StringFlag("model", &c.model_dir),
       StringFlag("listen", &c.listen),
@@ -227,6 +235,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::SecondsFlag("drain-timeout", &c.drain_timeout),
       StringFlag("auth-token", &c.auth_token),
       StringFlag("auth-token-file", &token_file),
+      StringFlag("peer-token-file", &peer_token_file),
       StringFlag("auth-tokens", &c.auth_tokens_file),
       util::SwitchFlag("insecure", &c.insecure),
       StringFlag("tls-cert", &c.tls_cert),
@@ -236,6 +245,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::ChoiceFlag("log-format", &c.log_format, {"text", "json"}),
       StringFlag("node-name", &c.node_name),
       util::SecondsFlag("forward-ttl", &c.forward_ttl),
+      StringFlag("advertise", &c.advertise),
   };
   absl::StatusOr<util::ParsedArgs> parsed =
       util::ParseFlags(flags, args, {.positionals = util::Positionals::kNone});
@@ -245,7 +255,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
     return c;
   }
   if (!token_file.empty()) {
-    auto t = ReadTokenFile(token_file);
+    auto t = ReadTokenFile(token_file, "--auth-token-file");
     if (!t.ok()) return t.status();
     c.auth_token = *t;
   }
@@ -257,6 +267,11 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       for (absl::string_view p : absl::StrSplit(env, ',', absl::SkipWhitespace()))
         c.peers.emplace_back(absl::StripAsciiWhitespace(p));
     }
+  }
+  if (!peer_token_file.empty()) {
+    auto t = ReadTokenFile(peer_token_file, "--peer-token-file");
+    if (!t.ok()) return t.status();
+    c.peer_token = *t;
   }
   if (c.peer_token.empty()) c.peer_token = c.auth_token;
   if (c.peer_connect_timeout.count() <= 0) {

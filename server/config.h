@@ -80,6 +80,9 @@ struct ServerConfig {
   // How long a node remembers where it moved a session (migration, drain),
   // to forward calls that still name it here.
   std::chrono::milliseconds forward_ttl{600'000};
+  // The HOST:PORT this node's peers reach it at (the pod IP in Kubernetes):
+  // left out of the peers (--peer-dns resolves to every pod, this one too).
+  std::string advertise;
 };
 
 // A node name: 1..64 bytes of [A-Za-z0-9._:-].

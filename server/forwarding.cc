@@ -179,7 +179,9 @@ bool ShouldForward(const ServiceContext& ctx, const grpc::CallbackServerContext*
   if (ctx.router == nullptr || ctx.peers == nullptr) return false;
   if (CallHops(call) >= kMaxForwardHops) return false;
   if (!IsSessionIdForm(id)) return false;  // no session anywhere has it: answered here
-  return !ctx.store->Get(id, caller.sessions()).has_value();
+  if (ctx.store->Get(id, caller.sessions()).has_value()) return false;
+  // A node without peers answers for itself.
+  return !ctx.peers->Peers(PeerDialer::Wait::kNo).empty();
 }
 
 grpc::ServerUnaryReactor* ForwardUnaryToOwner(ServiceContext* ctx,

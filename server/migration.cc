@@ -237,6 +237,12 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(
                                         config.peer_connect_timeout.count() / 1000.0, " s"));
     }
   }
+  // --peer-dns lists this node too (a headless Service resolves to every
+  // pod): a session does not move to where it is.
+  if (info.node() == ctx.node_name) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer ", peer, " is this node (", ctx.node_name, ")"));
+  }
   std::vector<uint32_t> versions(info.wire_versions().begin(), info.wire_versions().end());
   CORTIQ_ASSIGN_OR_RETURN(*version, session::NegotiateWireVersion(versions));
   session::SessionWireOptions o;
@@ -383,9 +389,12 @@ grpc::ServerUnaryReactor* InferenceService::MigrateSession(grpc::CallbackServerC
                                                            const v1::MigrateSessionRequest* request,
                                                            v1::MigrateSessionResponse* response,
                                                            UnaryReactor* reactor) {
-  // A session another node holds is migrated by that node (to a target its
-  // own --peers / --migrate-allow permit).
-  if (ShouldForward(*ctx_, context, request->session_id(), reactor->caller())) {
+  // A session another node holds is migrated by that node, to a target its
+  // own --peers / --migrate-allow permit; this node must permit it too, so a
+  // refused target is refused here, before anything is dialled, whether or
+  // not the session exists.
+  if (ShouldForward(*ctx_, context, request->session_id(), reactor->caller()) &&
+      ctx_->peers->CheckAllowed(request->peer(), PeerDialer::Wait::kNo).ok()) {
     return ForwardUnaryToOwner(ctx_, context, reactor, "MigrateSession", request->session_id(),
                                reactor->caller());
   }

@@ -97,6 +97,7 @@ PeerDialer::PeerDialer(const ServerConfig& config, Resolver resolve,
                        std::shared_ptr<grpc::ChannelCredentials> creds, bool tls)
     : static_peers_(config.peers),
       migrate_allow_(config.migrate_allow),
+      advertise_(config.advertise),
       dns_host_(config.peer_dns.substr(0, config.peer_dns.rfind(':'))),
       dns_port_(config.peer_dns.empty() ? std::string()
                                         : config.peer_dns.substr(config.peer_dns.rfind(':') + 1)),
@@ -163,6 +164,8 @@ std::vector<std::string> PeerDialer::Peers(Wait wait) {
   for (std::string& p : DnsPeers(wait)) {
     if (!Contains(peers, p)) peers.push_back(std::move(p));
   }
+  // A headless Service resolves to this pod too: it is not its own peer.
+  if (!advertise_.empty()) std::erase(peers, advertise_);
   return peers;
 }
 
@@ -179,8 +182,8 @@ absl::Status PeerDialer::CheckAllowedIn(std::string_view address,
       "--migrate-allow (an exact HOST:PORT match); nothing was dialled"));
 }
 
-absl::Status PeerDialer::CheckAllowed(std::string_view address) {
-  return CheckAllowedIn(address, Peers());
+absl::Status PeerDialer::CheckAllowed(std::string_view address, Wait wait) {
+  return CheckAllowedIn(address, Peers(wait));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> PeerDialer::Channel(const std::string& address,

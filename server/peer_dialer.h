@@ -112,7 +112,7 @@ class PeerDialer {
   // OK when `address` is one of Peers() or of --migrate-allow (exact string
   // match); otherwise PERMISSION_DENIED naming the address and the flags that
   // would allow it. Opens no connection. May block (see the banner).
-  absl::Status CheckAllowed(std::string_view address);
+  absl::Status CheckAllowed(std::string_view address, Wait wait = Wait::kYes);
 
   // CheckAllowed(address), then the channel to it (made on first use,
   // cached): TLS with --peer-ca, plaintext otherwise; no receive size limit
@@ -141,6 +141,7 @@ class PeerDialer {
 
   const std::vector<std::string> static_peers_;  // --peers
   const std::vector<std::string> migrate_allow_;
+  const std::string advertise_;                  // --advertise: this node, never its own peer
   const std::string dns_host_, dns_port_;     // --peer-dns split; empty host: none
   const std::chrono::milliseconds dns_wait_;  // --peer-connect-timeout
   const Resolver resolve_;

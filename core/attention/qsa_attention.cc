@@ -87,6 +87,14 @@ void QsaAttention::Reserve(size_t positions) {
   if (!st.ok()) spdlog::warn("qsa: reserve layer {}: {}", layer_, std::string(st.message()));
 }
 
+void QsaAttention::ReleaseUnused() {
+  cache_.ReleaseUnused();
+  if (indexer_ == nullptr) return;
+  // Only allocation fails: the state then keeps its larger buffers.
+  const absl::Status st = indexer_->ShrinkToFit(state_);
+  if (!st.ok()) spdlog::warn("qsa: shrink layer {}: {}", layer_, std::string(st.message()));
+}
+
 absl::Status QsaAttention::CanTruncate(size_t n) const {
   CORTIQ_RETURN_IF_ERROR(CacheAttention::CanTruncate(n));
   const size_t keep = cache_.seq_len() - n;
@@ -155,7 +163,11 @@ absl::StatusOr<std::vector<uint8_t>> QsaAttention::SnapshotAux() const {
 absl::Status QsaAttention::RestoreAux(const std::shared_ptr<QsaRuntime>& runtime,
                                       std::span<const uint8_t> blob) {
   CORTIQ_RETURN_IF_ERROR(Bind(runtime));
-  return indexer_->RestoreAux(state_, blob);
+  CORTIQ_RETURN_IF_ERROR(indexer_->RestoreAux(state_, blob));
+  // Bind sized the state for the cache's capacity: keep what it holds only,
+  // as the source does after its call (ReleaseUnused), so a moved session
+  // holds the same bytes on both nodes.
+  return indexer_->ShrinkToFit(state_);
 }
 
 absl::Status QsaAttention::IngestRows(const float* normed, size_t rows) {

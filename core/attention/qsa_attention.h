@@ -40,6 +40,9 @@ class QsaAttention final : public CacheAttention {
   void DecodeTask(const AttentionRows& row, size_t task, ScratchSlot& slot) override;
   absl::Status EndDecode(const AttentionRows& row, AttentionContext& ctx) override;
   void Reserve(size_t positions) override;
+  // The rows' unused pages, and the indexer state's capacity past what it
+  // holds (QsaIndexer::ShrinkToFit): what an import of the session makes.
+  void ReleaseUnused() override;
   absl::Status CanTruncate(size_t n) const override;
   void TruncateLast(size_t n) override;
   void Release() override;

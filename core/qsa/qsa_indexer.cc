@@ -304,7 +304,18 @@ absl::Status QsaIndexer::ReleaseSeqState(QsaSeqState& st) const {
 absl::Status QsaIndexer::Reserve(QsaSeqState& st, size_t tokens, Stream stream) const {
   CORTIQ_RETURN_IF_ERROR(CheckOwner(st, "Reserve"));
   if (tokens <= st.capacity_) return absl::OkStatus();
-  const size_t cap = std::max(tokens, 2 * st.capacity_);
+  return Resize(st, std::max(tokens, 2 * st.capacity_), stream);
+}
+
+absl::Status QsaIndexer::ShrinkToFit(QsaSeqState& st, Stream stream) const {
+  if (st.owner_ == nullptr && st.MemoryBytes() == 0) return absl::OkStatus();  // never used
+  CORTIQ_RETURN_IF_ERROR(CheckOwner(st, "ShrinkToFit"));
+  if (st.capacity_ == st.ingested_) return absl::OkStatus();
+  if (st.ingested_ == 0) return ReleaseSeqState(st);  // keeps owner_: usable again
+  return Resize(st, st.ingested_, stream);
+}
+
+absl::Status QsaIndexer::Resize(QsaSeqState& st, size_t cap, Stream stream) const {
   const size_t blocks = cap / g_.ratio;
   const size_t raw_bytes = RoundUp64(cap * g_.hd * kBf16);
   const size_t block_bytes = blocks == 0 ? 0 : RoundUp64(blocks * g_.hd * kBf16);

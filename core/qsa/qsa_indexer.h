@@ -204,6 +204,11 @@ class QsaIndexer {
   absl::Status ReleaseSeqState(QsaSeqState& st) const;
   // Grows the state to hold `tokens` positions (no-op when it already does).
   absl::Status Reserve(QsaSeqState& st, size_t tokens, Stream stream = kDefaultStream) const;
+  // Gives back the capacity past ingested(): the state then holds exactly
+  // what an import of its aux blob allocates (RestoreAux), so a session's
+  // bytes are the same before and after it moves to another node. An
+  // allocation failure leaves the state as it was.
+  absl::Status ShrinkToFit(QsaSeqState& st, Stream stream = kDefaultStream) const;
   // Speculative rollback: keeps the first `tokens` ingested positions (must be
   // <= ingested()); blocks past them are re-pooled when re-ingested.
   absl::Status Truncate(QsaSeqState& st, size_t tokens) const;
@@ -269,6 +274,10 @@ class QsaIndexer {
     size_t keys = 0, q = 0, scores = 0, selected = 0, counts = 0, total = 0;
   };
   QsaIndexer(Backend* backend, const QsaGeometry& g) : backend_(backend), g_(g) {}
+  // New buffers for exactly `cap` tokens, the ingested keys and pooled
+  // blocks copied over; the old ones freed. On a failure the state keeps
+  // its old buffers.
+  absl::Status Resize(QsaSeqState& st, size_t cap, Stream stream) const;
   Layout ScratchLayout(size_t rows, size_t num_blocks, size_t sel_ld) const;
   absl::Status CheckOwner(const QsaSeqState& st, const char* what) const;
   absl::Status CheckPool(const KvPool& pool, const BlockTable& table, size_t positions, size_t nq,

@@ -10,15 +10,25 @@ labels and ports; probes are gRPC health on 50051; the preStop hook drains;
 the kill timeouts (terminationGracePeriodSeconds, stop_grace_period) cover
 --grace + --drain-timeout + 10 s for the flags in the manifest;
 requests cover the model and the memory budget; the kustomization lists every
-file; the auth token comes from a Secret (generated from a file the user
-makes, never a literal) for the server and the drain hook; compose runs two
-nodes that name each other as peers and read the token from a compose
-secret file, Prometheus with the rules and Grafana with the dashboard.
+file. The cluster: one client Service with no session affinity (any pod
+serves any session by forwarding), the headless Service as --peer-dns, each
+pod named after itself (--node-name from metadata.name) and advertised at its
+IP (--advertise from status.podIP, the gRPC port). Tokens: the roles file
+(--auth-tokens), the peer token and the drain hook's admin token come from
+the Secret the kustomization generates from files deploy/make-tokens.sh
+writes (never a literal). Compose runs three nodes, each naming the other two
+as peers, with the roles file and the peer token from compose secret files,
+Prometheus scraping all three with the rules and Grafana with the dashboard.
+deploy/make-tokens.sh writes a roles file in the server's format.
 """
 import argparse
+import json
 import os
 import re
+import shlex
+import subprocess
 import sys
+import tempfile
 
 try:
     import yaml
@@ -102,6 +112,13 @@ def duration_s(d):
     return total
 
 
+# What deploy/make-tokens.sh writes into its folder (the Secret's and the
+# compose secrets' sources).
+MAKE_TOKENS_FILES = {"tokens", "admin-token", "peer-token"}
+# The roles file's format (README, Security; server/auth.h): NAME ROLE TOKEN.
+TOKEN_LINE = re.compile(r"([A-Za-z0-9._-]{1,64})\s+(client|admin|peer)\s+([!-~]{16,})")
+
+
 def matches(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
@@ -132,18 +149,20 @@ def check_k8s(root):
         for r in listed:
             check(os.path.exists(os.path.join(k8s, r)), f"kustomization resource {r} exists")
 
-    secrets_made = set()  # Secrets the kustomization generates or lists
+    secrets_made = {}  # Secret name -> the keys the kustomization generates in it
     if kust:
         for g in kust[0].get("secretGenerator") or []:
-            secrets_made.add(g.get("name"))
+            keys = secrets_made.setdefault(g.get("name"), set())
             for src in g.get("files") or []:
-                path = str(src).split("=", 1)[-1]
+                key, _, path = str(src).rpartition("=")
+                keys.add(key or os.path.basename(path))
+                check(os.path.basename(path) in MAKE_TOKENS_FILES,
+                      f"secretGenerator {g.get('name')} file {path} is one deploy/make-tokens.sh writes")
                 check(path.startswith("secrets/"),
                       f"secretGenerator {g.get('name')} reads {path} under the ignored deploy/k8s/secrets/")
             check(not g.get("literals"), f"secretGenerator {g.get('name')} has no literal token")
     for f, d in docs:
         if d.get("kind") == "Secret":
-            secrets_made.add(get(d, "metadata", "name"))
             check(False, f"{f}: no Secret manifest with a token in the repository")
 
     objs = [(f, d) for f, d in docs if d.get("kind") != "Kustomization"]
@@ -169,6 +188,7 @@ def check_k8s(root):
     if headless is not None:
         check(get(headless, "spec", "clusterIP") == "None", f"Service {svc_name} is headless (clusterIP: None)")
     check((spec.get("replicas") or 1) >= 2, "at least 2 replicas (a drain needs a peer)")
+    check(spec.get("podManagementPolicy") == "Parallel", "pods start in parallel (no start-up order needed)")
 
     pod = get(spec, "template", "spec", default={})
     containers = pod.get("containers") or []
@@ -205,25 +225,68 @@ def check_k8s(root):
     check(peer_dns is not None and peer_dns.startswith(f"{svc_name}.")
           and peer_dns.endswith(".svc.cluster.local:50051"),
           f"--peer-dns names the headless Service: {peer_dns}")
-    if peer_dns and "$(" in peer_dns:
-        env = {e.get("name") for e in server.get("env") or []}
-        for var in re.findall(r"\$\((\w+)\)", peer_dns):
-            check(var in env, f"--peer-dns variable {var} is set in env")
+    env = {e.get("name"): e for e in server.get("env") or []}
+    for a in args:
+        for var in re.findall(r"\$\((\w+)\)", a):
+            check(var in env, f"{a}: variable {var} is set in env (the kubelet expands $(VAR) from it)")
+
+    def field_ref(var):
+        return get(env.get(var, {}), "valueFrom", "fieldRef", "fieldPath")
+
+    # Node identity: the pod's name, and the address peers reach it at, which
+    # is what --peer-dns answers (pod IPs), so the node finds itself there.
+    node_name = flag(args, "--node-name") or ""
+    m = re.fullmatch(r"\$\((\w+)\)", node_name)
+    check(m is not None and field_ref(m.group(1)) == "metadata.name",
+          f"--node-name is the pod name (fieldRef metadata.name): {node_name}")
+    advertise = flag(args, "--advertise") or ""
+    m = re.fullmatch(r"\[?\$\((\w+)\)\]?:(\d+)", advertise)
+    check(m is not None and field_ref(m.group(1)) == "status.podIP" and int(m.group(2)) == 50051
+          and port_names.get("grpc") == 50051 and (peer_dns or "").endswith(":" + m.group(2)),
+          f"--advertise is the pod IP (fieldRef status.podIP) at the gRPC port, the port --peer-dns "
+          f"names: {advertise}")
     grace, drain_timeout, bound = drain_bound(args)
     sts_files = [f for f, d in docs if d.get("kind") == "StatefulSet"]
     with open(os.path.join(k8s, sts_files[0]), encoding="utf-8") as f:
         check(FORMULA in f.read(), f"deploy/k8s/{sts_files[0]} gives the formula: {FORMULA}")
-    # The auth token: from a Secret, never a literal; the server (on
-    # 0.0.0.0 it refuses to start without one) and the preStop drain (the
-    # client's CORTIQ_TOKEN) both get it; peers get it as --peer-token's default.
-    env = {e.get("name"): e for e in server.get("env") or []}
-    for var in ("CORTIQ_AUTH_TOKEN", "CORTIQ_TOKEN"):
+    # Tokens: from the generated Secret, never a literal. The server reads the
+    # roles file (a Secret volume); the node presents the peer token (an env
+    # var the kubelet expands into --peer-token); the preStop drain sends the
+    # admin token (the client's CORTIQ_TOKEN).
+    def from_secret(var, key):
         ref = get(env.get(var, {}), "valueFrom", "secretKeyRef", default={})
-        check(ref.get("name") in secrets_made and ref.get("key"),
-              f"env {var} comes from the Secret the kustomization makes ({ref})")
+        check(ref.get("name") in secrets_made and ref.get("key") == key
+              and key in secrets_made.get(ref.get("name"), set()),
+              f"env {var} is key {key} of the Secret the kustomization makes ({ref})")
         check("value" not in env.get(var, {}), f"env {var} has no literal value")
-    check(not any(a.startswith(("--auth-token=", "--peer-token=")) or a in ("--auth-token", "--peer-token")
-                  for a in args), "no token on the command line")
+
+    from_secret("CORTIQ_TOKEN", "admin-token")
+    peer_token = flag(args, "--peer-token") or ""
+    m = re.fullmatch(r"\$\((\w+)\)", peer_token)
+    if check(m is not None, f"--peer-token is an env reference, not a literal: {peer_token}"):
+        from_secret(m.group(1), "peer-token")
+    check(not any(a.startswith("--auth-token=") or a == "--auth-token" for a in args),
+          "no --auth-token on the command line")
+    tokens_file = flag(args, "--auth-tokens") or ""
+    mounts = {vm.get("mountPath", "").rstrip("/"): vm for vm in server.get("volumeMounts") or []}
+    vols = {v.get("name"): v for v in pod.get("volumes") or []}
+    mount = mounts.get(os.path.dirname(tokens_file))
+    vol = vols.get((mount or {}).get("name"), {})
+    item = next((i for i in get(vol, "secret", "items", default=[]) if i.get("path") == os.path.basename(tokens_file)),
+                None)
+    secret_name = get(vol, "secret", "secretName")
+    check(mount is not None and mount.get("readOnly") is True and item is not None
+          and secret_name in secrets_made and item.get("key") == "tokens"
+          and "tokens" in secrets_made.get(secret_name, set()),
+          f"--auth-tokens {tokens_file} is key `tokens` of the generated Secret, mounted read-only")
+    # The container's user reads the file: a group-readable mode with fsGroup
+    # = the pod's group, or world-readable.
+    mode = item.get("mode", get(vol, "secret", "defaultMode", default=0o644)) if item else 0
+    user = get(pod, "securityContext", "runAsUser")
+    fs_group = get(pod, "securityContext", "fsGroup")
+    check((mode & 0o004) or ((mode & 0o040) and fs_group is not None and
+                             fs_group == get(pod, "securityContext", "runAsGroup", default=user)),
+          f"the roles file is readable by the pod's user (mode {mode:o}, fsGroup {fs_group})")
     check("--insecure" not in args, "the StatefulSet does not pass --insecure")
     tgp = pod.get("terminationGracePeriodSeconds")
     check(tgp is not None and tgp >= bound,
@@ -238,6 +301,17 @@ def check_k8s(root):
     check(get(pod, "securityContext", "runAsNonRoot") is True or
           get(server, "securityContext", "runAsNonRoot") is True, "runAsNonRoot")
 
+    # One Service for clients (the headless one is for peers and pod names):
+    # any pod serves any session, so nothing pins a client to a pod.
+    clients = [n for n, s in services.items() if n != svc_name]
+    if check(len(clients) == 1, f"one client Service besides the headless one: {clients}"):
+        cs = services[clients[0]]
+        check(get(cs, "spec", "clusterIP") != "None", f"Service {clients[0]} has a virtual IP")
+        check(get(cs, "spec", "sessionAffinity", default="None") == "None"
+              and get(cs, "spec", "sessionAffinityConfig") is None,
+              f"Service {clients[0]} has no session affinity (forwarding finds the session)")
+        check(any(p.get("port") == 50051 for p in get(cs, "spec", "ports", default=[])),
+              f"Service {clients[0]} serves gRPC on 50051")
     for name, s in services.items():
         check(matches(get(s, "spec", "selector", default={}), pod_labels), f"Service {name} selects the pods")
         for p in get(s, "spec", "ports", default=[]):
@@ -289,30 +363,60 @@ def check_compose(root):
         return from_dockerfile
 
     servers = sorted(n for n, s in services.items() if is_server(s))
-    check(len(servers) == 2, f"two server services built from the Dockerfile: {servers}")
+    check(len(servers) == 3, f"three server services built from the Dockerfile: {servers}")
+    entrypoint = dockerfile_entrypoint(root)
+
+    def secret_file(svc, path, what, made_as):
+        """path is /run/secrets/NAME of a compose secret of svc: the file
+        deploy/make-tokens.sh writes as deploy/secrets/MADE_AS."""
+        name = path.removeprefix("/run/secrets/")
+        svc_secrets = [x if isinstance(x, str) else x.get("source") for x in services[svc].get("secrets") or []]
+        check(path.startswith("/run/secrets/") and name in svc_secrets,
+              f"{svc} reads {what} from its compose secret ({path}, secrets {svc_secrets})")
+        src = get(docs[0], "secrets", name, "file")
+        check(src is not None and os.path.normpath(os.path.join(deploy, src)) ==
+              os.path.join(deploy, "secrets", made_as),
+              f"compose secret {name} is deploy/secrets/{made_as} (deploy/make-tokens.sh; the "
+              f"folder is ignored): {src}")
+
+    host_ports = []
     for n in servers:
-        cmd = services[n].get("command") or []
+        svc = services[n]
+        cmd = svc.get("command") or []
         cmd = cmd.split() if isinstance(cmd, str) else [str(c) for c in cmd]
         peers = (flag(cmd, "--peers") or "").split(",")
-        others = [o for o in servers if o != n]
-        for o in others:
-            check(any(p.split(":")[0] == o for p in peers), f"{n} names {o} as a peer (--peers {','.join(peers)})")
-        stop = services[n].get("stop_grace_period")
+        for o in servers:
+            if o != n:
+                check(f"{o}:50051" in peers, f"{n} names {o}:50051 as a peer (--peers {','.join(peers)})")
+        check(flag(cmd, "--node-name") == n and svc.get("hostname") == n,
+              f"{n}: --node-name and hostname are the service name ({flag(cmd, '--node-name')})")
+        check(flag(cmd, "--advertise") == f"{n}:50051", f"{n}: --advertise {n}:50051 ({flag(cmd, '--advertise')})")
+        stop = svc.get("stop_grace_period")
         grace, drain_timeout, bound = drain_bound(cmd)
         check(stop is not None and duration_s(stop) >= bound,
               f"{n} stop_grace_period {stop} >= {FORMULA} = {grace:g} + {drain_timeout:g} + "
               f"{DRAIN_SLACK_S} = {bound:g} s")
-        # The token: a compose secret file, mounted at /run/secrets/NAME.
-        token_file = flag(cmd, "--auth-token-file") or ""
-        name = token_file.removeprefix("/run/secrets/")
-        svc_secrets = [s if isinstance(s, str) else s.get("source") for s in services[n].get("secrets") or []]
-        check(token_file.startswith("/run/secrets/") and name in svc_secrets,
-              f"{n} reads --auth-token-file from its compose secret ({token_file}, secrets {svc_secrets})")
-        src = get(docs[0], "secrets", name, "file")
-        check(src is not None and os.path.normpath(os.path.join(deploy, src)).startswith(
-            os.path.join(deploy, "secrets") + os.sep),
-              f"compose secret {name} is a file under the ignored deploy/secrets/ ({src})")
-        check("--insecure" not in cmd and "--auth-token" not in cmd, f"{n}: no --insecure, no literal token")
+        secret_file(n, flag(cmd, "--auth-tokens") or "", "the roles file (--auth-tokens)", "tokens")
+        check("--insecure" not in cmd and not any(a.startswith(("--auth-token", "--peer-token")) and
+                                                  a != "--auth-tokens" for a in cmd),
+              f"{n}: no --insecure, no token on the command line")
+        # The entrypoint: the image's, run by exec (the server stays PID 1 and
+        # gets the stop signal), plus the peer token read from its secret file.
+        ep = svc.get("entrypoint")
+        ep = [str(x) for x in ep] if isinstance(ep, list) else shlex.split(str(ep or ""))
+        script = ep[2] if len(ep) >= 3 and ep[:2] == ["/bin/sh", "-c"] else ""
+        words = shlex.split(script.replace("$$", "$")) if script else []
+        check(bool(entrypoint) and words[:1] == ["exec"] and words[1:1 + len(entrypoint)] == entrypoint
+              and words[-1:] == ["$@"],
+              f"{n}: the entrypoint execs the image's ENTRYPOINT {entrypoint} with the command's flags ({script})")
+        m = re.search(r'--peer-token "\$\$\(cat (/run/secrets/[\w.-]+)\)"', script)
+        if check(m is not None, f"{n}: --peer-token is read from a secret file ({script})"):
+            secret_file(n, m.group(1), "the peer token", "peer-token")
+        for spec in svc.get("ports") or []:
+            host, _, rest = str(spec).partition(":")
+            check(host == "127.0.0.1", f"{n} publishes {spec} on loopback only")
+            host_ports.append(rest.split(":")[0])
+    check(len(host_ports) == len(set(host_ports)), f"the nodes' host ports differ ({host_ports})")
 
     prom = next((n for n, s in services.items() if "prometheus" in str(s.get("image", ""))), None)
     graf = next((n for n, s in services.items() if "grafana" in str(s.get("image", ""))), None)
@@ -356,7 +460,7 @@ def check_compose(root):
             if check(job is not None, "prometheus.yml has the job `cortiq`"):
                 targets = [t for sc in job.get("static_configs") or [] for t in sc.get("targets") or []]
                 check(sorted(targets) == sorted(f"{n}:9464" for n in servers),
-                      f"the cortiq job scrapes both nodes' :9464 ({targets})")
+                      f"the cortiq job scrapes every node's :9464 ({targets})")
                 check(job.get("metrics_path", "/metrics") == "/metrics", "the cortiq job scrapes /metrics")
     if graf:
         m = mounts(graf)
@@ -380,6 +484,53 @@ def check_compose(root):
         check(found, "a dashboard provider loads deploy/grafana/cortiq.json")
 
 
+def dockerfile_entrypoint(root):
+    """The runtime stage's ENTRYPOINT words (exec form), or None."""
+    entry = None
+    with open(os.path.join(root, "Dockerfile"), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("ENTRYPOINT "):
+                entry = json.loads(line[len("ENTRYPOINT "):])
+    return entry
+
+
+def check_make_tokens(root):
+    """deploy/make-tokens.sh writes a roles file the server accepts, and the
+    admin and peer tokens that match its lines; it never overwrites one."""
+    script = os.path.join(root, "deploy", "make-tokens.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "secrets")
+        r = subprocess.run(["bash", script, out, "alice", "bob"], capture_output=True, text=True)
+        if not check(r.returncode == 0, f"make-tokens.sh DIR alice bob exits 0 ({r.stderr.strip()})"):
+            return
+        check(sorted(os.listdir(out)) == sorted(MAKE_TOKENS_FILES), f"it writes {sorted(MAKE_TOKENS_FILES)}")
+        check(os.stat(out).st_mode & 0o077 == 0, "the folder is private (mode 700)")
+        lines = {}
+        tokens = []
+        with open(os.path.join(out, "tokens"), encoding="utf-8") as f:
+            for raw in f:
+                line = raw.strip()
+                if not line or line.startswith("#"):
+                    continue
+                m = TOKEN_LINE.fullmatch(line)
+                if check(m is not None, f"roles file line is NAME ROLE TOKEN: {line.split()[:2]} ..."):
+                    lines[m.group(1)] = m.group(2)
+                    tokens.append((m.group(1), m.group(3)))
+        check(lines == {"admin": "admin", "peer": "peer", "alice": "client", "bob": "client"},
+              f"roles: admin, peer and one client line per name ({lines})")
+        check(len({t for _, t in tokens}) == len(tokens), "every token differs")
+        by_name = dict(tokens)
+        for name in ("admin", "peer"):
+            with open(os.path.join(out, f"{name}-token"), encoding="utf-8") as f:
+                value = f.read()
+            check(value == by_name.get(name), f"{name}-token is the {name} line's token, no newline")
+        r = subprocess.run(["bash", script, out], capture_output=True, text=True)
+        check(r.returncode != 0 and "not overwriting" in r.stderr, "a second run refuses to overwrite")
+        r = subprocess.run(["bash", script, os.path.join(tmp, "x"), "bad name"], capture_output=True, text=True)
+        check(r.returncode == 2 and not os.path.exists(os.path.join(tmp, "x")),
+              f"a bad client name is refused, nothing written ({r.stderr.strip()})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
@@ -387,6 +538,7 @@ def main():
     root = os.path.abspath(a.root)
     check_k8s(root)
     check_compose(root)
+    check_make_tokens(root)
     if failures:
         print(f"\n{len(failures)} check(s) failed")
         return 1

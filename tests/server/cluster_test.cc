@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -49,11 +51,15 @@ int FreePort() {
 
 std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
 
-// A node named `name` on `port`, whose peers are `peers`.
+// A node named `name` on `port`, whose peers are `peers` (with a token
+// file and the peer token, when given).
 Node StartNamed(const std::string& model, const std::string& name, int port,
-                std::vector<std::string> peers) {
+                std::vector<std::string> peers, const std::string& tokens_file = "",
+                const std::string& peer_token = "") {
   ServerConfig c;
   c.model_dir = model;
+  c.auth_tokens_file = tokens_file;
+  c.peer_token = peer_token;
   c.grace = milliseconds(0);
   c.node_name = name;
   c.peers = std::move(peers);
@@ -75,7 +81,8 @@ struct Cluster {
   Node& operator[](const std::string& n) { return nodes.at(n); }
 };
 
-Cluster StartCluster(const std::string& model) {
+Cluster StartCluster(const std::string& model, const std::string& tokens_file = "",
+                     const std::string& peer_token = "") {
   const std::map<std::string, int> ports = {{"a", FreePort()}, {"b", FreePort()}, {"c", FreePort()}};
   Cluster cl;
   for (const auto& [name, port] : ports) {
@@ -83,7 +90,7 @@ Cluster StartCluster(const std::string& model) {
     for (const auto& [other, p] : ports) {
       if (other != name) peers.push_back(Addr(p));
     }
-    cl.nodes[name] = StartNamed(model, name, port, peers);
+    cl.nodes[name] = StartNamed(model, name, port, peers, tokens_file, peer_token);
   }
   return cl;
 }
@@ -169,23 +176,37 @@ TEST(ClusterTest, DrainsKeepEveryConversationReachableThroughOneNode) {
     EXPECT_EQ(info.node(), "b");
     EXPECT_EQ(NodeOf(ctx), "b");  // the owner answered, through A
   }
-  const size_t bytes_before = ClusterBytes(cl);
-  const size_t sessions_before = ClusterSessions(cl);
-  ASSERT_EQ(sessions_before, convs.size());
-
-  // Rolling restart: B drains (its sessions go to A and C) and stops; then
-  // C drains and stops.
+  // Rolling restart: B drains (its sessions go to A and C) and stops; the
+  // client carries on through A (A's cached owner, B, is gone: the retry
+  // finds each session on A or C); then C drains and stops, and the client
+  // carries on again.
+  size_t step = 2;
   for (const std::string name : {"b", "c"}) {
     SCOPED_TRACE(name);
+    std::map<std::string, size_t> per_before;  // session -> bytes
+    for (auto& [node, n] : cl.nodes) {
+      if (!n.server) continue;
+      for (const auto& s : n.server->store().List()) per_before[s.id] = s.memory.total();
+    }
+    const size_t bytes_before = ClusterBytes(cl);
+    ASSERT_EQ(ClusterSessions(cl), convs.size());
     const DrainReport report = cl[name].server->Drain(milliseconds(0));
     EXPECT_EQ(report.failed, 0u);
     cl[name].server->Shutdown(milliseconds(0));
     cl[name].server.reset();
-    EXPECT_EQ(ClusterSessions(cl), sessions_before);
+    // Nothing lost, nothing copied: the same sessions and bytes, each
+    // session holding exactly what it held.
+    EXPECT_EQ(ClusterSessions(cl), convs.size());
     EXPECT_EQ(ClusterBytes(cl), bytes_before);
+    for (auto& [node, n] : cl.nodes) {
+      if (!n.server) continue;
+      for (const auto& s : n.server->store().List()) {
+        EXPECT_EQ(s.memory.total(), per_before.at(s.id)) << s.id << " on " << node;
+      }
+    }
+    turn(step++);
   }
-  turn(2);  // every session is on A now; A's cached owners (B) are stale
-  turn(3);
+  EXPECT_EQ(a.server->store().num_sessions(), convs.size());
   EXPECT_EQ(a.server->store().num_sessions(), convs.size());
 }
 
@@ -262,6 +283,45 @@ TEST(ClusterTest, ListSessionsOfTheClusterSeesEveryNode) {
   ASSERT_TRUE(cl["a"].stub->ListSessions(&local_ctx, {}, &local).ok());
   ASSERT_EQ(local.sessions_size(), 1);
   EXPECT_EQ(local.sessions(0).node(), "a");
+}
+
+// Tenants hold across nodes: a forwarded call acts for its caller (the peer
+// token plus x-cortiq-on-behalf-of), so the owner applies the same filter.
+// Another tenant's session elsewhere is NOT_FOUND with the very message of
+// an id that exists nowhere; a client's own one is served through any node.
+TEST(ClusterTest, AForwardedCallActsForItsCallerOnly) {
+  const std::string model = testing::TempModel("tiny");
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("cortiq_cluster_test_" + std::to_string(getpid()) + ".tokens"))
+                               .string();
+  std::ofstream(file) << "alice client alice-token-0123456789\n"
+                         "bob client bob-token-0123456789ab\n"
+                         "nodes peer peer-token-0123456789a\n";
+  Cluster cl = StartCluster(model, file, "peer-token-0123456789a");
+  Out mine = testing::RunGenerate(*cl["b"].stub, Turn("", 0, "Call me"), "alice-token-0123456789");
+  ASSERT_TRUE(mine.status.ok()) << mine.status.error_message();
+  Out again =
+      testing::RunGenerate(*cl["a"].stub, Turn(mine.session, 0, " Ishmael"), "alice-token-0123456789");
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+  Out theirs =
+      testing::RunGenerate(*cl["a"].stub, Turn(mine.session, 0, " Ishmael"), "bob-token-0123456789ab");
+  EXPECT_EQ(theirs.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  const std::string other = "00112233445566778899aabbccddeeff";
+  Out nowhere =
+      testing::RunGenerate(*cl["a"].stub, Turn(other, 0, " Ishmael"), "bob-token-0123456789ab");
+  EXPECT_EQ(nowhere.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  std::string expected = nowhere.status.error_message();
+  expected.replace(expected.find(other), other.size(), mine.session);
+  EXPECT_EQ(theirs.status.error_message(), expected);
+  // A client token cannot act for another tenant: its on-behalf-of is ignored.
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer bob-token-0123456789ab");
+  ctx.AddMetadata("x-cortiq-on-behalf-of", "alice;client");
+  v1::GetSessionRequest req;
+  req.set_session_id(mine.session);
+  v1::SessionInfo info;
+  EXPECT_EQ(cl["b"].stub->GetSession(&ctx, req, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+  std::filesystem::remove(file);
 }
 
 }  // namespace

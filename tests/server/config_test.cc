@@ -369,6 +369,37 @@ TEST_F(ConfigTest, AuthTokenFile) {
   std::remove(path.c_str());
 }
 
+// The peer token from a file (kept out of the process list); the node's
+// name and forwarding flags.
+TEST_F(ConfigTest, PeerTokenFileAndClusterFlags) {
+  const std::string path = ::testing::TempDir() + "/config_test_peer_token";
+  {
+    std::ofstream f(path);
+    f << "peer-s3cret\n";
+  }
+  absl::StatusOr<ServerConfig> c =
+      Parse({"--auth-token", "admin", "--peer-token-file", path, "--node-name", "cortiq-0",
+             "--advertise", "10.0.0.7:50051", "--forward-ttl", "30"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->peer_token, "peer-s3cret");
+  EXPECT_EQ(c->node_name, "cortiq-0");
+  EXPECT_EQ(c->advertise, "10.0.0.7:50051");
+  EXPECT_EQ(c->forward_ttl, std::chrono::seconds(30));
+  { std::ofstream f(path, std::ios::trunc); }
+  ExpectUsageError({"--peer-token-file", path}, "--peer-token-file");
+  std::remove(path.c_str());
+  ExpectUsageError({"--node-name", "bad name"}, "--node-name");
+  ExpectUsageError({"--node-name", std::string(65, 'x')}, "--node-name");
+  // Without --node-name: <hostname>:<port> when --listen names the port.
+  c = Parse({"--listen", "127.0.0.1:7001"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node_name, "");
+  const std::string def = DefaultNodeName("127.0.0.1:7001");
+  EXPECT_TRUE(def.ends_with(":7001")) << def;
+  EXPECT_TRUE(IsValidNodeName(def)) << def;
+  EXPECT_TRUE(IsValidNodeName(DefaultNodeName("127.0.0.1:0")));
+}
+
 TEST_F(ConfigTest, LoopbackListenAddresses) {
   for (const char* listen : {"127.0.0.1:50051", "127.3.2.1:0", "localhost:50051",
                              "LocalHost:1", "[::1]:50051", "unix:/tmp/cortiq.sock"}) {

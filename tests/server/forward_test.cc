@@ -8,10 +8,20 @@
 // the relay to one message in flight, and the owner waits. A peer that never
 // answers (HangingPeer) shows what goes upstream: the caller's deadline, the
 // relay's metadata, and a cancel of a call that has not answered.
+//
+// In Mode::kLater, A sets each relay up without a target and the test plays
+// the service's lookup on the ForwardPending handle: a Begin long after the
+// handler returned gives the same answers; Fail gives its status, from A; a
+// cancel or deadline before Begin ends the call and the later Begin starts
+// nothing; a retry after an unreachable owner or one that no longer holds
+// the session (FakeOwner: names itself "wrong", then NOT_FOUND) goes to B
+// with only B's node name; a stream that sent a message is never retried.
 #include "server/forward.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -91,19 +101,66 @@ grpc::ChannelArguments SmallWindow() {
   return args;
 }
 
+// A port nothing listens on: bind one, note it, close it.
+std::string ClosedPort() {
+  int port = 0;
+  grpc::ServerBuilder sb;
+  sb.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> s = sb.BuildAndStart();
+  s->Shutdown();
+  return "127.0.0.1:" + std::to_string(port);
+}
+
+// A target for Begin: its own channel to `addr`.
+ForwardTarget TargetAt(const std::string& addr) {
+  return {.channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()),
+          .address = addr};
+}
+
 // ---- A: the relaying server ----
+
+// The unary reactor A's handlers answer through: the call's bytes as they
+// are (a relay never parses them).
+class RawReactor final : public UnaryReactor {
+ public:
+  RawReactor(const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
+      : request_(request), response_(response) {}
+  void Reply(const grpc::Status& status) override { ReplyRaw(status); }
+  void ReplyRaw(const grpc::Status& status) override {
+    util::TsanRelease(this);
+    Finish(status);
+  }
+  const grpc::ByteBuffer& request_bytes() const override { return *request_; }
+  grpc::ByteBuffer* response_bytes() override { return response_; }
+  void OnDone() override {
+    util::TsanAcquire(this);
+    delete this;
+  }
+
+ private:
+  const grpc::ByteBuffer* request_;
+  grpc::ByteBuffer* response_;
+};
+
+// kNow: every handler forwards at once to A's one target. kLater: Generate,
+// ExportSession and GetSession set a relay up without a target (the Later
+// forms) and post its handle for the test, which plays the lookup: Begin,
+// Fail, and Begin again after a retry, from the test's thread.
+enum class Mode { kNow, kLater };
 
 using RelayBase =
     v1::Inference::WithRawCallbackMethod_Generate<v1::Inference::WithRawCallbackMethod_GetSession<
         v1::Inference::WithRawCallbackMethod_ReleaseSession<
             v1::Inference::WithRawCallbackMethod_ExportSession<v1::Inference::Service>>>>;
 
-// Forwards every call to one target. Streams and GetSession go through
-// ForwardStream / ForwardUnaryCall; ReleaseSession through the low-level
-// ForwardUnary, its cancel handle kept for the test.
+// Forwards every call. kNow: to one target; streams and GetSession go
+// through ForwardStream / ForwardUnaryCall, ReleaseSession through the
+// low-level ForwardUnary, its cancel handle kept for the test. kLater: see
+// Mode; each retry the relays ask is recorded and answered with
+// set_retry's answer (default: no retry).
 class RelayService final : public RelayBase {
  public:
-  explicit RelayService(ForwardTarget target) : target_(std::move(target)) {}
+  RelayService(ForwardTarget target, Mode mode) : target_(std::move(target)), mode_(mode) {}
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* call,
                                                        const grpc::ByteBuffer* request) override {
@@ -116,18 +173,24 @@ class RelayService final : public RelayBase {
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* call,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override {
-    auto* reactor =
-        new TypedUnaryReactor<v1::GetSessionRequest, v1::SessionInfo>(request, response);
+    auto* reactor = new RawReactor(request, response);
     Started();
-    ForwardUnaryCall(target_, "/cortiq.v1.Inference/GetSession", call, reactor, Options(),
-                     [this](const grpc::Status& s) { Ended(s, 0); });
+    auto ended = [this](const grpc::Status& s) { Ended(s, 0); };
+    if (mode_ == Mode::kLater) {
+      auto handle = std::make_shared<std::atomic<ForwardPending*>>(nullptr);
+      ForwardPending* p = ForwardUnaryLater("/cortiq.v1.Inference/GetSession", call, reactor,
+                                            Options(handle), ended);
+      handle->store(p);  // before Post: retry runs only after the test's Begin
+      Post(p);
+    } else {
+      ForwardUnaryCall(target_, "/cortiq.v1.Inference/GetSession", call, reactor, Options(), ended);
+    }
     return reactor;
   }
   grpc::ServerUnaryReactor* ReleaseSession(grpc::CallbackServerContext* call,
                                            const grpc::ByteBuffer* request,
                                            grpc::ByteBuffer* response) override {
-    auto* reactor = new TypedUnaryReactor<v1::ReleaseSessionRequest, v1::ReleaseSessionResponse>(
-        request, response);
+    auto* reactor = new RawReactor(request, response);
     Started();
     // In the handler, so no reaction (and no reply) runs before OnCancelled.
     ForwardCancel cancel =
@@ -162,19 +225,84 @@ class RelayService final : public RelayBase {
     std::lock_guard lock(mu_);
     return last_cancel_;
   }
+  const ForwardTarget& target() const { return target_; }
+
+  // kLater: the next relay's handle, in order of arrival (null after
+  // `timeout`).
+  ForwardPending* WaitPending(milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !pending_.empty(); })) return nullptr;
+    ForwardPending* p = pending_.front();
+    pending_.erase(pending_.begin());
+    return p;
+  }
+  // What retry answers from now on.
+  void set_retry(bool answer) { retry_answer_.store(answer); }
+  // From now on each retry takes the next of `targets` (while there is one)
+  // and calls Begin on it itself, from inside retry — as a lookup that
+  // finds a cached owner does — and answers true.
+  void set_retry_targets(std::vector<ForwardTarget> targets) {
+    std::lock_guard lock(mu_);
+    retry_targets_ = std::move(targets);
+  }
+  // Waits until `n` retries were asked; the statuses they were asked with.
+  bool WaitRetries(size_t n, milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return retries_.size() >= n; });
+  }
+  std::vector<grpc::Status> retries() {
+    std::lock_guard lock(mu_);
+    return retries_;
+  }
 
  private:
-  ForwardOptions Options() const {
-    return {.metadata = {{"x-cortiq-hops", "1"}, {"traceparent", kTraceparent}},
-            .forwarded_by = kRelayName,
-            .stats = stats_};
+  // `handle`: where the relay's handle will be (kLater), for a retry that
+  // begins at once.
+  ForwardOptions Options(std::shared_ptr<std::atomic<ForwardPending*>> handle = nullptr) {
+    ForwardOptions o{.metadata = {{"x-cortiq-hops", "1"}, {"traceparent", kTraceparent}},
+                     .forwarded_by = kRelayName,
+                     .stats = stats_};
+    if (mode_ == Mode::kLater) {
+      o.retry = [this, handle](const grpc::Status& s) {
+        std::optional<ForwardTarget> next;
+        {
+          std::lock_guard lock(mu_);
+          retries_.push_back(s);
+          if (!retry_targets_.empty()) {
+            next = retry_targets_.front();
+            retry_targets_.erase(retry_targets_.begin());
+          }
+        }
+        cv_.notify_all();
+        if (next) {
+          handle->load()->Begin(*next);
+          return true;
+        }
+        return retry_answer_.load();
+      };
+    }
+    return o;
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Stream(const char* method,
                                                      grpc::CallbackServerContext* call,
                                                      const grpc::ByteBuffer& request) {
     Started();
-    return ForwardStream(target_, method, call, request, Options(),
-                         [this](const grpc::Status& s, uint64_t n) { Ended(s, n); });
+    auto ended = [this](const grpc::Status& s, uint64_t n) { Ended(s, n); };
+    if (mode_ == Mode::kLater) {
+      auto handle = std::make_shared<std::atomic<ForwardPending*>>(nullptr);
+      ForwardStreamStart start = ForwardStreamLater(method, call, request, Options(handle), ended);
+      handle->store(start.pending);
+      Post(start.pending);
+      return start.reactor;
+    }
+    return ForwardStream(target_, method, call, request, Options(), ended);
+  }
+  void Post(ForwardPending* p) {
+    {
+      std::lock_guard lock(mu_);
+      pending_.push_back(p);
+    }
+    cv_.notify_all();
   }
   void Started() {
     std::lock_guard lock(mu_);
@@ -189,26 +317,34 @@ class RelayService final : public RelayBase {
   }
 
   const ForwardTarget target_;
+  const Mode mode_;
   const std::shared_ptr<ForwardStats> stats_ = std::make_shared<ForwardStats>();
+  std::atomic<bool> retry_answer_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   size_t started_ = 0;
   std::vector<std::pair<grpc::Status, uint64_t>> ended_;
   ForwardCancel last_cancel_;
+  std::vector<ForwardPending*> pending_;
+  std::vector<grpc::Status> retries_;
+  std::vector<ForwardTarget> retry_targets_;
 };
 
 // A on 127.0.0.1 port 0, forwarding to `target` over a channel with `args`
 // and the FakeNodeInterceptor. The destructor waits for every relay to end
-// (their `done` calls into the service) before the service goes.
+// (their `done` calls into the service) before the service goes: in kLater
+// mode, the test must have answered every handle.
 class Relay {
  public:
-  explicit Relay(const std::string& target, grpc::ChannelArguments args = {}) {
+  explicit Relay(const std::string& target, grpc::ChannelArguments args = {},
+                 Mode mode = Mode::kNow) {
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> fake;
     fake.push_back(std::make_unique<FakeNodeFactory>());
     service_ = std::make_unique<RelayService>(
         ForwardTarget{.channel = grpc::experimental::CreateCustomChannelWithInterceptors(
                           target, grpc::InsecureChannelCredentials(), args, std::move(fake)),
-                      .address = target});
+                      .address = target},
+        mode);
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(service_.get());
@@ -472,15 +608,7 @@ TEST(ForwardTest, ErrorsComeBackUnchanged) {
 }
 
 TEST(ForwardTest, AnUnreachableOwnerIsUnavailable) {
-  // A port nothing listens on: bind one, note it, close it.
-  int port = 0;
-  {
-    grpc::ServerBuilder sb;
-    sb.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    std::unique_ptr<grpc::Server> s = sb.BuildAndStart();
-    s->Shutdown();
-  }
-  Relay a("127.0.0.1:" + std::to_string(port));
+  Relay a(ClosedPort());
   auto via_a = a.Stub();
   Streamed s = Generate(*via_a, Greedy("x", 4));
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE) << s.status.error_message();
@@ -622,7 +750,7 @@ class HangingPeer final : public v1::Inference::CallbackService {
   std::string addr() const { return "127.0.0.1:" + std::to_string(port_); }
 
   struct Seen {
-    std::string hops, traceparent;
+    std::string method, hops, traceparent;
     std::chrono::system_clock::time_point deadline;
   };
   bool WaitCalls(size_t n, milliseconds timeout) {
@@ -637,15 +765,19 @@ class HangingPeer final : public v1::Inference::CallbackService {
     std::lock_guard lock(mu_);
     return seen_.at(i);
   }
+  size_t calls() {
+    std::lock_guard lock(mu_);
+    return seen_.size();
+  }
 
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* call,
                                        const v1::GetSessionRequest*, v1::SessionInfo*) override {
-    Record(call);
+    Record(call, "GetSession");
     return new Held<grpc::ServerUnaryReactor>(this);
   }
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* call,
                                                            const v1::GenerateRequest*) override {
-    Record(call);
+    Record(call, "Generate");
     return new Held<grpc::ServerWriteReactor<v1::GenerateResponse>>(this);
   }
 
@@ -669,7 +801,7 @@ class HangingPeer final : public v1::Inference::CallbackService {
     HangingPeer* peer_;
   };
 
-  void Record(grpc::CallbackServerContext* call) {
+  void Record(grpc::CallbackServerContext* call, std::string method) {
     auto one = [&](const char* key) {
       auto it = call->client_metadata().find(key);
       return it == call->client_metadata().end()
@@ -678,7 +810,8 @@ class HangingPeer final : public v1::Inference::CallbackService {
     };
     {
       std::lock_guard lock(mu_);
-      seen_.push_back({one("x-cortiq-hops"), one("traceparent"), call->deadline()});
+      seen_.push_back(
+          {std::move(method), one("x-cortiq-hops"), one("traceparent"), call->deadline()});
     }
     cv_.notify_all();
   }
@@ -758,6 +891,475 @@ TEST(ForwardTest, AClientCancelReachesAnOwnerThatHasNotAnswered) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
     EXPECT_EQ(messages, 0u);
   }
+}
+
+// ---- deferred start and retry ----
+
+constexpr char kWrongNode[] = "wrong";
+
+// A node that no longer holds the session: it names itself ("wrong") in
+// its initial metadata, sends them, then fails GetSession and Generate with
+// `status` — Generate after `messages` token messages.
+class FakeOwner final : public v1::Inference::CallbackService {
+ public:
+  explicit FakeOwner(int messages = 0,
+                     grpc::Status status = grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                                        "fake owner: no such session"))
+      : messages_(messages), status_(std::move(status)) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(this);
+    server_ = b.BuildAndStart();
+  }
+  ~FakeOwner() override { server_->Shutdown(In(milliseconds(500))); }
+  std::string addr() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* call,
+                                       const v1::GetSessionRequest*, v1::SessionInfo*) override {
+    return new WrongUnary(call, status_);
+  }
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* call,
+                                                           const v1::GenerateRequest*) override {
+    return new WrongStream(call, messages_, status_);
+  }
+
+ private:
+  class WrongUnary final : public grpc::ServerUnaryReactor {
+   public:
+    WrongUnary(grpc::CallbackServerContext* call, grpc::Status status)
+        : status_(std::move(status)) {
+      call->AddInitialMetadata(std::string(kNodeMetadata), kWrongNode);
+      util::TsanRelease(this);
+      StartSendInitialMetadata();
+    }
+    void OnSendInitialMetadataDone(bool /*ok*/) override {
+      util::TsanAcquire(this);
+      util::TsanRelease(this);
+      Finish(status_);
+    }
+    void OnDone() override {
+      util::TsanAcquire(this);
+      delete this;
+    }
+
+   private:
+    const grpc::Status status_;
+  };
+
+  class WrongStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+   public:
+    WrongStream(grpc::CallbackServerContext* call, int messages, grpc::Status status)
+        : left_(messages), status_(std::move(status)) {
+      call->AddInitialMetadata(std::string(kNodeMetadata), kWrongNode);
+      message_.mutable_token()->set_token_id(7);
+      message_.mutable_token()->set_text("?");
+      util::TsanRelease(this);
+      StartSendInitialMetadata();
+    }
+    void OnSendInitialMetadataDone(bool ok) override { Next(ok); }
+    void OnWriteDone(bool ok) override { Next(ok); }
+    void OnDone() override {
+      util::TsanAcquire(this);
+      delete this;
+    }
+
+   private:
+    void Next(bool ok) {
+      util::TsanAcquire(this);
+      if (ok && left_ > 0) {
+        --left_;
+        util::TsanRelease(this);
+        StartWrite(&message_);
+      } else {
+        util::TsanRelease(this);
+        Finish(status_);
+      }
+    }
+    int left_;
+    const grpc::Status status_;
+    v1::GenerateResponse message_;
+  };
+
+  const int messages_;
+  const grpc::Status status_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+struct UnaryOut {
+  grpc::Status status;
+  v1::SessionInfo info;
+  std::vector<std::string> node, forwarded_by;  // those initial metadata values
+};
+
+// GetSession of `id` through `stub` on `ctx` (a 60 s deadline unless it has
+// one), blocking.
+UnaryOut GetSession(v1::Inference::Stub& stub, const std::string& id, grpc::ClientContext& ctx) {
+  if (ctx.deadline() == std::chrono::system_clock::time_point::max()) {
+    ctx.set_deadline(In(milliseconds(60'000)));
+  }
+  v1::GetSessionRequest req;
+  req.set_session_id(id);
+  UnaryOut o;
+  o.status = stub.GetSession(&ctx, req, &o.info);
+  o.node = Values(ctx.GetServerInitialMetadata(), std::string(kNodeMetadata));
+  o.forwarded_by = Values(ctx.GetServerInitialMetadata(), std::string(kForwardedByMetadata));
+  // The clock's fields differ between two reads.
+  o.info.clear_age_seconds();
+  o.info.clear_idle_seconds();
+  o.info.clear_ttl_remaining_seconds();
+  return o;
+}
+UnaryOut GetSession(v1::Inference::Stub& stub, const std::string& id) {
+  grpc::ClientContext ctx;
+  return GetSession(stub, id, ctx);
+}
+
+// The relay's handle for the call the test just made (kLater).
+ForwardPending* NextPending(Relay& a) {
+  ForwardPending* p = a.service().WaitPending(milliseconds(10'000));
+  EXPECT_NE(p, nullptr) << "no relay was set up";
+  return p;
+}
+
+TEST(ForwardTest, ADeferredBeginGivesTheSameTokensAndSessionInfo) {
+  testing::TestNode b = StartNode();
+  Relay a(b.addr, {}, Mode::kLater);
+  auto via_a = a.Stub();
+  const v1::GenerateRequest r = Greedy("It is a truth universally acknowledged", 24);
+  const Streamed direct = Generate(*b.stub, r);
+  ASSERT_TRUE(direct.status.ok()) << direct.status.error_message();
+  ASSERT_EQ(direct.node.size(), 1u);
+
+  {  // a stream
+    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, r); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    // The owner is known only later: the handler returned its reactor
+    // long ago (a delay to show it, not a synchronisation).
+    std::this_thread::sleep_for(milliseconds(200));
+    p->Begin(TargetAt(b.addr));
+    const Streamed got = relayed.get();
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.ids, direct.ids);
+    EXPECT_EQ(got.text, direct.text);
+    EXPECT_EQ(got.node, direct.node);
+    EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+  }
+  {  // a unary call
+    const std::string id = OpenSession(b);
+    const UnaryOut want = GetSession(*b.stub, id);
+    ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+    auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, id); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    std::this_thread::sleep_for(milliseconds(200));
+    p->Begin(TargetAt(b.addr));
+    const UnaryOut got = relayed.get();
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got.info, want.info))
+        << got.info.DebugString() << "\nvs direct\n"
+        << want.info.DebugString();
+    EXPECT_EQ(got.node, want.node);
+    EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+  }
+  ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
+  for (const auto& [status, messages] : a.service().ended()) EXPECT_TRUE(status.ok());
+  EXPECT_EQ(a.service().ended()[0].second, 25u);  // 24 tokens and the summary
+  EXPECT_EQ(a.stats().attempts.load(), 2u);
+  EXPECT_TRUE(a.service().retries().empty());  // none is asked when the owner answers OK
+}
+
+TEST(ForwardTest, FailEndsTheCallWithItsStatusFromThisNode) {
+  Relay a(ClosedPort(), {}, Mode::kLater);
+  auto via_a = a.Stub();
+  const grpc::Status not_found(grpc::StatusCode::NOT_FOUND,
+                               "no session '0123456789abcdef0123456789abcdef' on this node or "
+                               "its 2 peers");
+  {
+    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, Greedy("x", 4)); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Fail(not_found);
+    const Streamed got = relayed.get();
+    EXPECT_EQ(got.status.error_code(), not_found.error_code());
+    EXPECT_EQ(got.status.error_message(), not_found.error_message());
+    EXPECT_TRUE(got.ids.empty());
+    // This node answered: its name, and no relay header.
+    EXPECT_EQ(got.node, std::vector<std::string>{kRelayName});
+    EXPECT_TRUE(got.forwarded_by.empty());
+  }
+  {
+    auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, "s"); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Fail(not_found);
+    const UnaryOut got = relayed.get();
+    EXPECT_EQ(got.status.error_code(), not_found.error_code());
+    EXPECT_EQ(got.status.error_message(), not_found.error_message());
+    EXPECT_EQ(got.node, std::vector<std::string>{kRelayName});
+    EXPECT_TRUE(got.forwarded_by.empty());
+  }
+  ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
+  for (const auto& [status, messages] : a.service().ended()) {
+    EXPECT_EQ(status.error_code(), not_found.error_code());
+    EXPECT_EQ(status.error_message(), not_found.error_message());
+    EXPECT_EQ(messages, 0u);
+  }
+  EXPECT_EQ(a.stats().attempts.load(), 0u);
+}
+
+TEST(ForwardTest, ACancelBeforeBeginEndsTheCallAndTheLaterBeginStartsNothing) {
+  HangingPeer peer;
+  Relay a(ClosedPort(), {}, Mode::kLater);
+  a.service().set_retry(true);
+  auto via_a = a.Stub();
+  std::vector<ForwardPending*> late;  // each gets its Begin once its call is over
+  {                                   // a stream, the client cancels
+    grpc::ClientContext ctx;
+    auto reader = via_a->Generate(&ctx, Greedy("x", 4));
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    ctx.TryCancel();
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    // The relay ended the call with no owner (its done ran; no Begin yet).
+    ASSERT_TRUE(a.service().WaitEnded(1, milliseconds(10'000)));
+    late.push_back(p);
+  }
+  {  // a unary call whose deadline passes
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(milliseconds(300)));
+    EXPECT_EQ(GetSession(*via_a, "s", ctx).status.error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
+    late.push_back(p);
+  }
+  // The same while a retry waits for its Begin: the first owner is
+  // unreachable, retry says yes, and the client cancels before the next.
+  {  // a stream
+    grpc::ClientContext ctx;
+    auto reader = via_a->Generate(&ctx, Greedy("x", 4));
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Begin(a.service().target());
+    ASSERT_TRUE(a.service().WaitRetries(1, milliseconds(20'000)));
+    ctx.TryCancel();
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    ASSERT_TRUE(a.service().WaitEnded(3, milliseconds(10'000)));
+    late.push_back(p);
+  }
+  {  // a unary call
+    grpc::ClientContext ctx;
+    UnaryOut got;
+    auto call = std::async(std::launch::async, [&] { return GetSession(*via_a, "s", ctx); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Begin(a.service().target());
+    ASSERT_TRUE(a.service().WaitRetries(2, milliseconds(20'000)));
+    ctx.TryCancel();
+    EXPECT_EQ(call.get().status.error_code(), grpc::StatusCode::CANCELLED);
+    ASSERT_TRUE(a.service().WaitEnded(4, milliseconds(10'000)));
+    late.push_back(p);
+  }
+  const auto ended = a.service().ended();
+  ASSERT_EQ(ended.size(), 4u);
+  EXPECT_EQ(ended[0].first.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(ended[1].first.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(ended[2].first.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(ended[3].first.error_code(), grpc::StatusCode::CANCELLED);
+  for (const auto& [status, messages] : ended) EXPECT_EQ(messages, 0u);
+  for (const auto& s : a.service().retries()) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+
+  // Now the owner is "found": these Begins only free their relays.
+  for (ForwardPending* p : late) p->Begin(TargetAt(peer.addr()));
+  EXPECT_EQ(a.stats().attempts.load(), 2u);  // the two unreachable ones only
+  // The peer sees the next call made to it, and only that one.
+  grpc::ClientContext probe_ctx;
+  probe_ctx.set_deadline(In(milliseconds(1'000)));
+  auto probe =
+      std::async(std::launch::async, [&] { return GetSession(*via_a, "probe", probe_ctx); });
+  ForwardPending* p = NextPending(a);
+  ASSERT_NE(p, nullptr);
+  p->Begin(TargetAt(peer.addr()));
+  EXPECT_EQ(probe.get().status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(peer.WaitCancels(1, milliseconds(10'000)));
+  EXPECT_EQ(peer.calls(), 1u);
+  EXPECT_EQ(peer.seen(0).method, "GetSession");
+  // The probe's attempt ended by its client's deadline: not offered to
+  // retry (which would say yes), answered.
+  ASSERT_TRUE(a.service().WaitEnded(5, milliseconds(10'000)));
+  EXPECT_EQ(a.service().ended()[4].first.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(a.service().retries().size(), 2u);
+}
+
+TEST(ForwardTest, ARetriedStreamGoesToTheNextOwnerWithOnlyItsNodeName) {
+  testing::TestNode b = StartNode();
+  FakeOwner wrong;
+  Relay a(ClosedPort(), {}, Mode::kLater);
+  a.service().set_retry(true);
+  auto via_a = a.Stub();
+  const v1::GenerateRequest r = Greedy("Happy families are all alike", 24);
+  const Streamed direct = Generate(*b.stub, r);
+  ASSERT_TRUE(direct.status.ok()) << direct.status.error_message();
+  ASSERT_EQ(direct.node.size(), 1u);
+
+  // First an owner that cannot be reached (nothing was sent down), then
+  // one that names itself and answers NOT_FOUND; each time B after it.
+  const ForwardTarget firsts[] = {a.service().target(), TargetAt(wrong.addr())};
+  const grpc::StatusCode codes[] = {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::NOT_FOUND};
+  for (size_t i = 0; i < 2; ++i) {
+    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, r); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Begin(firsts[i]);
+    ASSERT_TRUE(a.service().WaitRetries(i + 1, milliseconds(20'000)));
+    EXPECT_EQ(a.service().retries()[i].error_code(), codes[i])
+        << a.service().retries()[i].error_message();
+    p->Begin(TargetAt(b.addr));  // the same handle, once more
+    const Streamed got = relayed.get();
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.ids, direct.ids);
+    EXPECT_EQ(got.text, direct.text);
+    EXPECT_EQ(got.node, direct.node);  // exactly one: B's
+    EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+  }
+  ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
+  for (const auto& [status, messages] : a.service().ended()) {
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(messages, 25u);
+  }
+  EXPECT_EQ(a.service().retries().size(), 2u);
+  EXPECT_EQ(a.stats().attempts.load(), 4u);
+  EXPECT_EQ(a.stats().read.load(), 50u);  // nothing from the failed attempts
+}
+
+TEST(ForwardTest, ARetriedUnaryCallGivesTheNextOwnersAnswerAndNodeOnly) {
+  testing::TestNode b = StartNode();
+  FakeOwner wrong;
+  Relay a(ClosedPort(), {}, Mode::kLater);
+  a.service().set_retry(true);
+  auto via_a = a.Stub();
+  const std::string id = OpenSession(b);
+  const UnaryOut want = GetSession(*b.stub, id);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_EQ(want.node.size(), 1u);
+
+  auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, id); });
+  ForwardPending* p = NextPending(a);
+  ASSERT_NE(p, nullptr);
+  p->Begin(TargetAt(wrong.addr()));  // sends x-cortiq-node: wrong, then NOT_FOUND
+  ASSERT_TRUE(a.service().WaitRetries(1, milliseconds(20'000)));
+  EXPECT_EQ(a.service().retries()[0].error_code(), grpc::StatusCode::NOT_FOUND);
+  p->Begin(TargetAt(b.addr));
+  const UnaryOut got = relayed.get();
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got.info, want.info))
+      << got.info.DebugString() << "\nvs direct\n"
+      << want.info.DebugString();
+  EXPECT_EQ(got.node, want.node);  // B's, and not "wrong"
+  EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+  ASSERT_TRUE(a.service().WaitEnded(1, milliseconds(10'000)));
+  EXPECT_TRUE(a.service().ended()[0].first.ok());
+  EXPECT_EQ(a.stats().attempts.load(), 2u);
+}
+
+TEST(ForwardTest, ARetryMayBeginTheNextAttemptFromInsideRetry) {
+  testing::TestNode b = StartNode();
+  FakeOwner wrong;
+  Relay a(ClosedPort(), {}, Mode::kLater);
+  auto via_a = a.Stub();
+  const v1::GenerateRequest r = Greedy("All happy families are alike", 16);
+  const Streamed direct = Generate(*b.stub, r);
+  ASSERT_TRUE(direct.status.ok()) << direct.status.error_message();
+  {  // a stream: unreachable, then the fake owner (begun inside the first
+     // retry), then B (inside the second)
+    a.service().set_retry_targets({TargetAt(wrong.addr()), TargetAt(b.addr)});
+    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, r); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Begin(a.service().target());
+    const Streamed got = relayed.get();
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.ids, direct.ids);
+    EXPECT_EQ(got.node, direct.node);
+  }
+  {  // a unary call: the fake owner, then B
+    const std::string id = OpenSession(b);
+    const UnaryOut want = GetSession(*b.stub, id);
+    a.service().set_retry_targets({TargetAt(b.addr)});
+    auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, id); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Begin(TargetAt(wrong.addr()));
+    const UnaryOut got = relayed.get();
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got.info, want.info));
+    EXPECT_EQ(got.node, want.node);
+  }
+  ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
+  for (const auto& [status, messages] : a.service().ended()) EXPECT_TRUE(status.ok());
+  const auto retries = a.service().retries();
+  ASSERT_EQ(retries.size(), 3u);
+  EXPECT_EQ(retries[0].error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(retries[1].error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(retries[2].error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(a.stats().attempts.load(), 5u);
+}
+
+TEST(ForwardTest, ADeclinedRetryAnswersWithTheOwnersStatusAndNode) {
+  FakeOwner wrong;
+  Relay a(ClosedPort(), {}, Mode::kLater);  // retry answers false
+  auto via_a = a.Stub();
+  {
+    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, Greedy("x", 4)); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Begin(TargetAt(wrong.addr()));
+    const Streamed got = relayed.get();
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(got.status.error_message(), "fake owner: no such session");
+    EXPECT_EQ(got.node, std::vector<std::string>{kWrongNode});
+    EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+  }
+  {
+    auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, "s"); });
+    ForwardPending* p = NextPending(a);
+    ASSERT_NE(p, nullptr);
+    p->Begin(TargetAt(wrong.addr()));
+    const UnaryOut got = relayed.get();
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(got.status.error_message(), "fake owner: no such session");
+    EXPECT_EQ(got.node, std::vector<std::string>{kWrongNode});
+  }
+  EXPECT_EQ(a.service().retries().size(), 2u);  // asked, and declined
+  ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
+  for (const auto& [status, messages] : a.service().ended()) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+TEST(ForwardTest, AStreamThatSentAMessageIsNeverRetried) {
+  FakeOwner half(1, grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake owner: gone mid-stream"));
+  Relay a(ClosedPort(), {}, Mode::kLater);
+  a.service().set_retry(true);
+  auto via_a = a.Stub();
+  auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, Greedy("x", 4)); });
+  ForwardPending* p = NextPending(a);
+  ASSERT_NE(p, nullptr);
+  p->Begin(TargetAt(half.addr()));
+  const Streamed got = relayed.get();
+  EXPECT_EQ(got.ids, std::vector<int32_t>{7});  // the one message went down ...
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE);  // ... then its status
+  EXPECT_EQ(got.status.error_message(), "fake owner: gone mid-stream");
+  EXPECT_EQ(got.node, std::vector<std::string>{kWrongNode});
+  ASSERT_TRUE(a.service().WaitEnded(1, milliseconds(10'000)));
+  EXPECT_EQ(a.service().ended()[0].second, 1u);
+  EXPECT_TRUE(a.service().retries().empty());  // never asked
+  EXPECT_EQ(a.stats().attempts.load(), 1u);
 }
 
 }  // namespace

@@ -283,7 +283,13 @@ TEST_F(TenantTest, RolesAreRefusedWhatTheyMayNotCall) {
             "GetSession: the peer role may not call it (allowed: client, admin)");
   std::string bytes;
   ASSERT_TRUE(Export(kAlice, a, &bytes).ok());
+  // The stream carries the session's id: it comes back under it once
+  // released here (a session lives in one place).
+  EXPECT_EQ(Import(kPeer, bytes).error_code(), StatusCode::ALREADY_EXISTS);
+  v1::ReleaseSessionResponse released;
+  ASSERT_TRUE(Release(kAlice, a, &released).ok());
   EXPECT_TRUE(Import(kPeer, bytes).ok());
+  EXPECT_TRUE(Get(kAlice, a).ok());  // alice's again: the tenant travelled
 
   // No token, an unknown one: UNAUTHENTICATED as before.
   {

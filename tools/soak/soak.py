@@ -57,7 +57,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LISTEN_RE = re.compile(r"^listening on (\S+):(\d+) metrics (\d+)\s*$", re.M)
 # spdlog line of Server::Drain; the peer's id is escaped by the server.
-DRAIN_MOVED_RE = re.compile(r"drain: session ([0-9a-f]+) migrated to (\S+) as (\S+)")
+DRAIN_MOVED_RE = re.compile(r"drain: session ([0-9a-f]+) migrated to (\S+) \(node [^)]*\)")
 DRAIN_FAILED_RE = re.compile(r"drain: session ([0-9a-f]+) NOT migrated: (.*)$", re.M)
 
 # Deviations of today's server that --known-issues can name. Each is reported
@@ -816,11 +816,11 @@ def adopt_orphan(soak, sess):
 
 
 def follow_drain(node):
-    """Where a drain moved each session of `node`: {old id: (peer address, new
-    id)} and {old id: error} from the node's drain log lines. The server gives a
-    migrated session a new id on the peer; this is the one place that knows."""
+    """Where a drain moved each session of `node`: {id: (peer address, id)} and
+    {id: error} from the node's drain log lines. A migrated session keeps its
+    id (wire version 4); the peer it went to is in the log."""
     text = node.read_log()
-    moved = {m.group(1): (m.group(2), m.group(3)) for m in DRAIN_MOVED_RE.finditer(text)}
+    moved = {m.group(1): (m.group(2), m.group(1)) for m in DRAIN_MOVED_RE.finditer(text)}
     failed = {m.group(1): m.group(2) for m in DRAIN_FAILED_RE.finditer(text)}
     return moved, failed
 
