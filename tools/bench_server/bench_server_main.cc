@@ -72,6 +72,7 @@ struct StreamResult {
   size_t tokens = 0;
   double ttft = 0;        // call start → first token
   double decode_tps = 0;  // (tokens - 1) / (last - first)
+  double decode_s = 0;    // last - first
   bool ok = false;
   std::vector<int32_t> ids;  // the streamed token ids
   std::string node;          // x-cortiq-node: the node that served the call
@@ -101,7 +102,8 @@ StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req
   r.ok = st.ok();
   if (!st.ok()) std::fprintf(stderr, "stream failed: %s\n", st.error_message().c_str());
   r.ttft = Seconds(first - t0);
-  if (r.tokens > 1) r.decode_tps = double(r.tokens - 1) / Seconds(last - first);
+  r.decode_s = Seconds(last - first);
+  if (r.tokens > 1) r.decode_tps = double(r.tokens - 1) / r.decode_s;
   r.node = InitialMetadata(ctx, "x-cortiq-node");
   return r;
 }
@@ -365,12 +367,27 @@ void PrintMachine(const cortiq::server::Server& any) {
 // ---------------------------------------------------------------------------
 // --hop: the same turns on B directly and through A.
 
+// One path's turns. The per-token figure is every turn's decode time over
+// every turn's decoded tokens (tokens after the first): a mean, so that
+// tokens/s and ms/token are one figure seen two ways (the medians of the
+// two, over an even count, are of different turns).
 struct PathStats {
-  std::vector<double> tps, ms_per_token, ttft_ms;
+  double decode_s = 0;
+  size_t decode_tokens = 0;
+  std::vector<double> ms_per_token, ttft_ms;  // per turn
   void Add(const StreamResult& s) {
-    tps.push_back(s.decode_tps);
-    ms_per_token.push_back(s.decode_tps > 0 ? 1e3 / s.decode_tps : 0);
+    if (s.tokens < 2) return;
+    decode_s += s.decode_s;
+    decode_tokens += s.tokens - 1;
+    ms_per_token.push_back(1e3 * s.decode_s / double(s.tokens - 1));
     ttft_ms.push_back(s.ttft * 1e3);
+  }
+  double MsPerToken() const { return decode_tokens ? 1e3 * decode_s / double(decode_tokens) : 0; }
+  double TokensPerSecond() const { return decode_s > 0 ? double(decode_tokens) / decode_s : 0; }
+  void Print(const char* label) const {
+    std::printf("%-18s %12.2f %10.3f %12.1f %12.1f   %.3f - %.3f\n", label, TokensPerSecond(),
+                MsPerToken(), Percentile(ttft_ms, 0.5), Percentile(ttft_ms, 0.99),
+                Percentile(ms_per_token, 0), Percentile(ms_per_token, 1));
   }
 };
 
@@ -444,19 +461,20 @@ int RunHopBench(BenchOptions opt) {
   }
   const size_t lookups_total = router.lookups_started() - lookups_before;
 
-  const double d_tps = Percentile(direct.tps, 0.5), p_tps = Percentile(proxied.tps, 0.5);
-  const double d_ms = Percentile(direct.ms_per_token, 0.5);
-  const double p_ms = Percentile(proxied.ms_per_token, 0.5);
+  const double d_ms = direct.MsPerToken(), p_ms = proxied.MsPerToken();
   const double d_t50 = Percentile(direct.ttft_ms, 0.5), p_t50 = Percentile(proxied.ttft_ms, 0.5);
   const double d_t99 = Percentile(direct.ttft_ms, 0.99), p_t99 = Percentile(proxied.ttft_ms, 0.99);
-  std::printf("\n%zu rounds, one turn per path each (medians; ttft p99 over %zu turns)\n",
-              opt.rounds, opt.rounds);
-  std::printf("%-18s %12s %10s %12s %12s\n", "", "decode t/s", "ms/token", "ttft p50 ms",
-              "ttft p99 ms");
-  std::printf("%-18s %12.2f %10.3f %12.1f %12.1f\n", "direct (b)", d_tps, d_ms, d_t50, d_t99);
-  std::printf("%-18s %12.2f %10.3f %12.1f %12.1f\n", "proxied (a -> b)", p_tps, p_ms, p_t50, p_t99);
-  std::printf("%-18s %11.3fx %9.3fx %11.3fx %11.3fx\n", "proxied / direct", p_tps / d_tps,
-              p_ms / d_ms, p_t50 / d_t50, p_t99 / d_t99);
+  std::printf(
+      "\n%zu rounds, one turn per path each (decode: all turns' time / their tokens; "
+      "ttft over %zu turns)\n",
+      opt.rounds, opt.rounds);
+  std::printf("%-18s %12s %10s %12s %12s   %s\n", "", "decode t/s", "ms/token", "ttft p50 ms",
+              "ttft p99 ms", "ms/token per turn, min - max");
+  direct.Print("direct (b)");
+  proxied.Print("proxied (a -> b)");
+  std::printf("%-18s %11.3fx %9.3fx %11.3fx %11.3fx\n", "proxied / direct",
+              proxied.TokensPerSecond() / direct.TokensPerSecond(), p_ms / d_ms, p_t50 / d_t50,
+              p_t99 / d_t99);
   std::printf("overhead of the hop: %+.3f ms per token, %+.1f ms time to first token (p50)\n",
               p_ms - d_ms, p_t50 - d_t50);
   std::printf(
@@ -524,67 +542,77 @@ absl::StatusOr<LoadResult> RunLoad(const BenchOptions& opt, std::vector<Node>& n
   return out;
 }
 
+// RunLoad at every client count of opt.levels, on `nodes`; `what` names
+// the setup in an error.
+absl::StatusOr<std::vector<LoadResult>> RunLevels(const BenchOptions& opt, std::vector<Node>& nodes,
+                                                  size_t shift, const std::string& what) {
+  std::vector<LoadResult> out;
+  for (size_t c : opt.levels) {
+    absl::StatusOr<LoadResult> r = RunLoad(opt, nodes, c, shift);
+    if (!r.ok()) {
+      return absl::Status(r.status().code(), what + ", " + std::to_string(c) +
+                                                 " clients: " + std::string(r.status().message()));
+    }
+    out.push_back(*r);
+  }
+  return out;
+}
+
 int RunClusterBench(BenchOptions opt, size_t count) {
   // The same math threads in all: the one node gets them all, each of the
   // N nodes its share (at least one).
   const size_t total = opt.threads > 0 ? opt.threads : Cores();
   const size_t each = std::max<size_t>(1, total / count);
-  std::vector<LoadResult> single, cluster;
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  };
+  absl::StatusOr<std::vector<LoadResult>> single, forwarded, to_owner;
   {
     auto one = StartNodes(opt, {total});
-    if (!one.ok()) {
-      std::fprintf(stderr, "start node: %s\n", std::string(one.status().message()).c_str());
-      return 1;
-    }
+    if (!one.ok()) return fail(one.status());
     opt.prompt = MakePrompt(opt.prompt_tokens, (*one)[0].server->model().config().vocab_size);
     PrintMachine(*(*one)[0].server);
     std::printf(
-        "cluster of %zu nodes in this process, all peers, against one node; model %s\n"
-        "each turn: %zu prompt tokens, %zu generated, greedy, on the client's kept session\n"
-        "client i's session lives on node i %% %zu and its turns are sent to node (i+1) %% %zu:\n"
-        "every cluster turn is forwarded one hop; on one node every turn is direct\n"
-        "math threads: one node %zu; cluster %zu per node (%zu in all on %zu cores%s)\n",
-        count, opt.model_dir.c_str(), opt.prompt_tokens, opt.max_tokens, count, count, total, each,
-        each * count, Cores(), each * count > Cores() ? ": the nodes share the cores" : "");
-    for (size_t c : opt.levels) {
-      absl::StatusOr<LoadResult> r = RunLoad(opt, *one, c, 0);
-      if (!r.ok()) {
-        std::fprintf(stderr, "one node, %zu clients: %s\n", c,
-                     std::string(r.status().message()).c_str());
-        return 1;
-      }
-      single.push_back(*r);
-    }
+        "%zu nodes in this process, all peers, against one node; model %s\n"
+        "each turn: %zu prompt tokens, %zu generated, greedy, on the client's kept session;\n"
+        "client i's session lives on node i %% %zu, and its turns are sent\n"
+        "  forwarded: to node (i+1) %% %zu, which forwards every one of them to the owner\n"
+        "  to owner:  to node i %% %zu itself (no forwarding: what the spread alone costs)\n"
+        "math threads: one node %zu; %zu per node of the %zu (%zu in all on %zu cores%s)\n",
+        count, opt.model_dir.c_str(), opt.prompt_tokens, opt.max_tokens, count, count, count, total,
+        each, count, each * count, Cores(),
+        each * count > Cores() ? ": the nodes share the cores" : "");
+    single = RunLevels(opt, *one, 0, "one node");
     StopNodes(*one);
+    if (!single.ok()) return fail(single.status());
   }
-  auto nodes = StartNodes(opt, std::vector<size_t>(count, each));
-  if (!nodes.ok()) {
-    std::fprintf(stderr, "start nodes: %s\n", std::string(nodes.status().message()).c_str());
-    return 1;
+  {
+    auto nodes = StartNodes(opt, std::vector<size_t>(count, each));
+    if (!nodes.ok()) return fail(nodes.status());
+    forwarded = RunLevels(opt, *nodes, 1, "forwarded");
+    if (forwarded.ok()) to_owner = RunLevels(opt, *nodes, 0, "to owner");
+    StopNodes(*nodes);
+    if (!forwarded.ok()) return fail(forwarded.status());
+    if (!to_owner.ok()) return fail(to_owner.status());
   }
-  for (size_t c : opt.levels) {
-    absl::StatusOr<LoadResult> r = RunLoad(opt, *nodes, c, 1);
-    if (!r.ok()) {
-      std::fprintf(stderr, "%zu nodes, %zu clients: %s\n", count, c,
-                   std::string(r.status().message()).c_str());
-      return 1;
-    }
-    cluster.push_back(*r);
-  }
-  StopNodes(*nodes);
 
-  std::printf("\n%zu rounds per client count (aggregate: median round; ttft over every turn)\n",
-              opt.rounds);
-  std::printf("%8s | %-36s | %-36s | %9s\n", "", "one node",
-              (std::to_string(count) + " nodes").c_str(), "");
-  std::printf("%8s | %12s %11s %11s | %12s %11s %11s | %9s %10s\n", "clients", "agg t/s",
-              "ttft p50", "ttft p99", "agg t/s", "ttft p50", "ttft p99", "agg ratio", "forwarded");
+  std::printf(
+      "\n%zu rounds per client count (aggregate: median round; ttft over every client's turns)\n",
+      opt.rounds);
+  std::printf("%8s  %-22s %12s %11s %11s %11s %10s\n", "clients", "setup", "agg t/s", "x one node",
+              "ttft p50", "ttft p99", "forwarded");
+  const std::string cluster = std::to_string(count) + " nodes, ";
   for (size_t i = 0; i < opt.levels.size(); ++i) {
-    const LoadResult& s = single[i];
-    const LoadResult& c = cluster[i];
-    std::printf("%8zu | %12.2f %9.1fms %9.1fms | %12.2f %9.1fms %9.1fms | %8.2fx %5zu/%-4zu\n",
-                opt.levels[i], s.agg_tps, s.ttft_p50_ms, s.ttft_p99_ms, c.agg_tps, c.ttft_p50_ms,
-                c.ttft_p99_ms, c.agg_tps / s.agg_tps, c.forwarded, c.turns);
+    const double base = (*single)[i].agg_tps;
+    auto row = [&](const std::string& setup, const LoadResult& r) {
+      std::printf("%8zu  %-22s %12.2f %10.2fx %9.1fms %9.1fms %6zu/%-4zu\n", opt.levels[i],
+                  setup.c_str(), r.agg_tps, r.agg_tps / base, r.ttft_p50_ms, r.ttft_p99_ms,
+                  r.forwarded, r.turns);
+    };
+    row("one node", (*single)[i]);
+    row(cluster + "forwarded", (*forwarded)[i]);
+    row(cluster + "to owner", (*to_owner)[i]);
   }
   return 0;
 }
