@@ -36,6 +36,7 @@
 // node's converted weights are not).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,11 +69,24 @@ constexpr auto kCallDeadline = std::chrono::minutes(10);
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// CPU seconds (user + system) this process has used, every thread together:
+// the nodes, the clients, the kernel's loopback copies. Unlike wall time it
+// hardly moves with what else the machine runs, so it shows a small cost
+// (the relay's) that the wall-clock figures of a shared machine bury. It
+// includes the math pools' spinning (ThreadPool: up to 200 us after each job).
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+
 struct StreamResult {
   size_t tokens = 0;
   double ttft = 0;        // call start → first token
   double decode_tps = 0;  // (tokens - 1) / (last - first)
   double decode_s = 0;    // last - first
+  double cpu_s = 0;       // the process's CPU seconds over the call (CpuSeconds)
   bool ok = false;
   std::vector<int32_t> ids;  // the streamed token ids
   std::string node;          // x-cortiq-node: the node that served the call
@@ -88,6 +102,7 @@ StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req
   StreamResult r;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  const double cpu0 = CpuSeconds();
   const auto t0 = Clock::now();
   Clock::time_point first, last;
   auto reader = stub.Generate(&ctx, req);
@@ -102,6 +117,7 @@ StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req
   r.ok = st.ok();
   if (!st.ok()) std::fprintf(stderr, "stream failed: %s\n", st.error_message().c_str());
   r.ttft = Seconds(first - t0);
+  r.cpu_s = CpuSeconds() - cpu0;
   r.decode_s = Seconds(last - first);
   if (r.tokens > 1) r.decode_tps = double(r.tokens - 1) / r.decode_s;
   r.node = InitialMetadata(ctx, "x-cortiq-node");
@@ -372,22 +388,27 @@ void PrintMachine(const cortiq::server::Server& any) {
 // tokens/s and ms/token are one figure seen two ways (the medians of the
 // two, over an even count, are of different turns).
 struct PathStats {
-  double decode_s = 0;
-  size_t decode_tokens = 0;
+  double decode_s = 0, cpu_s = 0;
+  size_t decode_tokens = 0, tokens = 0;
   std::vector<double> ms_per_token, ttft_ms;  // per turn
   void Add(const StreamResult& s) {
     if (s.tokens < 2) return;
     decode_s += s.decode_s;
+    cpu_s += s.cpu_s;
+    tokens += s.tokens;
     decode_tokens += s.tokens - 1;
     ms_per_token.push_back(1e3 * s.decode_s / double(s.tokens - 1));
     ttft_ms.push_back(s.ttft * 1e3);
   }
   double MsPerToken() const { return decode_tokens ? 1e3 * decode_s / double(decode_tokens) : 0; }
   double TokensPerSecond() const { return decode_s > 0 ? double(decode_tokens) / decode_s : 0; }
+  // The process's CPU time per streamed token, prefill included (the whole turn).
+  double CpuMsPerToken() const { return tokens ? 1e3 * cpu_s / double(tokens) : 0; }
   void Print(const char* label) const {
-    std::printf("%-18s %12.2f %10.3f %12.1f %12.1f   %.3f - %.3f\n", label, TokensPerSecond(),
-                MsPerToken(), Percentile(ttft_ms, 0.5), Percentile(ttft_ms, 0.99),
-                Percentile(ms_per_token, 0), Percentile(ms_per_token, 1));
+    std::printf("%-18s %12.2f %10.3f %12.1f %12.1f %12.3f   %.3f - %.3f\n", label,
+                TokensPerSecond(), MsPerToken(), Percentile(ttft_ms, 0.5),
+                Percentile(ttft_ms, 0.99), CpuMsPerToken(), Percentile(ms_per_token, 0),
+                Percentile(ms_per_token, 1));
   }
 };
 
@@ -468,15 +489,17 @@ int RunHopBench(BenchOptions opt) {
       "\n%zu rounds, one turn per path each (decode: all turns' time / their tokens; "
       "ttft over %zu turns)\n",
       opt.rounds, opt.rounds);
-  std::printf("%-18s %12s %10s %12s %12s   %s\n", "", "decode t/s", "ms/token", "ttft p50 ms",
-              "ttft p99 ms", "ms/token per turn, min - max");
+  std::printf("%-18s %12s %10s %12s %12s %12s   %s\n", "", "decode t/s", "ms/token", "ttft p50 ms",
+              "ttft p99 ms", "CPU ms/tok", "ms/token per turn, min - max");
   direct.Print("direct (b)");
   proxied.Print("proxied (a -> b)");
-  std::printf("%-18s %11.3fx %9.3fx %11.3fx %11.3fx\n", "proxied / direct",
+  std::printf("%-18s %11.3fx %9.3fx %11.3fx %11.3fx %11.3fx\n", "proxied / direct",
               proxied.TokensPerSecond() / direct.TokensPerSecond(), p_ms / d_ms, p_t50 / d_t50,
-              p_t99 / d_t99);
-  std::printf("overhead of the hop: %+.3f ms per token, %+.1f ms time to first token (p50)\n",
-              p_ms - d_ms, p_t50 - d_t50);
+              p_t99 / d_t99, proxied.CpuMsPerToken() / direct.CpuMsPerToken());
+  std::printf(
+      "overhead of the hop: %+.3f ms per token, %+.1f ms time to first token (p50), "
+      "%+.3f CPU ms per token\n",
+      p_ms - d_ms, p_t50 - d_t50, proxied.CpuMsPerToken() - direct.CpuMsPerToken());
   std::printf(
       "first turn through a (owner lookup included): ttft %.1f ms, direct first turn %.1f ms; "
       "lookups a made: %zu on the first turn, %zu in all\n",
@@ -495,6 +518,7 @@ int RunHopBench(BenchOptions opt) {
 struct LoadResult {
   double agg_tps = 0;  // median over the rounds of all tokens / the round's wall time
   double ttft_p50_ms = 0, ttft_p99_ms = 0;
+  double cpu_ms_per_token = 0;      // the process's CPU time over the counted rounds / their tokens
   size_t forwarded = 0, turns = 0;  // turns served by a node other than the one called
 };
 
@@ -513,7 +537,10 @@ absl::StatusOr<LoadResult> RunLoad(const BenchOptions& opt, std::vector<Node>& n
   }
   LoadResult out;
   std::vector<double> aggs, ttfts;
+  double cpu_s = 0;
+  size_t counted_tokens = 0;
   for (size_t r = 0; r < opt.rounds + 1; ++r) {
+    const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
     std::vector<std::future<StreamResult>> fs;
     for (size_t i = 0; i < clients; ++i) {
@@ -533,10 +560,14 @@ absl::StatusOr<LoadResult> RunLoad(const BenchOptions& opt, std::vector<Node>& n
       if (s.node != nodes[(i + shift) % n].name) ++out.forwarded;
     }
     if (!ok) return absl::UnavailableError("a turn failed (see above)");
-    if (r > 0) aggs.push_back(double(tokens) / Seconds(Clock::now() - t0));
+    if (r == 0) continue;
+    aggs.push_back(double(tokens) / Seconds(Clock::now() - t0));
+    cpu_s += CpuSeconds() - cpu0;
+    counted_tokens += tokens;
   }
   for (size_t i = 0; i < clients; ++i) ReleaseSession(*nodes[i % n].stub, ids[i]);
   out.agg_tps = Percentile(aggs, 0.5);
+  out.cpu_ms_per_token = counted_tokens ? 1e3 * cpu_s / double(counted_tokens) : 0;
   out.ttft_p50_ms = Percentile(ttfts, 0.5);
   out.ttft_p99_ms = Percentile(ttfts, 0.99);
   return out;
@@ -600,15 +631,15 @@ int RunClusterBench(BenchOptions opt, size_t count) {
   std::printf(
       "\n%zu rounds per client count (aggregate: median round; ttft over every client's turns)\n",
       opt.rounds);
-  std::printf("%8s  %-22s %12s %11s %11s %11s %10s\n", "clients", "setup", "agg t/s", "x one node",
-              "ttft p50", "ttft p99", "forwarded");
+  std::printf("%8s  %-22s %12s %11s %11s %11s %11s %10s\n", "clients", "setup", "agg t/s",
+              "x one node", "ttft p50", "ttft p99", "CPU ms/tok", "forwarded");
   const std::string cluster = std::to_string(count) + " nodes, ";
   for (size_t i = 0; i < opt.levels.size(); ++i) {
     const double base = (*single)[i].agg_tps;
     auto row = [&](const std::string& setup, const LoadResult& r) {
-      std::printf("%8zu  %-22s %12.2f %10.2fx %9.1fms %9.1fms %6zu/%-4zu\n", opt.levels[i],
+      std::printf("%8zu  %-22s %12.2f %10.2fx %9.1fms %9.1fms %11.2f %6zu/%-4zu\n", opt.levels[i],
                   setup.c_str(), r.agg_tps, r.agg_tps / base, r.ttft_p50_ms, r.ttft_p99_ms,
-                  r.forwarded, r.turns);
+                  r.cpu_ms_per_token, r.forwarded, r.turns);
     };
     row("one node", (*single)[i]);
     row(cluster + "forwarded", (*forwarded)[i]);
