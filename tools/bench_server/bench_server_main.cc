@@ -486,7 +486,7 @@ int RunHopBench(BenchOptions opt) {
   const double d_t50 = Percentile(direct.ttft_ms, 0.5), p_t50 = Percentile(proxied.ttft_ms, 0.5);
   const double d_t99 = Percentile(direct.ttft_ms, 0.99), p_t99 = Percentile(proxied.ttft_ms, 0.99);
   std::printf(
-      "\n%zu rounds, one turn per path each (decode: all turns' time / their tokens; "
+      "\nrounds: %zu, one turn per path each (decode: all turns' time / their tokens; "
       "ttft over %zu turns)\n",
       opt.rounds, opt.rounds);
   std::printf("%-18s %12s %10s %12s %12s %12s   %s\n", "", "decode t/s", "ms/token", "ttft p50 ms",
@@ -566,6 +566,14 @@ absl::StatusOr<LoadResult> RunLoad(const BenchOptions& opt, std::vector<Node>& n
     counted_tokens += tokens;
   }
   for (size_t i = 0; i < clients; ++i) ReleaseSession(*nodes[i % n].stub, ids[i]);
+  // Every turn sent away from its owner must have been forwarded, and none
+  // sent to it: else the figures are of another setup.
+  const size_t expected = shift % n == 0 ? 0 : out.turns;
+  if (out.forwarded != expected) {
+    return absl::InternalError(std::to_string(out.forwarded) + " of " + std::to_string(out.turns) +
+                               " turns served by another node than " + "the one called, expected " +
+                               std::to_string(expected));
+  }
   out.agg_tps = Percentile(aggs, 0.5);
   out.cpu_ms_per_token = counted_tokens ? 1e3 * cpu_s / double(counted_tokens) : 0;
   out.ttft_p50_ms = Percentile(ttfts, 0.5);
@@ -629,7 +637,8 @@ int RunClusterBench(BenchOptions opt, size_t count) {
   }
 
   std::printf(
-      "\n%zu rounds per client count (aggregate: median round; ttft over every client's turns)\n",
+      "\nrounds: %zu per client count (aggregate: the median round; ttft over every client's "
+      "turns)\n",
       opt.rounds);
   std::printf("%8s  %-22s %12s %11s %11s %11s %11s %10s\n", "clients", "setup", "agg t/s",
               "x one node", "ttft p50", "ttft p99", "CPU ms/tok", "forwarded");
