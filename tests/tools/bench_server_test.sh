@@ -38,4 +38,11 @@ for args in "--hop --cluster 3" "--cluster 1" "--cluster 27"; do
   [ "$RC" -eq 2 ] || fail "'$args' exited $RC, not 2: $ERR"
   grep -q -- '--cluster' <<<"$ERR" || fail "'$args' message names no flag: $ERR"
 done
+# The kept sessions would outgrow the byte model's context: refused before a turn.
+set +e
+ERR="$("$BENCH" "${SMALL[@]}" --hop --rounds 100000 2>&1)"
+RC=$?
+set -e
+[ "$RC" -eq 2 ] || fail "--rounds beyond the context exited $RC, not 2: $ERR"
+grep -q -- "--rounds: .* beyond the model's context" <<<"$ERR" || fail "context message: $ERR"
 echo PASS

@@ -374,6 +374,18 @@ v1::GenerateRequest TurnRequest(const BenchOptions& opt, const std::string& id) 
   return req;
 }
 
+// The kept sessions grow by a turn (prompt + generated tokens) each round,
+// the warm-up round included: they must stay within the model's context.
+absl::Status CheckContext(const BenchOptions& opt, const cortiq::server::Server& any) {
+  const size_t context = size_t(any.model().config().max_position_embeddings);
+  const size_t needed = (opt.rounds + 1) * (opt.prompt_tokens + opt.max_tokens);
+  if (needed <= context) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "--rounds: (rounds + 1) x (prompt-tokens + max-tokens) = " + std::to_string(needed) +
+      " positions on one kept session, beyond the model's context of " + std::to_string(context) +
+      ": lower --rounds, --prompt-tokens or --max-tokens");
+}
+
 // The line every cluster figure carries: where it was measured.
 void PrintMachine(const cortiq::server::Server& any) {
   std::printf("CPU %s, %zu cores; kernels %s; %s activations\n", CpuModelName().c_str(), Cores(),
@@ -423,6 +435,9 @@ int RunHopBench(BenchOptions opt) {
   Node& a = nodes[0];
   Node& b = nodes[1];
   opt.prompt = MakePrompt(opt.prompt_tokens, b.server->model().config().vocab_size);
+  if (absl::Status s = CheckContext(opt, *b.server); !s.ok()) {
+    return cortiq::util::ReportUsageError("cortiq-bench-server", s);
+  }
   PrintMachine(*b.server);
   std::printf(
       "one extra hop: node a forwards to node b, which holds the sessions "
@@ -611,6 +626,9 @@ int RunClusterBench(BenchOptions opt, size_t count) {
     auto one = StartNodes(opt, {total});
     if (!one.ok()) return fail(one.status());
     opt.prompt = MakePrompt(opt.prompt_tokens, (*one)[0].server->model().config().vocab_size);
+    if (absl::Status s = CheckContext(opt, *(*one)[0].server); !s.ok()) {
+      return cortiq::util::ReportUsageError("cortiq-bench-server", s);
+    }
     PrintMachine(*(*one)[0].server);
     std::printf(
         "%zu nodes in this process, all peers, against one node; model %s\n"
