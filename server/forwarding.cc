@@ -178,7 +178,7 @@ bool ShouldForward(const ServiceContext& ctx, const grpc::CallbackServerContext*
                    const std::string& id, const Caller& caller) {
   if (ctx.router == nullptr || ctx.peers == nullptr) return false;
   if (CallHops(call) >= kMaxForwardHops) return false;
-  if (!IsSessionIdForm(id)) return false;  // no session anywhere has it: answered here
+  if (!session::SessionStore::IsIdForm(id)) return false;  // no session anywhere has it: answered here
   if (ctx.store->Get(id, caller.sessions()).has_value()) return false;
   // A node without peers answers for itself.
   return !ctx.peers->Peers(PeerDialer::Wait::kNo).empty();

@@ -10,12 +10,6 @@
 
 namespace cortiq::server {
 
-bool IsSessionIdForm(std::string_view id) {
-  return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char ch) {
-           return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
-         });
-}
-
 int ParseHops(std::string_view value) {
   int hops = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), hops);

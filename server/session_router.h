@@ -129,10 +129,6 @@ class SessionRouter {
   std::condition_variable ended_;
 };
 
-// True for a string of the form the store gives session ids: 32 lowercase
-// hex digits. Anything else is no session anywhere (no lookup is made).
-bool IsSessionIdForm(std::string_view id);
-
 // The hop count a call's kHopsHeader value says: 0 when absent or
 // malformed (a client's own call), at most kMaxForwardHops.
 int ParseHops(std::string_view value);

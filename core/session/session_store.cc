@@ -40,6 +40,12 @@ std::string SessionStore::RandomId() {
   return absl::StrFormat("%016x%016x", hi, lo);
 }
 
+bool SessionStore::IsIdForm(std::string_view id) {
+  return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char ch) {
+           return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+         });
+}
+
 std::string SessionStore::NewId() {
   for (;;) {
     std::string id = RandomId();

@@ -52,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -149,6 +150,10 @@ class SessionStore {
   absl::StatusOr<ImportReservation> BeginImport();
   // A fresh session id: 32 hex digits of 128 bits from the kernel CSPRNG.
   static std::string RandomId();
+  // True for a string of RandomId's form (32 lowercase hex digits): an id
+  // that can name a session at all (the wire import checks it; a node asks
+  // its peers only for one of this form).
+  static bool IsIdForm(std::string_view id);
   // Leases an existing session. NOT_FOUND for an unknown id (or one
   // `tenant` does not see); ABORTED when another call holds it ("session
   // busy"). When the holder is ending (see the banner) this blocks the

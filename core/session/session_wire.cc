@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "core/kv/layer_kv_cache.h"
 #include "core/kv/wire_refusal.h"
+#include "core/session/session_store.h"
 #include "core/util/bytes.h"
 #include "core/util/crc32c.h"
 #include "core/util/status_macros.h"
@@ -120,13 +121,6 @@ std::string HeaderPayload(const model::ModelConfig& m, const SessionConfig& c, u
   return w.Take();
 }
 
-// A session id as the store makes them: 32 lowercase hex digits.
-bool IsSessionId(std::string_view id) {
-  return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char ch) {
-           return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
-         });
-}
-
 // A tenant name: at most kMaxTenantBytes of [A-Za-z0-9._-] ("" = none).
 bool IsTenantName(std::string_view t) {
   return t.size() <= kMaxTenantBytes && std::all_of(t.begin(), t.end(), [](char ch) {
@@ -181,7 +175,7 @@ absl::StatusOr<ParsedHeader> ParseHeader(std::string_view payload, const model::
   if (version >= kSessionWireIdentityVersion) {
     uint8_t id_len = 0, tenant_len = 0;
     std::string_view id, tenant;
-    if (!r.U8(&id_len) || !r.Bytes(id_len, &id) || !IsSessionId(id)) {
+    if (!r.U8(&id_len) || !r.Bytes(id_len, &id) || !SessionStore::IsIdForm(id)) {
       return Corrupt("header: the session id is not 32 lowercase hex digits");
     }
     if (!r.U8(&tenant_len) || !r.Bytes(tenant_len, &tenant) || !IsTenantName(tenant)) {

@@ -97,10 +97,12 @@ set -e
 "${C[@]}" session show "$ID2" >/dev/null || fail "a refused migration took the session"
 "${C[@]}" migrate "$ID2" --to "$PEER" --peer-token t0ken >"$WORK/migrate.out" || fail "migrate"
 grep -q "^migrated $ID2 to $PEER (node [^)]*) (" "$WORK/migrate.out" || fail "migrate: $(cat "$WORK/migrate.out")"
-set +e
-"${C[@]}" session show "$ID2" >/dev/null 2>&1; rc=$?
-set -e
-[ $rc -eq 1 ] || fail "the migrated session is still on the source"
+PEER_NODE="$(sed -n 's/^migrated [0-9a-f]* to [^ ]* (node \([^)]*\)).*/\1/p' "$WORK/migrate.out")"
+# Gone from the source's own list...
+"${C[@]}" sessions | grep -q "^$ID2 " && fail "the migrated session is still on the source"
+# ...and still reachable through it: the source forwards to where it went.
+"${C[@]}" session show "$ID2" >"$WORK/show.json" || fail "show through the source"
+grep -q "\"node\": \"$PEER_NODE\"" "$WORK/show.json" || fail "show through the source: $(cat "$WORK/show.json")"
 # It kept its id on the peer.
 "$CLI" --server "$PEER" --token t0ken session show "$ID2" >/dev/null \
   || fail "the migrated session is not on the peer under its id"

@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "core/util/tsan_annotations.h"
@@ -101,14 +102,37 @@ grpc::ChannelArguments SmallWindow() {
   return args;
 }
 
+// A gRPC server on 127.0.0.1 port 0 serving `service` (null: none), shut
+// down (500 ms of grace) by Stop or when it goes. As a member, the last one:
+// calls may come as soon as it is built.
+class Loopback {
+ public:
+  explicit Loopback(grpc::Service* service) {
+    int port = 0;
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    if (service) b.RegisterService(service);
+    server_ = b.BuildAndStart();
+    addr_ = "127.0.0.1:" + std::to_string(port);
+  }
+  ~Loopback() { Stop(); }
+  void Stop() {
+    if (!server_) return;
+    server_->Shutdown(In(milliseconds(500)));
+    server_.reset();
+  }
+  const std::string& addr() const { return addr_; }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  std::string addr_;
+};
+
 // A port nothing listens on: bind one, note it, close it.
 std::string ClosedPort() {
-  int port = 0;
-  grpc::ServerBuilder sb;
-  sb.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  std::unique_ptr<grpc::Server> s = sb.BuildAndStart();
-  s->Shutdown();
-  return "127.0.0.1:" + std::to_string(port);
+  Loopback none(nullptr);
+  none.Stop();
+  return none.addr();
 }
 
 // A target for Begin: its own channel to `addr`.
@@ -337,39 +361,33 @@ class RelayService final : public RelayBase {
 class Relay {
  public:
   explicit Relay(const std::string& target, grpc::ChannelArguments args = {},
-                 Mode mode = Mode::kNow) {
-    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> fake;
-    fake.push_back(std::make_unique<FakeNodeFactory>());
-    service_ = std::make_unique<RelayService>(
-        ForwardTarget{.channel = grpc::experimental::CreateCustomChannelWithInterceptors(
-                          target, grpc::InsecureChannelCredentials(), args, std::move(fake)),
-                      .address = target},
-        mode);
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
-    addr_ = "127.0.0.1:" + std::to_string(port_);
-  }
+                 Mode mode = Mode::kNow)
+      : service_(std::make_unique<RelayService>(TargetOf(target, args), mode)),
+        server_(service_.get()) {}
   ~Relay() {
-    server_->Shutdown(In(milliseconds(500)));
+    server_.Stop();
     EXPECT_TRUE(service_->WaitAllEnded(milliseconds(10'000))) << "a relay never ended";
-    server_.reset();
   }
 
   // A stub to A; `args` for the client's own channel.
   std::unique_ptr<v1::Inference::Stub> Stub(grpc::ChannelArguments args = {}) const {
     return v1::Inference::NewStub(
-        grpc::CreateCustomChannel(addr_, grpc::InsecureChannelCredentials(), args));
+        grpc::CreateCustomChannel(server_.addr(), grpc::InsecureChannelCredentials(), args));
   }
   RelayService& service() { return *service_; }
   ForwardStats& stats() { return *service_->stats(); }
 
  private:
+  static ForwardTarget TargetOf(const std::string& target, const grpc::ChannelArguments& args) {
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> fake;
+    fake.push_back(std::make_unique<FakeNodeFactory>());
+    return {.channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+                target, grpc::InsecureChannelCredentials(), args, std::move(fake)),
+            .address = target};
+  }
+
   std::unique_ptr<RelayService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  std::string addr_;
+  Loopback server_;
 };
 
 // ---- B: a real node ----
@@ -740,14 +758,7 @@ TEST(ForwardTest, ASlowClientHoldsTheRelayToOneMessageAndSlowsTheOwner) {
 // is cancelled (then finishes it CANCELLED and counts the cancel).
 class HangingPeer final : public v1::Inference::CallbackService {
  public:
-  HangingPeer() {
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    b.RegisterService(this);
-    server_ = b.BuildAndStart();
-  }
-  ~HangingPeer() override { server_->Shutdown(In(milliseconds(500))); }
-  std::string addr() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string addr() const { return server_.addr(); }
 
   struct Seen {
     std::string method, hops, traceparent;
@@ -827,8 +838,7 @@ class HangingPeer final : public v1::Inference::CallbackService {
   std::condition_variable cv_;
   std::vector<Seen> seen_;
   size_t cancels_ = 0;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  Loopback server_{this};  // last: it serves the members above
 };
 
 TEST(ForwardTest, TheCallersDeadlineAndTheRelaysMetadataGoUpstream) {
@@ -905,14 +915,8 @@ class FakeOwner final : public v1::Inference::CallbackService {
   explicit FakeOwner(int messages = 0,
                      grpc::Status status = grpc::Status(grpc::StatusCode::NOT_FOUND,
                                                         "fake owner: no such session"))
-      : messages_(messages), status_(std::move(status)) {
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    b.RegisterService(this);
-    server_ = b.BuildAndStart();
-  }
-  ~FakeOwner() override { server_->Shutdown(In(milliseconds(500))); }
-  std::string addr() const { return "127.0.0.1:" + std::to_string(port_); }
+      : messages_(messages), status_(std::move(status)) {}
+  std::string addr() const { return server_.addr(); }
 
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* call,
                                        const v1::GetSessionRequest*, v1::SessionInfo*) override {
@@ -982,8 +986,7 @@ class FakeOwner final : public v1::Inference::CallbackService {
 
   const int messages_;
   const grpc::Status status_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
+  Loopback server_{this};  // last: it serves the members above
 };
 
 struct UnaryOut {
@@ -1022,46 +1025,79 @@ ForwardPending* NextPending(Relay& a) {
   return p;
 }
 
-TEST(ForwardTest, ADeferredBeginGivesTheSameTokensAndSessionInfo) {
-  testing::TestNode b = StartNode();
-  Relay a(b.addr, {}, Mode::kLater);
-  auto via_a = a.Stub();
-  const v1::GenerateRequest r = Greedy("It is a truth universally acknowledged", 24);
-  const Streamed direct = Generate(*b.stub, r);
-  ASSERT_TRUE(direct.status.ok()) << direct.status.error_message();
-  ASSERT_EQ(direct.node.size(), 1u);
+// A call made through A (kLater) on a thread of its own, and the handle of
+// the relay A set up for it (null when none came).
+template <typename Out>
+struct Relayed {
+  std::future<Out> out;
+  ForwardPending* pending;
+};
+template <typename Call>
+Relayed<std::invoke_result_t<Call>> Through(Relay& a, Call call) {
+  auto out = std::async(std::launch::async, std::move(call));
+  return {std::move(out), NextPending(a)};
+}
 
-  {  // a stream
-    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, r); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    // The owner is known only later: the handler returned its reactor
-    // long ago (a delay to show it, not a synchronisation).
-    std::this_thread::sleep_for(milliseconds(200));
-    p->Begin(TargetAt(b.addr));
-    const Streamed got = relayed.get();
-    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
-    EXPECT_EQ(got.ids, direct.ids);
-    EXPECT_EQ(got.text, direct.text);
-    EXPECT_EQ(got.node, direct.node);
-    EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+// `got` (through A) is `want`'s answer (direct to B): the same tokens, the
+// same node name (B's, exactly one), and A as the relay.
+void ExpectSameStream(const Streamed& got, const Streamed& want) {
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_EQ(got.text, want.text);
+  EXPECT_EQ(got.node, want.node);
+  EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+}
+// ... the same session info.
+void ExpectSameInfo(const UnaryOut& got, const UnaryOut& want) {
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got.info, want.info))
+      << got.info.DebugString() << "\nvs direct\n"
+      << want.info.DebugString();
+  EXPECT_EQ(got.node, want.node);
+  EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+}
+
+void ExpectStatus(const grpc::Status& got, const grpc::Status& want) {
+  EXPECT_EQ(got.error_code(), want.error_code()) << got.error_message();
+  EXPECT_EQ(got.error_message(), want.error_message());
+}
+
+// B and its direct answers, to compare what comes through A with.
+struct DirectB {
+  explicit DirectB(const v1::GenerateRequest& r) : node(StartNode()) {
+    tokens = Generate(*node.stub, r);
+    EXPECT_TRUE(tokens.status.ok()) << tokens.status.error_message();
+    EXPECT_EQ(tokens.node.size(), 1u);
+    id = OpenSession(node);
+    info = GetSession(*node.stub, id);
+    EXPECT_TRUE(info.status.ok()) << info.status.error_message();
   }
-  {  // a unary call
-    const std::string id = OpenSession(b);
-    const UnaryOut want = GetSession(*b.stub, id);
-    ASSERT_TRUE(want.status.ok()) << want.status.error_message();
-    auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, id); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
+  testing::TestNode node;
+  Streamed tokens;  // r's answer
+  std::string id;   // a kept session
+  UnaryOut info;    // its GetSession
+};
+
+TEST(ForwardTest, ADeferredBeginGivesTheSameTokensAndSessionInfo) {
+  const v1::GenerateRequest r = Greedy("It is a truth universally acknowledged", 24);
+  DirectB b(r);
+  Relay a(b.node.addr, {}, Mode::kLater);
+  auto via_a = a.Stub();
+  // Each time the owner is known only later: the handler returned its
+  // reactor long ago (a delay to show it, not a synchronisation).
+  {
+    auto call = Through(a, [&] { return Generate(*via_a, r); });
+    ASSERT_NE(call.pending, nullptr);
     std::this_thread::sleep_for(milliseconds(200));
-    p->Begin(TargetAt(b.addr));
-    const UnaryOut got = relayed.get();
-    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
-    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got.info, want.info))
-        << got.info.DebugString() << "\nvs direct\n"
-        << want.info.DebugString();
-    EXPECT_EQ(got.node, want.node);
-    EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+    call.pending->Begin(TargetAt(b.node.addr));
+    ExpectSameStream(call.out.get(), b.tokens);
+  }
+  {
+    auto call = Through(a, [&] { return GetSession(*via_a, b.id); });
+    ASSERT_NE(call.pending, nullptr);
+    std::this_thread::sleep_for(milliseconds(200));
+    call.pending->Begin(TargetAt(b.node.addr));
+    ExpectSameInfo(call.out.get(), b.info);
   }
   ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
   for (const auto& [status, messages] : a.service().ended()) EXPECT_TRUE(status.ok());
@@ -1076,34 +1112,29 @@ TEST(ForwardTest, FailEndsTheCallWithItsStatusFromThisNode) {
   const grpc::Status not_found(grpc::StatusCode::NOT_FOUND,
                                "no session '0123456789abcdef0123456789abcdef' on this node or "
                                "its 2 peers");
+  // This node answered: its name, and no relay header.
   {
-    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, Greedy("x", 4)); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    p->Fail(not_found);
-    const Streamed got = relayed.get();
-    EXPECT_EQ(got.status.error_code(), not_found.error_code());
-    EXPECT_EQ(got.status.error_message(), not_found.error_message());
+    auto call = Through(a, [&] { return Generate(*via_a, Greedy("x", 4)); });
+    ASSERT_NE(call.pending, nullptr);
+    call.pending->Fail(not_found);
+    const Streamed got = call.out.get();
+    ExpectStatus(got.status, not_found);
     EXPECT_TRUE(got.ids.empty());
-    // This node answered: its name, and no relay header.
     EXPECT_EQ(got.node, std::vector<std::string>{kRelayName});
     EXPECT_TRUE(got.forwarded_by.empty());
   }
   {
-    auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, "s"); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    p->Fail(not_found);
-    const UnaryOut got = relayed.get();
-    EXPECT_EQ(got.status.error_code(), not_found.error_code());
-    EXPECT_EQ(got.status.error_message(), not_found.error_message());
+    auto call = Through(a, [&] { return GetSession(*via_a, "s"); });
+    ASSERT_NE(call.pending, nullptr);
+    call.pending->Fail(not_found);
+    const UnaryOut got = call.out.get();
+    ExpectStatus(got.status, not_found);
     EXPECT_EQ(got.node, std::vector<std::string>{kRelayName});
     EXPECT_TRUE(got.forwarded_by.empty());
   }
   ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
   for (const auto& [status, messages] : a.service().ended()) {
-    EXPECT_EQ(status.error_code(), not_found.error_code());
-    EXPECT_EQ(status.error_message(), not_found.error_message());
+    ExpectStatus(status, not_found);
     EXPECT_EQ(messages, 0u);
   }
   EXPECT_EQ(a.stats().attempts.load(), 0u);
@@ -1152,16 +1183,14 @@ TEST(ForwardTest, ACancelBeforeBeginEndsTheCallAndTheLaterBeginStartsNothing) {
   }
   {  // a unary call
     grpc::ClientContext ctx;
-    UnaryOut got;
-    auto call = std::async(std::launch::async, [&] { return GetSession(*via_a, "s", ctx); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    p->Begin(a.service().target());
+    auto call = Through(a, [&] { return GetSession(*via_a, "s", ctx); });
+    ASSERT_NE(call.pending, nullptr);
+    call.pending->Begin(a.service().target());
     ASSERT_TRUE(a.service().WaitRetries(2, milliseconds(20'000)));
     ctx.TryCancel();
-    EXPECT_EQ(call.get().status.error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_EQ(call.out.get().status.error_code(), grpc::StatusCode::CANCELLED);
     ASSERT_TRUE(a.service().WaitEnded(4, milliseconds(10'000)));
-    late.push_back(p);
+    late.push_back(call.pending);
   }
   const auto ended = a.service().ended();
   ASSERT_EQ(ended.size(), 4u);
@@ -1180,12 +1209,10 @@ TEST(ForwardTest, ACancelBeforeBeginEndsTheCallAndTheLaterBeginStartsNothing) {
   // The peer sees the next call made to it, and only that one.
   grpc::ClientContext probe_ctx;
   probe_ctx.set_deadline(In(milliseconds(1'000)));
-  auto probe =
-      std::async(std::launch::async, [&] { return GetSession(*via_a, "probe", probe_ctx); });
-  ForwardPending* p = NextPending(a);
-  ASSERT_NE(p, nullptr);
-  p->Begin(TargetAt(peer.addr()));
-  EXPECT_EQ(probe.get().status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  auto probe = Through(a, [&] { return GetSession(*via_a, "probe", probe_ctx); });
+  ASSERT_NE(probe.pending, nullptr);
+  probe.pending->Begin(TargetAt(peer.addr()));
+  EXPECT_EQ(probe.out.get().status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   ASSERT_TRUE(peer.WaitCancels(1, milliseconds(10'000)));
   EXPECT_EQ(peer.calls(), 1u);
   EXPECT_EQ(peer.seen(0).method, "GetSession");
@@ -1197,35 +1224,26 @@ TEST(ForwardTest, ACancelBeforeBeginEndsTheCallAndTheLaterBeginStartsNothing) {
 }
 
 TEST(ForwardTest, ARetriedStreamGoesToTheNextOwnerWithOnlyItsNodeName) {
-  testing::TestNode b = StartNode();
+  const v1::GenerateRequest r = Greedy("Happy families are all alike", 24);
+  DirectB b(r);
   FakeOwner wrong;
   Relay a(ClosedPort(), {}, Mode::kLater);
   a.service().set_retry(true);
   auto via_a = a.Stub();
-  const v1::GenerateRequest r = Greedy("Happy families are all alike", 24);
-  const Streamed direct = Generate(*b.stub, r);
-  ASSERT_TRUE(direct.status.ok()) << direct.status.error_message();
-  ASSERT_EQ(direct.node.size(), 1u);
 
   // First an owner that cannot be reached (nothing was sent down), then
   // one that names itself and answers NOT_FOUND; each time B after it.
   const ForwardTarget firsts[] = {a.service().target(), TargetAt(wrong.addr())};
   const grpc::StatusCode codes[] = {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::NOT_FOUND};
   for (size_t i = 0; i < 2; ++i) {
-    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, r); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    p->Begin(firsts[i]);
+    auto call = Through(a, [&] { return Generate(*via_a, r); });
+    ASSERT_NE(call.pending, nullptr);
+    call.pending->Begin(firsts[i]);
     ASSERT_TRUE(a.service().WaitRetries(i + 1, milliseconds(20'000)));
     EXPECT_EQ(a.service().retries()[i].error_code(), codes[i])
         << a.service().retries()[i].error_message();
-    p->Begin(TargetAt(b.addr));  // the same handle, once more
-    const Streamed got = relayed.get();
-    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
-    EXPECT_EQ(got.ids, direct.ids);
-    EXPECT_EQ(got.text, direct.text);
-    EXPECT_EQ(got.node, direct.node);  // exactly one: B's
-    EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+    call.pending->Begin(TargetAt(b.node.addr));  // the same handle, once more
+    ExpectSameStream(call.out.get(), b.tokens);
   }
   ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
   for (const auto& [status, messages] : a.service().ended()) {
@@ -1238,67 +1256,44 @@ TEST(ForwardTest, ARetriedStreamGoesToTheNextOwnerWithOnlyItsNodeName) {
 }
 
 TEST(ForwardTest, ARetriedUnaryCallGivesTheNextOwnersAnswerAndNodeOnly) {
-  testing::TestNode b = StartNode();
+  DirectB b(Greedy("x", 1));
   FakeOwner wrong;
   Relay a(ClosedPort(), {}, Mode::kLater);
   a.service().set_retry(true);
   auto via_a = a.Stub();
-  const std::string id = OpenSession(b);
-  const UnaryOut want = GetSession(*b.stub, id);
-  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
-  ASSERT_EQ(want.node.size(), 1u);
 
-  auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, id); });
-  ForwardPending* p = NextPending(a);
-  ASSERT_NE(p, nullptr);
-  p->Begin(TargetAt(wrong.addr()));  // sends x-cortiq-node: wrong, then NOT_FOUND
+  auto call = Through(a, [&] { return GetSession(*via_a, b.id); });
+  ASSERT_NE(call.pending, nullptr);
+  call.pending->Begin(TargetAt(wrong.addr()));  // sends x-cortiq-node: wrong, then NOT_FOUND
   ASSERT_TRUE(a.service().WaitRetries(1, milliseconds(20'000)));
   EXPECT_EQ(a.service().retries()[0].error_code(), grpc::StatusCode::NOT_FOUND);
-  p->Begin(TargetAt(b.addr));
-  const UnaryOut got = relayed.get();
-  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got.info, want.info))
-      << got.info.DebugString() << "\nvs direct\n"
-      << want.info.DebugString();
-  EXPECT_EQ(got.node, want.node);  // B's, and not "wrong"
-  EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
+  call.pending->Begin(TargetAt(b.node.addr));
+  ExpectSameInfo(call.out.get(), b.info);  // B's node only, not "wrong"
   ASSERT_TRUE(a.service().WaitEnded(1, milliseconds(10'000)));
   EXPECT_TRUE(a.service().ended()[0].first.ok());
   EXPECT_EQ(a.stats().attempts.load(), 2u);
 }
 
 TEST(ForwardTest, ARetryMayBeginTheNextAttemptFromInsideRetry) {
-  testing::TestNode b = StartNode();
+  const v1::GenerateRequest r = Greedy("All happy families are alike", 16);
+  DirectB b(r);
   FakeOwner wrong;
   Relay a(ClosedPort(), {}, Mode::kLater);
   auto via_a = a.Stub();
-  const v1::GenerateRequest r = Greedy("All happy families are alike", 16);
-  const Streamed direct = Generate(*b.stub, r);
-  ASSERT_TRUE(direct.status.ok()) << direct.status.error_message();
   {  // a stream: unreachable, then the fake owner (begun inside the first
      // retry), then B (inside the second)
-    a.service().set_retry_targets({TargetAt(wrong.addr()), TargetAt(b.addr)});
-    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, r); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    p->Begin(a.service().target());
-    const Streamed got = relayed.get();
-    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
-    EXPECT_EQ(got.ids, direct.ids);
-    EXPECT_EQ(got.node, direct.node);
+    a.service().set_retry_targets({TargetAt(wrong.addr()), TargetAt(b.node.addr)});
+    auto call = Through(a, [&] { return Generate(*via_a, r); });
+    ASSERT_NE(call.pending, nullptr);
+    call.pending->Begin(a.service().target());
+    ExpectSameStream(call.out.get(), b.tokens);
   }
   {  // a unary call: the fake owner, then B
-    const std::string id = OpenSession(b);
-    const UnaryOut want = GetSession(*b.stub, id);
-    a.service().set_retry_targets({TargetAt(b.addr)});
-    auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, id); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    p->Begin(TargetAt(wrong.addr()));
-    const UnaryOut got = relayed.get();
-    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
-    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got.info, want.info));
-    EXPECT_EQ(got.node, want.node);
+    a.service().set_retry_targets({TargetAt(b.node.addr)});
+    auto call = Through(a, [&] { return GetSession(*via_a, b.id); });
+    ASSERT_NE(call.pending, nullptr);
+    call.pending->Begin(TargetAt(wrong.addr()));
+    ExpectSameInfo(call.out.get(), b.info);
   }
   ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
   for (const auto& [status, messages] : a.service().ended()) EXPECT_TRUE(status.ok());
@@ -1314,47 +1309,41 @@ TEST(ForwardTest, ADeclinedRetryAnswersWithTheOwnersStatusAndNode) {
   FakeOwner wrong;
   Relay a(ClosedPort(), {}, Mode::kLater);  // retry answers false
   auto via_a = a.Stub();
+  const grpc::Status owners(grpc::StatusCode::NOT_FOUND, "fake owner: no such session");
   {
-    auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, Greedy("x", 4)); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    p->Begin(TargetAt(wrong.addr()));
-    const Streamed got = relayed.get();
-    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::NOT_FOUND);
-    EXPECT_EQ(got.status.error_message(), "fake owner: no such session");
+    auto call = Through(a, [&] { return Generate(*via_a, Greedy("x", 4)); });
+    ASSERT_NE(call.pending, nullptr);
+    call.pending->Begin(TargetAt(wrong.addr()));
+    const Streamed got = call.out.get();
+    ExpectStatus(got.status, owners);
     EXPECT_EQ(got.node, std::vector<std::string>{kWrongNode});
     EXPECT_EQ(got.forwarded_by, std::vector<std::string>{kRelayName});
   }
   {
-    auto relayed = std::async(std::launch::async, [&] { return GetSession(*via_a, "s"); });
-    ForwardPending* p = NextPending(a);
-    ASSERT_NE(p, nullptr);
-    p->Begin(TargetAt(wrong.addr()));
-    const UnaryOut got = relayed.get();
-    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::NOT_FOUND);
-    EXPECT_EQ(got.status.error_message(), "fake owner: no such session");
+    auto call = Through(a, [&] { return GetSession(*via_a, "s"); });
+    ASSERT_NE(call.pending, nullptr);
+    call.pending->Begin(TargetAt(wrong.addr()));
+    const UnaryOut got = call.out.get();
+    ExpectStatus(got.status, owners);
     EXPECT_EQ(got.node, std::vector<std::string>{kWrongNode});
   }
   EXPECT_EQ(a.service().retries().size(), 2u);  // asked, and declined
   ASSERT_TRUE(a.service().WaitEnded(2, milliseconds(10'000)));
-  for (const auto& [status, messages] : a.service().ended()) {
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
-  }
+  for (const auto& [status, messages] : a.service().ended()) ExpectStatus(status, owners);
 }
 
 TEST(ForwardTest, AStreamThatSentAMessageIsNeverRetried) {
-  FakeOwner half(1, grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake owner: gone mid-stream"));
+  const grpc::Status gone(grpc::StatusCode::UNAVAILABLE, "fake owner: gone mid-stream");
+  FakeOwner half(1, gone);
   Relay a(ClosedPort(), {}, Mode::kLater);
   a.service().set_retry(true);
   auto via_a = a.Stub();
-  auto relayed = std::async(std::launch::async, [&] { return Generate(*via_a, Greedy("x", 4)); });
-  ForwardPending* p = NextPending(a);
-  ASSERT_NE(p, nullptr);
-  p->Begin(TargetAt(half.addr()));
-  const Streamed got = relayed.get();
+  auto call = Through(a, [&] { return Generate(*via_a, Greedy("x", 4)); });
+  ASSERT_NE(call.pending, nullptr);
+  call.pending->Begin(TargetAt(half.addr()));
+  const Streamed got = call.out.get();
   EXPECT_EQ(got.ids, std::vector<int32_t>{7});  // the one message went down ...
-  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE);  // ... then its status
-  EXPECT_EQ(got.status.error_message(), "fake owner: gone mid-stream");
+  ExpectStatus(got.status, gone);               // ... then its status
   EXPECT_EQ(got.node, std::vector<std::string>{kWrongNode});
   ASSERT_TRUE(a.service().WaitEnded(1, milliseconds(10'000)));
   EXPECT_EQ(a.service().ended()[0].second, 1u);

@@ -610,8 +610,12 @@ def act_stall(soak, rng):
     try:
         chunks = []
         try:
-            for c in sess.node.stub.ExportSession(pb2.ExportSessionRequest(session_id=sess.id),
-                                                  timeout=ARGS.rpc_timeout, metadata=metadata()):
+            # Version 3 carries no session id, so the import is a new session
+            # (version 4 names the live one: refused ALREADY_EXISTS at its
+            # first section, before the stall this probes).
+            request = pb2.ExportSessionRequest(session_id=sess.id, version=3)
+            for c in sess.node.stub.ExportSession(request, timeout=ARGS.rpc_timeout,
+                                                  metadata=metadata()):
                 chunks.append(c.data)
             soak.record("ExportSession", "OK")
         except grpc.RpcError as e:
