@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/session/session.h"
 #include "core/util/log_escape.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
@@ -20,7 +21,7 @@ namespace cortiq::server {
 
 namespace {
 
-constexpr size_t kMaxTenantBytes = 64;
+using session::kMaxTenantBytes;
 constexpr size_t kMinTokenBytes = 16;
 constexpr std::string_view kAdminName = "admin";
 constexpr std::string_view kBearer = "Bearer ";
@@ -80,11 +81,7 @@ std::optional<Role> ParseRole(std::string_view name) {
 }
 
 bool IsValidTenantName(std::string_view name) {
-  return !name.empty() && name.size() <= kMaxTenantBytes &&
-         std::all_of(name.begin(), name.end(), [](char c) {
-           return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-                  c == '-';
-         });
+  return !name.empty() && session::IsTenantName(name);
 }
 
 std::optional<std::string> Caller::sessions() const {

@@ -7,22 +7,19 @@
 
 namespace cortiq::server {
 
-namespace {
-
-std::optional<std::string_view> Metadata(const grpc::CallbackServerContext* call,
-                                         std::string_view key) {
+std::optional<std::string_view> ClientMetadata(const grpc::CallbackServerContext* call,
+                                               std::string_view key) {
   const auto& md = call->client_metadata();
   auto it = md.find(grpc::string_ref(key.data(), key.size()));
   if (it == md.end()) return std::nullopt;
   return std::string_view(it->second.data(), it->second.size());
 }
 
-}  // namespace
-
 absl::StatusOr<Caller> Authenticate(const ServiceContext& ctx,
                                     const grpc::CallbackServerContext* call) {
   if (ctx.auth == nullptr) return absl::InternalError("no authenticator configured");
-  return ctx.auth->Authenticate(Metadata(call, "authorization"), Metadata(call, kOnBehalfOfHeader));
+  return ctx.auth->Authenticate(ClientMetadata(call, "authorization"),
+                                 ClientMetadata(call, kOnBehalfOfHeader));
 }
 
 absl::StatusOr<Caller> Authorize(const ServiceContext& ctx, const grpc::CallbackServerContext* call,
@@ -68,7 +65,7 @@ CallLog::CallLog(ServiceContext* ctx, const grpc::CallbackServerContext* call, s
       id_(ctx->next_request_id.fetch_add(1)),
       start_(Clock::now()),
       peer_(call->peer()) {
-  if (const auto v = Metadata(call, "traceparent"); v && IsValidTraceparent(*v)) {
+  if (const auto v = ClientMetadata(call, "traceparent"); v && IsValidTraceparent(*v)) {
     traceparent_ = std::string(*v);
   }
   if (absl::StatusOr<Caller> caller = Authenticate(*ctx, call); caller.ok()) {

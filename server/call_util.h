@@ -51,6 +51,11 @@ absl::StatusOr<Caller> Authorize(const ServiceContext& ctx, const grpc::Callback
 // Authenticate's status: UNAUTHENTICATED or OK. The permission is checked
 // by the gates (see the banner); this is for a handler behind one.
 absl::Status CheckAuth(const ServiceContext& ctx, const grpc::CallbackServerContext* call);
+// The value of the call's metadata `key` (lower case), nullopt when absent;
+// valid while the call is.
+std::optional<std::string_view> ClientMetadata(const grpc::CallbackServerContext* call,
+                                               std::string_view key);
+
 // Adds kNodeMetadata (server/forward.h) = this node's name to the call's initial metadata: every
 // call this node serves itself (a call it forwards carries the owner's).
 // Before the call's first write or its finish.

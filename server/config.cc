@@ -301,10 +301,17 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   return c;
 }
 
+namespace {
+bool IsNodeNameChar(char ch) {
+  return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+         ch == '.' || ch == '_' || ch == ':' || ch == '-';
+}
+}  // namespace
+
 std::string DefaultNodeName(std::string_view listen) {
   char host[256] = {};
   std::string name = gethostname(host, sizeof(host) - 1) == 0 ? host : "";
-  std::erase_if(name, [](char ch) { return !IsValidNodeName(std::string_view(&ch, 1)); });
+  std::erase_if(name, [](char ch) { return !IsNodeNameChar(ch); });
   if (name.empty()) name = "cortiq";
   const size_t colon = listen.rfind(':');
   const std::string_view port = colon == std::string_view::npos ? "" : listen.substr(colon + 1);
@@ -324,13 +331,7 @@ std::string DefaultNodeName(std::string_view listen) {
 }
 
 bool IsValidNodeName(std::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char ch : name) {
-    const bool ok = (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') ||
-                    (ch >= 'A' && ch <= 'Z') || ch == '.' || ch == '_' || ch == ':' || ch == '-';
-    if (!ok) return false;
-  }
-  return true;
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), IsNodeNameChar);
 }
 
 std::string DefaultModelDir() {

@@ -22,13 +22,6 @@ std::string MethodPath(std::string_view rpc) {
   return absl::StrCat("/", v1::Inference::service_full_name(), "/", util::Sv(rpc));
 }
 
-// A metadata value of the call, or "" when absent.
-std::string Metadata(const grpc::CallbackServerContext* call, std::string_view key) {
-  const auto& md = call->client_metadata();
-  auto it = md.find(grpc::string_ref(key.data(), key.size()));
-  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-}
-
 // What every call this node makes on the caller's behalf carries: the peer
 // token, the caller's tenant and role, the caller's trace context.
 std::vector<std::pair<std::string, std::string>> OnBehalfMetadata(const ServiceContext& ctx,
@@ -39,7 +32,7 @@ std::vector<std::pair<std::string, std::string>> OnBehalfMetadata(const ServiceC
     md.emplace_back("authorization", "Bearer " + ctx.config->peer_token);
   }
   md.emplace_back(kOnBehalfOfHeader, OnBehalfOfValue(caller));
-  const std::string traceparent = Metadata(call, "traceparent");
+  const std::string traceparent(ClientMetadata(call, "traceparent").value_or(""));
   if (IsValidTraceparent(traceparent)) md.emplace_back("traceparent", traceparent);
   return md;
 }
@@ -171,7 +164,7 @@ class OwnerCall : public std::enable_shared_from_this<OwnerCall> {
 }  // namespace
 
 int CallHops(const grpc::CallbackServerContext* call) {
-  return ParseHops(Metadata(call, kHopsHeader));
+  return ParseHops(ClientMetadata(call, kHopsHeader).value_or(""));
 }
 
 bool ShouldForward(const ServiceContext& ctx, const grpc::CallbackServerContext* call,

@@ -1,5 +1,7 @@
 #include "core/session/session.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +9,13 @@
 #include "core/util/status_macros.h"
 
 namespace cortiq::session {
+
+bool IsTenantName(std::string_view name) {
+  return name.size() <= kMaxTenantBytes && std::all_of(name.begin(), name.end(), [](char ch) {
+           return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') ||
+                  (ch >= 'A' && ch <= 'Z') || ch == '.' || ch == '_' || ch == '-';
+         });
+}
 
 std::string_view AttentionModeName(AttentionMode mode) {
   switch (mode) {

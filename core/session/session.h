@@ -78,6 +78,11 @@ inline MemoryByKind MemoryOf(const model::SequenceKv& kv) { return kv.Memory(); 
 using Clock = std::chrono::steady_clock;
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A tenant name (Session::tenant, the token file's NAME, the wire's tenant):
+// at most kMaxTenantBytes of [A-Za-z0-9._-]; "" is no tenant.
+inline constexpr size_t kMaxTenantBytes = 64;
+bool IsTenantName(std::string_view name);
+
 class Session {
  public:
   // A fresh session for `model`: O(1) or QSA enabled per config (errors name

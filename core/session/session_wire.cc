@@ -121,14 +121,6 @@ std::string HeaderPayload(const model::ModelConfig& m, const SessionConfig& c, u
   return w.Take();
 }
 
-// A tenant name: at most kMaxTenantBytes of [A-Za-z0-9._-] ("" = none).
-bool IsTenantName(std::string_view t) {
-  return t.size() <= kMaxTenantBytes && std::all_of(t.begin(), t.end(), [](char ch) {
-           return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') ||
-                  (ch >= 'A' && ch <= 'Z') || ch == '.' || ch == '_' || ch == '-';
-         });
-}
-
 // What the header section says: the configuration and, from version 4, the
 // session's identity (empty id before).
 struct ParsedHeader {

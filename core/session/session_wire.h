@@ -47,8 +47,6 @@ inline constexpr uint32_t kSessionWireMinVersion = 1;
 inline constexpr uint32_t kSessionWireMaxVersion = 4;
 // The first version that carries the session's id and tenant.
 inline constexpr uint32_t kSessionWireIdentityVersion = 4;
-// A tenant name on the wire: at most this many bytes of [A-Za-z0-9._-].
-inline constexpr size_t kMaxTenantBytes = 64;
 
 struct SessionWireOptions {
   uint32_t version = kSessionWireMaxVersion;  // 1 .. 4
