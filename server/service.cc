@@ -33,6 +33,10 @@ model::SamplingParams SamplingFrom(const v1::SamplingParams& p) {
   if (p.has_min_p()) s.min_p = p.min_p();
   if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
   if (p.has_seed()) s.seed = p.seed();
+  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
+  s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());  // a proto map has no order
   return s;
 }
 
@@ -160,6 +164,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     g.logprobs = req.logprobs();
     g.top_logprobs = req.top_logprobs();
     g.ignore_eos = req.ignore_eos();
+    g.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
+    g.min_tokens = req.min_tokens();
+    g.n = req.n() == 0 ? 1 : req.n();
+    g.reuse_prefix = req.reuse_prefix();
     const auto deadline = call_->deadline();
     const auto left = deadline - std::chrono::system_clock::now();
     if (left < std::chrono::hours(24 * 365)) {

@@ -46,6 +46,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,6 +61,12 @@ struct SamplingParams {
   float min_p = 0.0f;               // [0, 1]; 0 = off
   float repetition_penalty = 1.0f;  // > 0, finite; 1 = off
   uint64_t seed = 0;
+  // OpenAI's penalties over this call's completion tokens, [-2, 2]; 0 = off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // (token id, bias in [-100, 100]) added to the raw logits; ids distinct,
+  // ascending, each < the vocabulary size.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // INVALID_ARGUMENT naming the field and its limit.
   absl::Status Validate() const;

@@ -59,16 +59,26 @@ std::string_view FinishReasonName(FinishReason reason);  // "length" | "stop" | 
 
 // One sampled token.
 struct GenerationEvent {
+  uint32_t index = 0;  // the choice (GenerationRequest::n)
   int32_t token_id = 0;
   std::string text;  // whole UTF-8 characters; stop-sequence prefixes held back
   std::optional<model::Logprobs> logprobs;
 };
 
+// How one choice of an n > 1 request ended.
+struct ChoiceResult {
+  FinishReason finish_reason = FinishReason::kNone;
+  size_t completion_tokens = 0;
+};
+
 struct GenerationResult {
+  // Choice 0's (the only one when n == 1).
   FinishReason finish_reason = FinishReason::kNone;
   absl::Status status;           // non-OK: the job failed (model error, deadline)
   size_t prompt_tokens = 0;      // prompt tokens of this call (the request's prompt)
-  size_t completion_tokens = 0;  // tokens sampled by this call
+  size_t completion_tokens = 0;  // tokens sampled by this call, every choice
+  size_t cached_tokens = 0;      // prompt tokens already in the session (reuse_prefix)
+  std::vector<ChoiceResult> choices;  // one per choice, index order
   size_t session_tokens = 0;     // history length after the call
   double queue_seconds = 0;      // submit → first prefill chunk
   double ttft_seconds = 0;       // submit → first token

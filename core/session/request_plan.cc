@@ -31,6 +31,17 @@ absl::Status CheckFields(const GenerationRequest& r, const PlanLimits& limits,
         absl::StrCat("max_tokens: ", r.max_tokens, " is outside [1, ", limits.max_tokens, "]"));
   }
   CORTIQ_RETURN_IF_ERROR(r.sampling.Validate());
+  // Fields the engine does not act on yet: refused rather than ignored.
+  if (r.sampling.presence_penalty != 0 || r.sampling.frequency_penalty != 0) {
+    return absl::UnimplementedError("presence_penalty / frequency_penalty: not supported yet");
+  }
+  if (!r.sampling.logit_bias.empty()) {
+    return absl::UnimplementedError("logit_bias: not supported yet");
+  }
+  if (!r.stop_token_ids.empty()) return absl::UnimplementedError("stop_token_ids: not supported yet");
+  if (r.min_tokens != 0) return absl::UnimplementedError("min_tokens: not supported yet");
+  if (r.n != 1) return absl::UnimplementedError("n: only 1 is supported yet");
+  if (r.reuse_prefix) return absl::UnimplementedError("reuse_prefix: not supported yet");
   if (r.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs: ", r.top_logprobs, " is outside [0, ", kMaxTopLogprobs, "]"));

@@ -51,6 +51,8 @@ namespace cortiq::session {
 inline constexpr uint32_t kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxStopSequences = 16;
 inline constexpr size_t kMaxStopBytes = 256;
+inline constexpr size_t kMaxStopTokenIds = 16;
+inline constexpr size_t kMaxLogitBias = 1024;
 
 // What a caller asks the engine to do with a session. Checked by PlanRequest.
 struct GenerationRequest {
@@ -62,6 +64,17 @@ struct GenerationRequest {
   bool logprobs = false;
   uint32_t top_logprobs = 0;  // 0..kMaxTopLogprobs
   bool ignore_eos = false;
+  // Sampling one of these also ends the call (finish reason stop); the token
+  // is not streamed as text. At most kMaxStopTokenIds, each in the vocabulary.
+  std::vector<int32_t> stop_token_ids;
+  // End-of-sequence ids and stop_token_ids are masked for the first
+  // min_tokens samples; 0 .. max_tokens.
+  size_t min_tokens = 0;
+  // Choices from one prefill (GenerateRequest.n): 1 .. PlanLimits::max_n.
+  size_t n = 1;
+  // The prompt is the session's whole conversation (GenerateRequest.reuse_prefix):
+  // the longest common prefix with its history is kept, only the rest prefilled.
+  bool reuse_prefix = false;
   // Release the session when the job ends (a one-shot session): reason
   // cancelled when the job was cancelled, oneshot otherwise.
   bool release_at_end = false;
@@ -72,6 +85,7 @@ struct GenerationRequest {
 struct PlanLimits {
   size_t max_tokens = 0;   // max_tokens ∈ [1, this] (--max-tokens)
   size_t max_context = 0;  // positions a session may hold (Engine::max_context())
+  size_t max_n = 1;        // choices per request (--max-n)
 };
 
 // The session a continuation runs on, as it stands before the call
