@@ -456,6 +456,9 @@ useful language model.
 - Tokenizer (`tokenizer.json`, Qwen3's BPE/ByteLevel layout with no merges):
   ids 0..255 are the raw bytes, 256 `<|endoftext|>`, 257 `<|im_start|>`,
   258 `<|im_end|>`; vocab 259.
+- Chat template (`tokenizer_config.json` `chat_template`): plain ChatML
+  (`<|im_start|>` role, newline, content, `<|im_end|>`), the same text as
+  `ChatMlTemplate()` in `core/chat/chat_template.h`.
 
 ## Held-out loss
 
