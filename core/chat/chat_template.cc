@@ -40,7 +40,8 @@ absl::StatusOr<std::string> SpecialToken(const nlohmann::json& config, const cha
   if (!config.contains(field) || config[field].is_null()) return std::string();
   const nlohmann::json& v = config[field];
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
   return absl::InvalidArgumentError(
       absl::StrCat(file, ": ", field, " must be a string, null or {\"content\": string}"));
 }
@@ -49,7 +50,8 @@ absl::StatusOr<std::string> SpecialToken(const nlohmann::json& config, const cha
 
 std::string_view ChatMlTemplate() { return kChatMl; }
 
-absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source, std::string bos, std::string eos) {
+absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source, std::string bos,
+                                                 std::string eos) {
   auto t = JinjaTemplate::Parse(source, "chat_template");
   if (!t.ok()) return t.status();
   return ChatTemplate(*std::move(t), std::move(bos), std::move(eos));
@@ -58,9 +60,12 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source, std::s
 absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfig(const std::filesystem::path& file) {
   const std::string name = file.string();
   std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) return absl::NotFoundError(absl::StrCat(name, ": no such file"));
+  if (!std::filesystem::exists(file, ec))
+    return absl::NotFoundError(absl::StrCat(name, ": no such file"));
   const uintmax_t size = std::filesystem::file_size(file, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat(name, ": cannot read: ", util::Sv(ec.message())));
+  if (ec)
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": cannot read: ", util::Sv(ec.message())));
   if (size > kMaxConfigBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": ", size, " bytes exceeds the limit of ", kMaxConfigBytes, " bytes"));
@@ -69,7 +74,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfig(const std::filesy
   if (!in) return absl::InvalidArgumentError(absl::StrCat(name, ": cannot open"));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  const nlohmann::json config = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json config =
+      nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": not a JSON object"));
   }
@@ -85,17 +91,20 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfig(const std::filesy
     for (const auto& entry : ct) {
       if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") ||
           !entry["name"].is_string() || !entry["template"].is_string()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": chat_template list entries must be {\"name\": string, \"template\": string}"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": chat_template list entries must be {\"name\": string, \"template\": string}"));
       }
       if (entry["name"] == "default") {
         source = entry["template"].get<std::string>();
         found = true;
       }
     }
-    if (!found) return absl::NotFoundError(absl::StrCat(name, ": chat_template list has no \"default\" entry"));
+    if (!found)
+      return absl::NotFoundError(
+          absl::StrCat(name, ": chat_template list has no \"default\" entry"));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": chat_template must be a string or a list"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": chat_template must be a string or a list"));
   }
   auto bos = SpecialToken(config, "bos_token", name);
   if (!bos.ok()) return bos.status();

@@ -37,7 +37,8 @@ class ChatTemplate {
   // bos / eos: the model's special tokens; "" when the model has none (the
   // variable is then undefined). Errors: INVALID_ARGUMENT
   // "chat_template:LINE:COL: ..." for a template the subset cannot render.
-  static absl::StatusOr<ChatTemplate> Parse(std::string_view source, std::string bos, std::string eos);
+  static absl::StatusOr<ChatTemplate> Parse(std::string_view source, std::string bos,
+                                            std::string eos);
 
   // Reads a tokenizer_config.json: "chat_template" as a string or as the list
   // of {"name", "template"} (the one named "default"); bos_token / eos_token
@@ -52,10 +53,11 @@ class ChatTemplate {
   // schemas are printed with tojson in the order the client sent them).
   struct Inputs {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // array of message objects
-    nlohmann::ordered_json tools;                                      // null or an array
+    nlohmann::ordered_json tools;                                       // null or an array
     bool add_generation_prompt = true;
-    nlohmann::ordered_json extra = nlohmann::ordered_json::object();  // more variables, e.g. {"enable_thinking": false}
-    std::optional<absl::Time> now;  // strftime_now's clock (tests); unset: the wall clock
+    nlohmann::ordered_json extra =
+        nlohmann::ordered_json::object();  // more variables, e.g. {"enable_thinking": false}
+    std::optional<absl::Time> now;         // strftime_now's clock (tests); unset: the wall clock
     jinja::RenderLimits limits;
   };
 

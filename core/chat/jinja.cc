@@ -52,14 +52,19 @@ bool IsArrayIndex(const std::string& key, uint64_t* index) {
   return true;
 }
 
-Value FromJson(jinja::Interpreter& interp, const nlohmann::ordered_json& j, int depth, int max_depth) {
+Value FromJson(jinja::Interpreter& interp, const nlohmann::ordered_json& j, int depth,
+               int max_depth) {
   if (depth > max_depth) {
-    throw jinja::RenderError("input value nested deeper than the limit of " + std::to_string(max_depth));
+    throw jinja::RenderError("input value nested deeper than the limit of " +
+                             std::to_string(max_depth));
   }
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::Null();
-    case nlohmann::ordered_json::value_t::boolean: return Value::Bool(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value::Int(static_cast<double>(j.get<int64_t>()));
+    case nlohmann::ordered_json::value_t::null:
+      return Value::Null();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::Bool(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value::Int(static_cast<double>(j.get<int64_t>()));
     case nlohmann::ordered_json::value_t::number_unsigned:
       return Value::Int(static_cast<double>(j.get<uint64_t>()));
     case nlohmann::ordered_json::value_t::number_float: {
@@ -84,21 +89,25 @@ Value FromJson(jinja::Interpreter& interp, const nlohmann::ordered_json& j, int 
       }
       std::sort(indexed.begin(), indexed.end());
       jinja::ObjectMap map;
-      for (const auto& [index, key] : indexed) map.Set(*key, FromJson(interp, j.at(*key), depth + 1, max_depth));
+      for (const auto& [index, key] : indexed)
+        map.Set(*key, FromJson(interp, j.at(*key), depth + 1, max_depth));
       for (auto it = j.begin(); it != j.end(); ++it) {
         uint64_t index = 0;
         if (IsArrayIndex(it.key(), &index)) continue;
-        const std::string key = tokenizer::IsValidUtf8(it.key()) ? it.key() : tokenizer::SanitizeUtf8(it.key());
+        const std::string key =
+            tokenizer::IsValidUtf8(it.key()) ? it.key() : tokenizer::SanitizeUtf8(it.key());
         map.Set(key, FromJson(interp, it.value(), depth + 1, max_depth));
       }
       return interp.MakeObject(std::move(map));
     }
-    default: throw jinja::RenderError("unsupported JSON value (binary)");
+    default:
+      throw jinja::RenderError("unsupported JSON value (binary)");
   }
 }
 
-const std::set<std::string_view> kGlobalNames = {"true", "false", "none", "True", "False", "None",
-                                                 "range", "namespace", "raise_exception", "strftime_now"};
+const std::set<std::string_view> kGlobalNames = {
+    "true",      "false",           "none",        "True", "False", "None", "range",
+    "namespace", "raise_exception", "strftime_now"};
 
 }  // namespace
 
@@ -107,14 +116,16 @@ bool IsJinjaGlobalName(std::string_view name) { return kGlobalNames.count(name) 
 absl::StatusOr<JinjaTemplate> JinjaTemplate::Parse(std::string_view source, std::string name) {
   if (source.size() > kMaxTemplateBytes) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": template of ", source.size(),
-                                                   " bytes exceeds the limit of ", kMaxTemplateBytes, " bytes"));
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxTemplateBytes, " bytes"));
   }
   if (!tokenizer::IsValidUtf8(source)) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": template is not valid UTF-8"));
   }
   try {
     auto program = std::make_shared<jinja::Program>(jinja::Parse(jinja::Tokenize(source)));
-    return JinjaTemplate(std::move(program), std::make_shared<const std::string>(source), std::move(name));
+    return JinjaTemplate(std::move(program), std::make_shared<const std::string>(source),
+                         std::move(name));
   } catch (const jinja::SyntaxError& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ":", Position(source, e.offset()), ": ", util::Sv(e.what())));
@@ -123,7 +134,8 @@ absl::StatusOr<JinjaTemplate> JinjaTemplate::Parse(std::string_view source, std:
 
 absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& vars,
                                                   const JinjaRenderOptions& options) const {
-  if (!vars.is_object()) return absl::InvalidArgumentError(absl::StrCat(name_, ": variables must be a JSON object"));
+  if (!vars.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": variables must be a JSON object"));
   jinja::Interpreter interp(options.limits, options.now.value_or(absl::Now()));
   try {
     jinja::EnvPtr globals = interp.MakeGlobals();

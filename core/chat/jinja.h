@@ -58,7 +58,8 @@ class JinjaTemplate {
   // source: the template text (valid UTF-8, at most kMaxTemplateBytes).
   // name: how errors name it ("chat_template:3:7: ..."). Errors:
   // INVALID_ARGUMENT for anything the subset cannot parse or lacks.
-  static absl::StatusOr<JinjaTemplate> Parse(std::string_view source, std::string name = "chat_template");
+  static absl::StatusOr<JinjaTemplate> Parse(std::string_view source,
+                                             std::string name = "chat_template");
 
   // vars: a JSON object; each member becomes a template variable (JSON
   // numbers with an integral value are integers, as after JSON.parse;
@@ -69,14 +70,15 @@ class JinjaTemplate {
   // raise_exception(msg) -> exactly msg; any other failure or limit ->
   // "<name>:LINE:COL: <what failed>". Cost: linear in the work the template
   // does, within the limits.
-  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& vars, const JinjaRenderOptions& options) const;
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& vars,
+                                     const JinjaRenderOptions& options) const;
 
   // True when the error Render returned came from raise_exception.
   static bool IsRaisedError(const absl::Status& status);
 
  private:
-  JinjaTemplate(std::shared_ptr<const jinja::Program> program, std::shared_ptr<const std::string> source,
-                std::string name)
+  JinjaTemplate(std::shared_ptr<const jinja::Program> program,
+                std::shared_ptr<const std::string> source, std::string name)
       : program_(std::move(program)), source_(std::move(source)), name_(std::move(name)) {}
 
   std::shared_ptr<const jinja::Program> program_;

@@ -25,11 +25,15 @@ struct ContinueSignal {};
 std::string Str(size_t n) { return std::to_string(n); }
 
 bool IsNumericLike(const Value& v) { return v.IsNumber() || v.kind == Kind::kBool; }
-double NumericValue(const Value& v) { return v.kind == Kind::kBool ? (v.boolean ? 1 : 0) : v.number; }
+double NumericValue(const Value& v) {
+  return v.kind == Kind::kBool ? (v.boolean ? 1 : 0) : v.number;
+}
 
 // The JavaScript value a wrapped JS function (range, strftime_now,
 // raise_exception) receives for an argument.
-const Value* Arg(const std::vector<Value>& args, size_t i) { return i < args.size() ? &args[i] : nullptr; }
+const Value* Arg(const std::vector<Value>& args, size_t i) {
+  return i < args.size() ? &args[i] : nullptr;
+}
 
 // compareRuntimeValues: sort / dictsort order.
 int CompareValues(const Value& a, const Value& b, bool case_sensitive) {
@@ -46,7 +50,8 @@ int CompareValues(const Value& a, const Value& b, bool case_sensitive) {
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if (a.kind != b.kind) {
-    Fail(absl::StrCat("Cannot compare different types: ", TypeName(a.kind), " and ", TypeName(b.kind)));
+    Fail(absl::StrCat("Cannot compare different types: ", TypeName(a.kind), " and ",
+                      TypeName(b.kind)));
   }
   if (a.kind == Kind::kString) {
     if (case_sensitive) return CompareUtf16(a.s(), b.s());
@@ -61,13 +66,15 @@ Value AttributePath(const Value& item, const std::string& path) {
   size_t start = 0;
   while (true) {
     const size_t dot = path.find('.', start);
-    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (value.IsAttributeContainer()) {
       const Value* v = value.object->map.Find(part);
       value = v != nullptr ? *v : Value::Undefined();
     } else if (value.IsArray()) {
       double index = 0;
-      if (JsParseInt(part, &index) && index >= 0 && index < static_cast<double>(value.items().size())) {
+      if (JsParseInt(part, &index) && index >= 0 &&
+          index < static_cast<double>(value.items().size())) {
         value = value.items()[static_cast<size_t>(index)];
       } else {
         return Value::Undefined();
@@ -81,7 +88,8 @@ Value AttributePath(const Value& item, const std::string& path) {
 }
 
 // utils.slice over n items: the indices Python's seq[start:stop:step] picks.
-std::vector<size_t> SliceIndices(size_t n, const Value& start_v, const Value& stop_v, const Value& step_v) {
+std::vector<size_t> SliceIndices(size_t n, const Value& start_v, const Value& stop_v,
+                                 const Value& step_v) {
   const double len = static_cast<double>(n);
   const double step = step_v.kind == Kind::kUndefined ? 1 : step_v.number;
   const double direction = step > 0 ? 1 : step < 0 ? -1 : 0;
@@ -107,8 +115,8 @@ std::vector<size_t> SliceIndices(size_t n, const Value& start_v, const Value& st
 
 // utils.replace: Python's str.replace(old, new, count) with a Unicode-aware
 // empty pattern (matches between code points).
-std::string Replace(const std::string& s, const std::string& old_value, const std::string& new_value,
-                    double count) {
+std::string Replace(const std::string& s, const std::string& old_value,
+                    const std::string& new_value, double count) {
   if (count == 0) return s;
   double remaining = (std::isnan(count) || count < 0) ? INFINITY : count;
   std::string out;
@@ -146,6 +154,26 @@ std::string TitleCase(std::string_view s) {
     if (is_word(out[i]) && (i == 0 || !is_word(out[i - 1])) && out[i] >= 'a' && out[i] <= 'z') {
       out[i] = static_cast<char>(out[i] - 32);
     }
+  }
+  return out;
+}
+
+// The indent filter: `pad` before each line, except the first (unless
+// `first`) and empty lines (unless `blank`).
+std::string Indent(std::string_view s, const std::string& pad, bool first, bool blank) {
+  std::string out;
+  size_t start = 0;
+  bool is_first = true;
+  while (true) {
+    const size_t nl = s.find('\n', start);
+    const std::string_view line =
+        s.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
+    if (!is_first) out.push_back('\n');
+    if (!((!first && is_first) || (!blank && line.empty()))) out += pad;
+    out += line;
+    is_first = false;
+    if (nl == std::string_view::npos) break;
+    start = nl + 1;
   }
   return out;
 }
@@ -203,8 +231,9 @@ double RoundNumber(double x, int precision, const std::string& method) {
 }
 
 std::string StrftimeNow(absl::Time now, const std::string& format) {
-  static const char* const kMonths[] = {"January", "February", "March",     "April",   "May",      "June",
-                                        "July",    "August",   "September", "October", "November", "December"};
+  static const char* const kMonths[] = {"January",   "February", "March",    "April",
+                                        "May",       "June",     "July",     "August",
+                                        "September", "October",  "November", "December"};
   const absl::CivilSecond t = absl::ToCivilSecond(now, absl::UTCTimeZone());
   auto pad2 = [](int n) { return n < 10 ? "0" + std::to_string(n) : std::to_string(n); };
   std::string out;
@@ -216,14 +245,30 @@ std::string StrftimeNow(absl::Time now, const std::string& format) {
     const char c = format[i + 1];
     const std::string month = kMonths[t.month() - 1];
     switch (c) {
-      case 'Y': out += std::to_string(t.year()); break;
-      case 'm': out += pad2(t.month()); break;
-      case 'd': out += pad2(t.day()); break;
-      case 'b': out += month.substr(0, 3); break;
-      case 'B': out += month; break;
-      case 'H': out += pad2(t.hour()); break;
-      case 'M': out += pad2(t.minute()); break;
-      case '%': out += "%"; break;
+      case 'Y':
+        out += std::to_string(t.year());
+        break;
+      case 'm':
+        out += pad2(t.month());
+        break;
+      case 'd':
+        out += pad2(t.day());
+        break;
+      case 'b':
+        out += month.substr(0, 3);
+        break;
+      case 'B':
+        out += month;
+        break;
+      case 'H':
+        out += pad2(t.hour());
+        break;
+      case 'M':
+        out += pad2(t.minute());
+        break;
+      case '%':
+        out += "%";
+        break;
       default:
         out.push_back('%');
         out.push_back(c);
@@ -284,7 +329,8 @@ Value NamespaceBuiltin() {
           } else if (pair.kind == Kind::kString) {
             for (std::string& cp : CodePoints(pair.s())) kv.push_back(Value::String(std::move(cp)));
           }
-          if (kv.size() != 2) Fail("namespace expected an object or an iterable of [key, value] pairs");
+          if (kv.size() != 2)
+            Fail("namespace expected an object or an iterable of [key, value] pairs");
           if (kv[0].kind != Kind::kString) Fail("namespace keys must be strings");
           entries.Set(kv[0].s(), kv[1]);
         }
@@ -319,7 +365,8 @@ Value Environment::Lookup(const std::string& name) const {
 Interpreter::CallGuard::CallGuard(Interpreter* i) : interp(i) {
   if (++interp->call_depth_ > interp->limits_.max_call_depth) {
     --interp->call_depth_;
-    Fail("macro calls nested deeper than the limit of " + std::to_string(interp->limits_.max_call_depth));
+    Fail("macro calls nested deeper than the limit of " +
+         std::to_string(interp->limits_.max_call_depth));
   }
 }
 
@@ -391,14 +438,16 @@ EnvPtr Interpreter::MakeGlobals() {
   env->Set("True", Value::Bool(true));
   env->Set("None", Value::Null());
   env->Set("namespace", NamespaceBuiltin());
-  env->Set("raise_exception", Value::Function([](Interpreter&, std::vector<Value>& args, const EnvPtr&) -> Value {
+  env->Set("raise_exception",
+           Value::Function([](Interpreter&, std::vector<Value>& args, const EnvPtr&) -> Value {
              // throw new Error(arg): the message is String(arg), "" for undefined.
              const Value* a = Arg(args, 0);
              RenderError e(a == nullptr || a->kind == Kind::kUndefined ? "" : ToJsString(*a));
              e.raised = true;
              throw e;
            }));
-  env->Set("range", Value::Function([](Interpreter& interp, std::vector<Value>& args, const EnvPtr&) {
+  env->Set("range",
+           Value::Function([](Interpreter& interp, std::vector<Value>& args, const EnvPtr&) {
              for (const Value& a : args) {
                if (!a.IsNumber()) Fail("range() arguments must be numbers");
              }
@@ -412,7 +461,8 @@ EnvPtr Interpreter::MakeGlobals() {
              }
              if (args.size() >= 3) step = args[2].number;
              if (step == 0) Fail("range() step must not be zero");
-             if (std::isnan(start) || std::isnan(stop) || std::isnan(step)) return interp.MakeArray({});
+             if (std::isnan(start) || std::isnan(stop) || std::isnan(step))
+               return interp.MakeArray({});
              const double count = std::max(0.0, std::ceil((stop - start) / step));
              interp.ChargeLoop(static_cast<uint64_t>(std::min(count, 1e18)));
              std::vector<Value> out;
@@ -421,9 +471,11 @@ EnvPtr Interpreter::MakeGlobals() {
              }
              return interp.MakeArray(std::move(out));
            }));
-  env->Set("strftime_now", Value::Function([](Interpreter& interp, std::vector<Value>& args, const EnvPtr&) {
+  env->Set("strftime_now",
+           Value::Function([](Interpreter& interp, std::vector<Value>& args, const EnvPtr&) {
              const Value* f = Arg(args, 0);
-             if (f == nullptr || f->kind != Kind::kString) Fail("strftime_now() needs a format string");
+             if (f == nullptr || f->kind != Kind::kString)
+               Fail("strftime_now() needs a format string");
              return interp.MakeString(StrftimeNow(interp.now(), f->s()));
            }));
   return env;
@@ -484,30 +536,41 @@ Value Interpreter::Evaluate(const Node* node, const EnvPtr& env) {
 Value Interpreter::EvaluateInner(const Node* node, const EnvPtr& env) {
   switch (node->type) {
     case NodeType::kText:
-    case NodeType::kStringLiteral: return MakeString(node->name);
-    case NodeType::kComment: return Value::Null();
-    case NodeType::kIntegerLiteral: return Value::Int(node->number);
-    case NodeType::kFloatLiteral: return Value::Float(node->number);
+    case NodeType::kStringLiteral:
+      return MakeString(node->name);
+    case NodeType::kComment:
+      return Value::Null();
+    case NodeType::kIntegerLiteral:
+      return Value::Int(node->number);
+    case NodeType::kFloatLiteral:
+      return Value::Float(node->number);
     case NodeType::kArrayLiteral:
     case NodeType::kTupleLiteral: {
       std::vector<Value> items;
       for (const NodePtr& item : node->list) items.push_back(Evaluate(item.get(), env));
-      return MakeArray(std::move(items), node->type == NodeType::kArrayLiteral ? Kind::kArray : Kind::kTuple);
+      return MakeArray(std::move(items),
+                       node->type == NodeType::kArrayLiteral ? Kind::kArray : Kind::kTuple);
     }
     case NodeType::kObjectLiteral: {
       ObjectMap map;
       for (size_t i = 0; i < node->list.size(); ++i) {
         const Value key = Evaluate(node->list[i].get(), env);
-        if (key.kind != Kind::kString) Fail(absl::StrCat("Object keys must be strings: got ", TypeName(key.kind)));
+        if (key.kind != Kind::kString)
+          Fail(absl::StrCat("Object keys must be strings: got ", TypeName(key.kind)));
         map.Set(key.s(), Evaluate(node->list2[i].get(), env));
       }
       return MakeObject(std::move(map));
     }
-    case NodeType::kIdentifier: return env->Lookup(node->name);
-    case NodeType::kCall: return EvaluateCall(node, env);
-    case NodeType::kMember: return EvaluateMember(node, env);
-    case NodeType::kUnary: return EvaluateUnary(node, env);
-    case NodeType::kBinary: return EvaluateBinary(node, env);
+    case NodeType::kIdentifier:
+      return env->Lookup(node->name);
+    case NodeType::kCall:
+      return EvaluateCall(node, env);
+    case NodeType::kMember:
+      return EvaluateMember(node, env);
+    case NodeType::kUnary:
+      return EvaluateUnary(node, env);
+    case NodeType::kBinary:
+      return EvaluateBinary(node, env);
     case NodeType::kFilter: {
       const Value operand = Evaluate(node->a.get(), env);
       return ApplyFilter(operand, node->b.get(), env);
@@ -516,24 +579,33 @@ Value Interpreter::EvaluateInner(const Node* node, const EnvPtr& env) {
       const Value rendered = MakeString(EvaluateBlock(node->list, env));
       return ApplyFilter(rendered, node->a.get(), env);
     }
-    case NodeType::kTest: return EvaluateTest(node, env);
+    case NodeType::kTest:
+      return EvaluateTest(node, env);
     case NodeType::kSelect: {
       if (!Truthy(Evaluate(node->b.get(), env))) return Value::Undefined();
       return Evaluate(node->a.get(), env);
     }
     case NodeType::kTernary:
-      return Truthy(Evaluate(node->a.get(), env)) ? Evaluate(node->b.get(), env) : Evaluate(node->c.get(), env);
-    case NodeType::kSet: return EvaluateSet(node, env);
+      return Truthy(Evaluate(node->a.get(), env)) ? Evaluate(node->b.get(), env)
+                                                  : Evaluate(node->c.get(), env);
+    case NodeType::kSet:
+      return EvaluateSet(node, env);
     case NodeType::kIf: {
       const bool test = Truthy(Evaluate(node->a.get(), env));
       return MakeString(EvaluateBlock(test ? node->list : node->list2, env));
     }
-    case NodeType::kFor: return MakeString(EvaluateFor(node, env));
-    case NodeType::kMacro: return DefineMacro(node, env);
-    case NodeType::kCallStatement: return EvaluateCallStatement(node, env);
-    case NodeType::kBreak: throw BreakSignal();
-    case NodeType::kContinue: throw ContinueSignal();
-    default: Fail("Unknown node type");
+    case NodeType::kFor:
+      return MakeString(EvaluateFor(node, env));
+    case NodeType::kMacro:
+      return DefineMacro(node, env);
+    case NodeType::kCallStatement:
+      return EvaluateCallStatement(node, env);
+    case NodeType::kBreak:
+      throw BreakSignal();
+    case NodeType::kContinue:
+      throw ContinueSignal();
+    default:
+      Fail("Unknown node type");
   }
 }
 
@@ -553,7 +625,8 @@ Value Interpreter::EvaluateBinary(const Node* node, const EnvPtr& env) {
     if (right.kind == Kind::kUndefined && membership) return Value::Bool(op == "not in");
     Fail("Cannot perform operation " + op + " on undefined values");
   }
-  if (left.kind == Kind::kNull || right.kind == Kind::kNull) Fail("Cannot perform operation on null values");
+  if (left.kind == Kind::kNull || right.kind == Kind::kNull)
+    Fail("Cannot perform operation on null values");
   if (op == "~") return MakeString(ToJsString(left) + ToJsString(right));
   if (op == "**" && IsNumericLike(left) && IsNumericLike(right)) {
     const double a = NumericValue(left), b = NumericValue(right);
@@ -601,7 +674,8 @@ Value Interpreter::EvaluateBinary(const Node* node, const EnvPtr& env) {
     const bool found = right.object->map.Find(left.s()) != nullptr;
     return Value::Bool(op == "in" ? found : !found);
   }
-  Fail(absl::StrCat("Unknown operator \"", op, "\" between ", TypeName(left.kind), " and ", TypeName(right.kind)));
+  Fail(absl::StrCat("Unknown operator \"", op, "\" between ", TypeName(left.kind), " and ",
+                    TypeName(right.kind)));
 }
 
 Value Interpreter::EvaluateUnary(const Node* node, const EnvPtr& env) {
@@ -621,8 +695,8 @@ Value Interpreter::EvaluateTest(const Node* node, const EnvPtr& env) {
   return Value::Bool(node->flag ? !result : result);
 }
 
-void Interpreter::EvaluateArguments(const NodeList& args, const EnvPtr& env, std::vector<Value>* positional,
-                                    ObjectMap* keywords) {
+void Interpreter::EvaluateArguments(const NodeList& args, const EnvPtr& env,
+                                    std::vector<Value>* positional, ObjectMap* keywords) {
   for (const NodePtr& arg : args) {
     if (arg->type == NodeType::kSpread) {
       const Value v = Evaluate(arg->a.get(), env);
@@ -634,14 +708,16 @@ void Interpreter::EvaluateArguments(const NodeList& args, const EnvPtr& env, std
   }
   for (const NodePtr& arg : args) {
     auto add = [&](const std::string& key, Value value) {
-      if (keywords->Find(key) != nullptr) Fail("Got multiple values for keyword argument '" + key + "'");
+      if (keywords->Find(key) != nullptr)
+        Fail("Got multiple values for keyword argument '" + key + "'");
       keywords->Set(key, std::move(value));
     };
     if (arg->type == NodeType::kKeywordArgument) {
       add(arg->name, Evaluate(arg->a.get(), env));
     } else if (arg->type == NodeType::kKeywordSpread) {
       const Value v = Evaluate(arg->a.get(), env);
-      if (!v.IsObject()) Fail(absl::StrCat("Argument after ** must be a mapping, not ", TypeName(v.kind)));
+      if (!v.IsObject())
+        Fail(absl::StrCat("Argument after ** must be a mapping, not ", TypeName(v.kind)));
       for (const auto& [k, item] : v.object->map.entries()) add(k, item);
     }
   }
@@ -660,16 +736,19 @@ Value Interpreter::EvaluateCall(const Node* node, const EnvPtr& env) {
 }
 
 Value Interpreter::EvaluateSlice(const Value& object, const Node* slice, const EnvPtr& env) {
-  if (!(object.IsArray() || object.kind == Kind::kString)) Fail("Slice object must be an array or string");
+  if (!(object.IsArray() || object.kind == Kind::kString))
+    Fail("Slice object must be an array or string");
   const Value start = Evaluate(slice->a.get(), env);
   const Value stop = Evaluate(slice->b.get(), env);
   const Value step = Evaluate(slice->c.get(), env);
   for (const Value* v : {&start, &stop, &step}) {
-    if (!(v->kind == Kind::kInt || v->kind == Kind::kUndefined)) Fail("Slice indices must be integers or undefined");
+    if (!(v->kind == Kind::kInt || v->kind == Kind::kUndefined))
+      Fail("Slice indices must be integers or undefined");
   }
   if (object.IsArray()) {
     std::vector<Value> out;
-    for (size_t i : SliceIndices(object.items().size(), start, stop, step)) out.push_back(object.items()[i]);
+    for (size_t i : SliceIndices(object.items().size(), start, stop, step))
+      out.push_back(object.items()[i]);
     return MakeArray(std::move(out));
   }
   const std::vector<std::string> cps = CodePoints(object.s());
@@ -702,7 +781,8 @@ Value Interpreter::EvaluateMember(const Node* node, const EnvPtr& env) {
     if (property.kind == Kind::kInt) {
       if (object.kind == Kind::kString) {
         std::string unit;
-        return Utf16At(object.s(), property.number, &unit) ? MakeString(std::move(unit)) : Value::Undefined();
+        return Utf16At(object.s(), property.number, &unit) ? MakeString(std::move(unit))
+                                                           : Value::Undefined();
       }
       const double n = static_cast<double>(object.items().size());
       double k = std::trunc(property.number);
@@ -711,7 +791,8 @@ Value Interpreter::EvaluateMember(const Node* node, const EnvPtr& env) {
       return object.items()[static_cast<size_t>(k)];
     }
     if (property.kind == Kind::kString) return BuiltinMember(*this, object, property.s());
-    Fail(absl::StrCat("Cannot access property with non-string/non-number: got ", TypeName(property.kind)));
+    Fail(absl::StrCat("Cannot access property with non-string/non-number: got ",
+                      TypeName(property.kind)));
   }
   if (property.kind != Kind::kString) {
     Fail(absl::StrCat("Cannot access property with non-string: got ", TypeName(property.kind)));
@@ -726,22 +807,39 @@ namespace {
 Value StringMethod(const Value& self, const std::string& name) {
   const std::string s = self.s();
   auto fn = [](auto body) { return Value::Function(body); };
-  if (name == "upper") return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) { return i.MakeString(JsToUpper(s)); });
-  if (name == "lower") return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) { return i.MakeString(JsToLower(s)); });
+  if (name == "upper")
+    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) {
+      return i.MakeString(JsToUpper(s));
+    });
+  if (name == "lower")
+    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) {
+      return i.MakeString(JsToLower(s));
+    });
   // strip / lstrip / rstrip ignore their argument in the reference (JavaScript
   // trim()): `x.strip('\n')` strips all whitespace, unlike Python.
   if (name == "strip") {
-    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) { return i.MakeString(std::string(JsTrim(s))); });
+    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) {
+      return i.MakeString(std::string(JsTrim(s)));
+    });
   }
   if (name == "lstrip") {
-    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) { return i.MakeString(std::string(JsTrimStart(s))); });
+    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) {
+      return i.MakeString(std::string(JsTrimStart(s)));
+    });
   }
   if (name == "rstrip") {
-    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) { return i.MakeString(std::string(JsTrimEnd(s))); });
+    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) {
+      return i.MakeString(std::string(JsTrimEnd(s)));
+    });
   }
-  if (name == "title") return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) { return i.MakeString(TitleCase(s)); });
+  if (name == "title")
+    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) {
+      return i.MakeString(TitleCase(s));
+    });
   if (name == "capitalize") {
-    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) { return i.MakeString(Capitalize(s)); });
+    return fn([s](Interpreter& i, std::vector<Value>&, const EnvPtr&) {
+      return i.MakeString(Capitalize(s));
+    });
   }
   if (name == "length") return Value::Int(static_cast<double>(Utf16Length(s)));
   if (name == "startswith" || name == "endswith") {
@@ -767,7 +865,8 @@ Value StringMethod(const Value& self, const std::string& name) {
   if (name == "split") {
     return fn([s](Interpreter& interp, std::vector<Value>& args, const EnvPtr&) {
       const Value sep = args.size() > 0 ? args[0] : Value::Null();
-      if (!(sep.kind == Kind::kString || sep.kind == Kind::kNull)) Fail("sep argument must be a string or null");
+      if (!(sep.kind == Kind::kString || sep.kind == Kind::kNull))
+        Fail("sep argument must be a string or null");
       const Value maxsplit = args.size() > 1 ? args[1] : Value::Int(-1);
       if (maxsplit.kind != Kind::kInt) Fail("maxsplit argument must be a number");
       const double max = maxsplit.number;
@@ -828,7 +927,8 @@ Value StringMethod(const Value& self, const std::string& name) {
   if (name == "replace") {
     return fn([s](Interpreter& interp, std::vector<Value>& args, const EnvPtr&) {
       if (args.size() < 2) Fail("replace() requires at least two arguments");
-      if (args[0].kind != Kind::kString || args[1].kind != Kind::kString) Fail("replace() arguments must be strings");
+      if (args[0].kind != Kind::kString || args[1].kind != Kind::kString)
+        Fail("replace() arguments must be strings");
       Value count = Value::Null();
       if (args.size() > 2) {
         if (args[2].kind == Kind::kKwargs) {
@@ -846,8 +946,10 @@ Value StringMethod(const Value& self, const std::string& name) {
       // Bound the result before building it.
       const double hits = old_value.empty() ? static_cast<double>(Utf16Length(s) + 1)
                                             : static_cast<double>(s.size() / old_value.size());
-      interp.Charge(static_cast<uint64_t>(std::min(hits * static_cast<double>(new_value.size()), 1e18)));
-      return interp.MakeString(Replace(s, old_value, new_value, count.kind == Kind::kNull ? NAN : count.number));
+      interp.Charge(
+          static_cast<uint64_t>(std::min(hits * static_cast<double>(new_value.size()), 1e18)));
+      return interp.MakeString(
+          Replace(s, old_value, new_value, count.kind == Kind::kNull ? NAN : count.number));
     });
   }
   return Value::Undefined();
@@ -855,7 +957,8 @@ Value StringMethod(const Value& self, const std::string& name) {
 
 std::vector<Value> Items(Interpreter& interp, const Value& obj) {
   std::vector<Value> out;
-  for (const auto& [k, v] : obj.object->map.entries()) out.push_back(interp.MakeArray({Value::String(k), v}));
+  for (const auto& [k, v] : obj.object->map.entries())
+    out.push_back(interp.MakeArray({Value::String(k), v}));
   return out;
 }
 
@@ -863,7 +966,8 @@ Value ObjectMethod(const Value& self, const std::string& name) {
   if (name == "get") {
     return Value::Function([self](Interpreter&, std::vector<Value>& args, const EnvPtr&) {
       if (args.empty()) Fail("Cannot read properties of undefined (reading 'type')");
-      if (args[0].kind != Kind::kString) Fail(absl::StrCat("Object key must be a string: got ", TypeName(args[0].kind)));
+      if (args[0].kind != Kind::kString)
+        Fail(absl::StrCat("Object key must be a string: got ", TypeName(args[0].kind)));
       if (const Value* v = self.object->map.Find(args[0].s())) return *v;
       return args.size() > 1 ? args[1] : Value::Null();
     });
@@ -929,7 +1033,8 @@ Value ObjectMethod(const Value& self, const std::string& name) {
 Value BuiltinMember(Interpreter&, const Value& object, const std::string& name) {
   if (object.kind == Kind::kString) return StringMethod(object, name);
   if (object.IsArray()) {
-    return name == "length" ? Value::Int(static_cast<double>(object.items().size())) : Value::Undefined();
+    return name == "length" ? Value::Int(static_cast<double>(object.items().size()))
+                            : Value::Undefined();
   }
   if (object.IsObject()) return ObjectMethod(object, name);
   return Value::Undefined();
@@ -955,8 +1060,9 @@ Value Interpreter::ApplyFilter(const Value& operand, const Node* filter, const E
     if (name == "reverse") return MakeArray(std::vector<Value>(items.rbegin(), items.rend()));
     if (name == "sort") {
       std::vector<Value> sorted = items;
-      std::stable_sort(sorted.begin(), sorted.end(),
-                       [](const Value& a, const Value& b) { return CompareValues(a, b, false) < 0; });
+      std::stable_sort(sorted.begin(), sorted.end(), [](const Value& a, const Value& b) {
+        return CompareValues(a, b, false) < 0;
+      });
       return MakeArray(std::move(sorted));
     }
     if (name == "join") {
@@ -969,7 +1075,8 @@ Value Interpreter::ApplyFilter(const Value& operand, const Node* filter, const E
       std::vector<Value> out;
       for (const Value& v : items) {
         const bool seen = std::any_of(out.begin(), out.end(), [&](const Value& o) {
-          return StrictEquals(o, v) || (v.IsNumber() && o.IsNumber() && std::isnan(v.number) && std::isnan(o.number));
+          return StrictEquals(o, v) ||
+                 (v.IsNumber() && o.IsNumber() && std::isnan(v.number) && std::isnan(o.number));
         });
         if (!seen) out.push_back(v);
       }
@@ -985,22 +1092,7 @@ Value Interpreter::ApplyFilter(const Value& operand, const Node* filter, const E
     if (name == "title") return MakeString(TitleCase(s));
     if (name == "capitalize") return MakeString(Capitalize(s));
     if (name == "trim") return MakeString(std::string(JsTrim(s)));
-    if (name == "indent") {
-      std::string out;
-      size_t start = 0;
-      bool first = true;
-      while (true) {
-        const size_t nl = s.find('\n', start);
-        const std::string_view line = std::string_view(s).substr(start, nl == std::string::npos ? std::string::npos : nl - start);
-        if (!first) out.push_back('\n');
-        if (!first && !line.empty()) out += "    ";
-        out += line;
-        first = false;
-        if (nl == std::string::npos) break;
-        start = nl + 1;
-      }
-      return MakeString(std::move(out));
-    }
+    if (name == "indent") return MakeString(Indent(s, "    ", false, false));
     if (name == "join" || name == "string") return operand;
     if (name == "int") {
       double v = 0;
@@ -1014,7 +1106,8 @@ Value Interpreter::ApplyFilter(const Value& operand, const Node* filter, const E
   }
   if (operand.IsNumber()) {
     if (name == "abs") {
-      return operand.kind == Kind::kInt ? Value::Int(std::fabs(operand.number)) : Value::Float(std::fabs(operand.number));
+      return operand.kind == Kind::kInt ? Value::Int(std::fabs(operand.number))
+                                        : Value::Float(std::fabs(operand.number));
     }
     if (name == "int") return Value::Int(std::floor(operand.number));
     if (name == "float") return Value::Float(operand.number);
@@ -1126,7 +1219,8 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
     evaluate_args();
     const Value fallback = args.size() > 0 ? args[0] : Value::String("");
     const Value* flag = args.size() > 1 ? &args[1] : kwargs.Find("boolean");
-    if (flag != nullptr && flag->kind != Kind::kBool) Fail("`default` filter flag must be a boolean");
+    if (flag != nullptr && flag->kind != Kind::kBool)
+      Fail("`default` filter flag must be a boolean");
     const bool boolean = flag != nullptr && flag->boolean;
     if (operand.kind == Kind::kUndefined || (boolean && !Truthy(operand))) return fallback;
     return operand;
@@ -1135,12 +1229,15 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
     evaluate_args();
     const Value* precision = option(0, "precision");
     const Value* method = option(1, "method");
-    if (precision != nullptr && precision->kind != Kind::kInt) Fail("round precision must be an integer");
-    if (method != nullptr && (method->kind != Kind::kString ||
-                              (method->s() != "common" && method->s() != "floor" && method->s() != "ceil"))) {
+    if (precision != nullptr && precision->kind != Kind::kInt)
+      Fail("round precision must be an integer");
+    if (method != nullptr &&
+        (method->kind != Kind::kString ||
+         (method->s() != "common" && method->s() != "floor" && method->s() != "ceil"))) {
       Fail("round method must be 'common', 'floor' or 'ceil'");
     }
-    const int p = precision != nullptr ? static_cast<int>(std::clamp(precision->number, -300.0, 300.0)) : 0;
+    const int p =
+        precision != nullptr ? static_cast<int>(std::clamp(precision->number, -300.0, 300.0)) : 0;
     return Value::Float(RoundNumber(operand.number, p, method != nullptr ? method->s() : "common"));
   }
 
@@ -1152,16 +1249,20 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
       const Value* case_sensitive = option(1, "case_sensitive");
       const Value* attribute = option(2, "attribute");
       if (reverse != nullptr && reverse->kind != Kind::kBool) Fail("reverse must be a boolean");
-      if (case_sensitive != nullptr && case_sensitive->kind != Kind::kBool) Fail("case_sensitive must be a boolean");
-      if (attribute != nullptr && !(attribute->kind == Kind::kString || attribute->kind == Kind::kInt ||
-                                    attribute->kind == Kind::kNull)) {
+      if (case_sensitive != nullptr && case_sensitive->kind != Kind::kBool)
+        Fail("case_sensitive must be a boolean");
+      if (attribute != nullptr &&
+          !(attribute->kind == Kind::kString || attribute->kind == Kind::kInt ||
+            attribute->kind == Kind::kNull)) {
         Fail("attribute must be a string, integer, or null");
       }
       const bool rev = reverse != nullptr && reverse->boolean;
       const bool cs = case_sensitive != nullptr && case_sensitive->boolean;
       auto key = [&](const Value& item) {
         if (attribute == nullptr || attribute->kind == Kind::kNull) return item;
-        return AttributePath(item, attribute->kind == Kind::kInt ? JsNumberToString(attribute->number) : attribute->s());
+        return AttributePath(item, attribute->kind == Kind::kInt
+                                       ? JsNumberToString(attribute->number)
+                                       : attribute->s());
       };
       std::vector<Value> sorted = items;
       std::stable_sort(sorted.begin(), sorted.end(), [&](const Value& a, const Value& b) {
@@ -1173,7 +1274,8 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
     if (name == "selectattr" || name == "rejectattr") {
       const bool select = name == "selectattr";
       for (const Value& item : items) {
-        if (!item.IsAttributeContainer()) Fail("`" + name + "` can only be applied to array of objects");
+        if (!item.IsAttributeContainer())
+          Fail("`" + name + "` can only be applied to array of objects");
       }
       // The parser checked that the arguments are string literals.
       const std::string& attr = filter->list[0]->name;
@@ -1184,7 +1286,8 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
       for (const Value& item : items) {
         const Value* a = item.object->map.Find(attr);
         bool result = false;
-        if (a != nullptr) result = test.empty() ? Truthy(*a) : RunTest(test, *a, test_arg ? &*test_arg : nullptr);
+        if (a != nullptr)
+          result = test.empty() ? Truthy(*a) : RunTest(test, *a, test_arg ? &*test_arg : nullptr);
         if (select ? result : !result) out.push_back(item);
       }
       return MakeArray(std::move(out));
@@ -1192,7 +1295,8 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
     if (name == "map") {
       evaluate_args();
       const Value* attr = kwargs.Find("attribute");
-      if (attr == nullptr) Fail("`map` expressions without `attribute` set are not currently supported.");
+      if (attr == nullptr)
+        Fail("`map` expressions without `attribute` set are not currently supported.");
       if (attr->kind != Kind::kString) Fail("attribute must be a string");
       const Value* fallback = kwargs.Find("default");
       std::vector<Value> out;
@@ -1220,20 +1324,7 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
       const bool indent_first = first != nullptr && Truthy(*first);
       const bool indent_blank = blank != nullptr && Truthy(*blank);
       Charge(static_cast<uint64_t>(std::count(s.begin(), s.end(), '\n') + 1) * pad.size());
-      std::string out;
-      size_t start = 0;
-      bool is_first = true;
-      while (true) {
-        const size_t nl = s.find('\n', start);
-        const std::string_view line = std::string_view(s).substr(start, nl == std::string::npos ? std::string::npos : nl - start);
-        if (!is_first) out.push_back('\n');
-        if (!((!indent_first && is_first) || (!indent_blank && line.empty()))) out += pad;
-        out += line;
-        is_first = false;
-        if (nl == std::string::npos) break;
-        start = nl + 1;
-      }
-      return MakeString(std::move(out));
+      return MakeString(Indent(s, pad, indent_first, indent_blank));
     }
     if (name == "replace") {
       const Value fn = StringMethod(operand, "replace");
@@ -1258,24 +1349,28 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
 // ---- statements -----------------------------------------------------------------
 
 Value Interpreter::EvaluateSet(const Node* node, const EnvPtr& env) {
-  const Value rhs = node->b ? Evaluate(node->b.get(), env) : MakeString(EvaluateBlock(node->list, env));
+  const Value rhs =
+      node->b ? Evaluate(node->b.get(), env) : MakeString(EvaluateBlock(node->list, env));
   const Node* target = node->a.get();
   if (target->type == NodeType::kIdentifier) {
     env->Set(target->name, rhs);
   } else if (target->type == NodeType::kTupleLiteral) {
-    if (!rhs.IsArray()) Fail(absl::StrCat("Cannot unpack non-iterable type in set: ", TypeName(rhs.kind)));
+    if (!rhs.IsArray())
+      Fail(absl::StrCat("Cannot unpack non-iterable type in set: ", TypeName(rhs.kind)));
     if (rhs.items().size() != target->list.size()) {
       Fail(std::string("Too ") + (target->list.size() > rhs.items().size() ? "few" : "many") +
            " items to unpack in set");
     }
     for (size_t i = 0; i < target->list.size(); ++i) {
-      if (target->list[i]->type != NodeType::kIdentifier) Fail("Cannot unpack to non-identifier in set");
+      if (target->list[i]->type != NodeType::kIdentifier)
+        Fail("Cannot unpack to non-identifier in set");
       env->Set(target->list[i]->name, rhs.items()[i]);
     }
   } else if (target->type == NodeType::kMember) {
     const Value object = Evaluate(target->a.get(), env);
     if (object.kind != Kind::kNamespace) Fail("cannot assign attribute on non-namespace object");
-    if (target->b->type != NodeType::kIdentifier) Fail("Cannot assign to member with non-identifier property");
+    if (target->b->type != NodeType::kIdentifier)
+      Fail("Cannot assign to member with non-identifier property");
     CheckNamespaceMember(rhs);
     object.object->map.Set(target->b->name, rhs);
     object.object->depth = std::max(object.object->depth, rhs.Depth() + 1);
@@ -1299,7 +1394,8 @@ std::string Interpreter::EvaluateFor(const Node* node, const EnvPtr& env) {
     iterable = Evaluate(node->b.get(), scope);
   }
   if (!(iterable.IsArray() || iterable.IsObject())) {
-    Fail(absl::StrCat("Expected iterable or object type in for loop: got ", TypeName(iterable.kind)));
+    Fail(absl::StrCat("Expected iterable or object type in for loop: got ",
+                      TypeName(iterable.kind)));
   }
   std::vector<Value> all;
   if (iterable.IsObject()) {
@@ -1316,17 +1412,19 @@ std::string Interpreter::EvaluateFor(const Node* node, const EnvPtr& env) {
       return;
     }
     for (size_t j = 0; j < loopvar->list.size(); ++j) {
-      if (loopvar->list[j]->type != NodeType::kIdentifier) Fail("Cannot unpack non-identifier type");
+      if (loopvar->list[j]->type != NodeType::kIdentifier)
+        Fail("Cannot unpack non-identifier type");
       target->Set(loopvar->list[j]->name, current.items()[j]);
     }
   };
   std::vector<Value> items;
   for (const Value& current : all) {
     if (loopvar->type == NodeType::kTupleLiteral) {
-      if (current.kind != Kind::kArray) Fail(absl::StrCat("Cannot unpack non-iterable type: ", TypeName(current.kind)));
+      if (current.kind != Kind::kArray)
+        Fail(absl::StrCat("Cannot unpack non-iterable type: ", TypeName(current.kind)));
       if (loopvar->list.size() != current.items().size()) {
-        Fail(std::string("Too ") + (loopvar->list.size() > current.items().size() ? "few" : "many") +
-             " items to unpack");
+        Fail(std::string("Too ") +
+             (loopvar->list.size() > current.items().size() ? "few" : "many") + " items to unpack");
       }
     }
     if (test != nullptr) {
@@ -1401,14 +1499,16 @@ void Interpreter::BindMacroArguments(const std::string& display_name, const Node
   if (takes_kwargs) {
     scope->Set("kwargs", MakeObject(std::move(remaining)));
   } else if (remaining.size() > 0) {
-    Fail("macro " + display_name + " takes no keyword argument '" + remaining.entries()[0].first + "'");
+    Fail("macro " + display_name + " takes no keyword argument '" + remaining.entries()[0].first +
+         "'");
   }
   if (takes_varargs) {
     std::vector<Value> rest;
     if (args.size() > parameters.size()) rest.assign(args.begin() + parameters.size(), args.end());
     scope->Set("varargs", MakeArray(std::move(rest)));
   } else if (args.size() > parameters.size()) {
-    Fail("macro " + display_name + " takes not more than " + Str(parameters.size()) + " argument(s)");
+    Fail("macro " + display_name + " takes not more than " + Str(parameters.size()) +
+         " argument(s)");
   }
   for (const auto& [name, expr] : pending_defaults) scope->Set(name, Evaluate(expr, scope));
 }
@@ -1416,12 +1516,13 @@ void Interpreter::BindMacroArguments(const std::string& display_name, const Node
 Value Interpreter::DefineMacro(const Node* node, const EnvPtr& env) {
   const bool takes_kwargs = Reads(node->list2, "kwargs");
   const bool takes_varargs = Reads(node->list2, "varargs");
-  env->Set(node->name, Value::Function([node, takes_kwargs, takes_varargs](
-                                           Interpreter& interp, std::vector<Value>& args, const EnvPtr& scope) {
+  env->Set(node->name,
+           Value::Function([node, takes_kwargs, takes_varargs](
+                               Interpreter& interp, std::vector<Value>& args, const EnvPtr& scope) {
              CallGuard guard(&interp);
              auto macro_scope = std::make_shared<Environment>(scope);
-             interp.BindMacroArguments("'" + node->name + "'", node->list, takes_kwargs, takes_varargs, args,
-                                       macro_scope);
+             interp.BindMacroArguments("'" + node->name + "'", node->list, takes_kwargs,
+                                       takes_varargs, args, macro_scope);
              return interp.MakeString(interp.EvaluateBlock(node->list2, macro_scope));
            }));
   return Value::Null();
@@ -1433,15 +1534,16 @@ Value Interpreter::EvaluateCallStatement(const Node* node, const EnvPtr& env) {
   // A weak reference: a caller stored somewhere longer-lived (a namespace)
   // must not keep its scope alive in a cycle.
   std::weak_ptr<Environment> weak_env = env;
-  const Value caller = Value::Function([node, weak_env, takes_kwargs, takes_varargs](
-                                           Interpreter& interp, std::vector<Value>& args, const EnvPtr&) {
-    CallGuard guard(&interp);
-    EnvPtr env = weak_env.lock();
-    if (env == nullptr) Fail("caller() used outside its call block");
-    auto block_env = std::make_shared<Environment>(env);
-    interp.BindMacroArguments("None", node->list, takes_kwargs, takes_varargs, args, block_env);
-    return interp.MakeString(interp.EvaluateBlock(node->list2, block_env));
-  });
+  const Value caller =
+      Value::Function([node, weak_env, takes_kwargs, takes_varargs](
+                          Interpreter& interp, std::vector<Value>& args, const EnvPtr&) {
+        CallGuard guard(&interp);
+        EnvPtr env = weak_env.lock();
+        if (env == nullptr) Fail("caller() used outside its call block");
+        auto block_env = std::make_shared<Environment>(env);
+        interp.BindMacroArguments("None", node->list, takes_kwargs, takes_varargs, args, block_env);
+        return interp.MakeString(interp.EvaluateBlock(node->list2, block_env));
+      });
   const Node* call = node->a.get();
   std::vector<Value> args;
   ObjectMap kwargs;

@@ -28,12 +28,12 @@
 namespace cortiq::chat::jinja {
 
 struct RenderLimits {
-  size_t max_output_bytes = size_t{16} << 20;  // the rendered text and any string built
-  uint64_t max_loop_iterations = 1'000'000;    // for-loop items and range() lengths, summed
-  uint64_t max_steps = 20'000'000;             // nodes evaluated
+  size_t max_output_bytes = size_t{16} << 20;     // the rendered text and any string built
+  uint64_t max_loop_iterations = 1'000'000;       // for-loop items and range() lengths, summed
+  uint64_t max_steps = 20'000'000;                // nodes evaluated
   uint64_t max_work_bytes = uint64_t{256} << 20;  // bytes of strings and arrays built, summed
-  int max_call_depth = 32;                     // nested macro / caller() calls
-  int max_value_depth = 64;                    // nesting of arrays and objects
+  int max_call_depth = 32;                        // nested macro / caller() calls
+  int max_value_depth = 64;                       // nesting of arrays and objects
 };
 
 // A scope: variables plus the enclosing scope.

@@ -47,7 +47,8 @@ Mapped LstripBlocks(const Mapped& in) {
       line_start = false;
       size_t j = i;
       while (j < t.size() && (t[j] == ' ' || t[j] == '\t')) ++j;
-      if (j + 1 < t.size() && t[j] == '{' && (t[j + 1] == '#' || t[j + 1] == '%' || t[j + 1] == '-')) {
+      if (j + 1 < t.size() && t[j] == '{' &&
+          (t[j + 1] == '#' || t[j + 1] == '%' || t[j + 1] == '-')) {
         i = j;
       }
       continue;
@@ -306,7 +307,8 @@ class Lexer {
           // A unary sign, glued to a following number literal.
           const size_t start = pos_++;
           std::string num = Digits();
-          if (!num.empty() && pos_ + 1 < s_.size() && s_[pos_] == '.' && IsDigitChar(s_[pos_ + 1])) {
+          if (!num.empty() && pos_ + 1 < s_.size() && s_[pos_] == '.' &&
+              IsDigitChar(s_[pos_ + 1])) {
             ++pos_;
             num += "." + Digits();
           }
@@ -340,8 +342,8 @@ class Lexer {
       const size_t start = pos_;
       std::string num = Digits();
       const Token* prev = Last();
-      if ((prev == nullptr || prev->type != TokenType::kDot) && pos_ + 1 < s_.size() && s_[pos_] == '.' &&
-          IsDigitChar(s_[pos_ + 1])) {
+      if ((prev == nullptr || prev->type != TokenType::kDot) && pos_ + 1 < s_.size() &&
+          s_[pos_] == '.' && IsDigitChar(s_[pos_ + 1])) {
         ++pos_;
         num += "." + Digits();
       }
@@ -412,16 +414,35 @@ class Lexer {
       }
       flush_high();
       switch (e) {
-        case 'n': out.push_back('\n'); break;
-        case 't': out.push_back('\t'); break;
-        case 'r': out.push_back('\r'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'v': out.push_back('\v'); break;
-        case '\'': out.push_back('\''); break;
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        default: Fail(std::string("unexpected escaped character '") + e + "'", pos_ - 2);
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'v':
+          out.push_back('\v');
+          break;
+        case '\'':
+          out.push_back('\'');
+          break;
+        case '"':
+          out.push_back('"');
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        default:
+          Fail(std::string("unexpected escaped character '") + e + "'", pos_ - 2);
       }
     }
     flush_high();
@@ -440,31 +461,56 @@ class Lexer {
 
 const char* TokenTypeName(TokenType type) {
   switch (type) {
-    case TokenType::kText: return "Text";
-    case TokenType::kNumericLiteral: return "NumericLiteral";
-    case TokenType::kStringLiteral: return "StringLiteral";
-    case TokenType::kIdentifier: return "Identifier";
-    case TokenType::kEquals: return "Equals";
-    case TokenType::kOpenParen: return "OpenParen";
-    case TokenType::kCloseParen: return "CloseParen";
-    case TokenType::kOpenStatement: return "OpenStatement";
-    case TokenType::kCloseStatement: return "CloseStatement";
-    case TokenType::kOpenExpression: return "OpenExpression";
-    case TokenType::kCloseExpression: return "CloseExpression";
-    case TokenType::kOpenSquareBracket: return "OpenSquareBracket";
-    case TokenType::kCloseSquareBracket: return "CloseSquareBracket";
-    case TokenType::kOpenCurlyBracket: return "OpenCurlyBracket";
-    case TokenType::kCloseCurlyBracket: return "CloseCurlyBracket";
-    case TokenType::kComma: return "Comma";
-    case TokenType::kDot: return "Dot";
-    case TokenType::kColon: return "Colon";
-    case TokenType::kPipe: return "Pipe";
-    case TokenType::kAdditiveBinaryOperator: return "AdditiveBinaryOperator";
-    case TokenType::kMultiplicativeBinaryOperator: return "MultiplicativeBinaryOperator";
-    case TokenType::kExponentiationBinaryOperator: return "ExponentiationBinaryOperator";
-    case TokenType::kComparisonBinaryOperator: return "ComparisonBinaryOperator";
-    case TokenType::kUnaryOperator: return "UnaryOperator";
-    case TokenType::kComment: return "Comment";
+    case TokenType::kText:
+      return "Text";
+    case TokenType::kNumericLiteral:
+      return "NumericLiteral";
+    case TokenType::kStringLiteral:
+      return "StringLiteral";
+    case TokenType::kIdentifier:
+      return "Identifier";
+    case TokenType::kEquals:
+      return "Equals";
+    case TokenType::kOpenParen:
+      return "OpenParen";
+    case TokenType::kCloseParen:
+      return "CloseParen";
+    case TokenType::kOpenStatement:
+      return "OpenStatement";
+    case TokenType::kCloseStatement:
+      return "CloseStatement";
+    case TokenType::kOpenExpression:
+      return "OpenExpression";
+    case TokenType::kCloseExpression:
+      return "CloseExpression";
+    case TokenType::kOpenSquareBracket:
+      return "OpenSquareBracket";
+    case TokenType::kCloseSquareBracket:
+      return "CloseSquareBracket";
+    case TokenType::kOpenCurlyBracket:
+      return "OpenCurlyBracket";
+    case TokenType::kCloseCurlyBracket:
+      return "CloseCurlyBracket";
+    case TokenType::kComma:
+      return "Comma";
+    case TokenType::kDot:
+      return "Dot";
+    case TokenType::kColon:
+      return "Colon";
+    case TokenType::kPipe:
+      return "Pipe";
+    case TokenType::kAdditiveBinaryOperator:
+      return "AdditiveBinaryOperator";
+    case TokenType::kMultiplicativeBinaryOperator:
+      return "MultiplicativeBinaryOperator";
+    case TokenType::kExponentiationBinaryOperator:
+      return "ExponentiationBinaryOperator";
+    case TokenType::kComparisonBinaryOperator:
+      return "ComparisonBinaryOperator";
+    case TokenType::kUnaryOperator:
+      return "UnaryOperator";
+    case TokenType::kComment:
+      return "Comment";
   }
   return "?";
 }

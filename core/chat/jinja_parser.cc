@@ -13,14 +13,14 @@ namespace {
 // What the renderer implements (jinja_interpreter.cc); anything else is
 // refused at parse time.
 const std::set<std::string_view> kFilters = {
-    "abs",   "bool",  "capitalize", "default", "dictsort", "first",   "float", "get",
-    "indent", "int",  "items",      "join",    "keys",     "last",    "length", "list",
-    "lower", "map",   "rejectattr", "replace", "reverse",  "round",   "safe",   "selectattr",
-    "sort",  "string", "title",     "tojson",  "trim",     "unique",  "upper",  "values"};
-const std::set<std::string_view> kTests = {
-    "boolean", "callable", "odd",      "even",     "false",   "true",  "none",
-    "string",  "number",   "integer",  "iterable", "mapping", "sequence", "lower",
-    "upper",   "defined",  "undefined", "equalto", "eq"};
+    "abs",    "bool",   "capitalize", "default", "dictsort", "first",  "float",  "get",
+    "indent", "int",    "items",      "join",    "keys",     "last",   "length", "list",
+    "lower",  "map",    "rejectattr", "replace", "reverse",  "round",  "safe",   "selectattr",
+    "sort",   "string", "title",      "tojson",  "trim",     "unique", "upper",  "values"};
+const std::set<std::string_view> kTests = {"boolean",  "callable",  "odd",      "even",   "false",
+                                           "true",     "none",      "string",   "number", "integer",
+                                           "iterable", "mapping",   "sequence", "lower",  "upper",
+                                           "defined",  "undefined", "equalto",  "eq"};
 const std::set<std::string_view> kGlobalFunctions = {"raise_exception", "range", "strftime_now",
                                                      "namespace"};
 const std::set<std::string_view> kMethods = {
@@ -60,7 +60,8 @@ class Parser {
     return t;
   }
   const Token& Expect(TokenType type, const char* what) {
-    if (current_ >= tokens_.size()) FailHere(std::string("unexpected end of template, expected ") + what);
+    if (current_ >= tokens_.size())
+      FailHere(std::string("unexpected end of template, expected ") + what);
     const Token& t = tokens_[current_];
     if (t.type != type) {
       Fail(std::string("expected ") + what + ", got " + Describe(t), t.offset);
@@ -72,12 +73,16 @@ class Parser {
     if (t.type == TokenType::kText) return "text";
     return "'" + t.value + "'";
   }
-  bool Is(TokenType type) const { return current_ < tokens_.size() && tokens_[current_].type == type; }
+  bool Is(TokenType type) const {
+    return current_ < tokens_.size() && tokens_[current_].type == type;
+  }
   bool Is(TokenType t1, TokenType t2) const {
-    return current_ + 1 < tokens_.size() && tokens_[current_].type == t1 && tokens_[current_ + 1].type == t2;
+    return current_ + 1 < tokens_.size() && tokens_[current_].type == t1 &&
+           tokens_[current_ + 1].type == t2;
   }
   bool IsIdentifier(std::string_view name, size_t ahead = 0) const {
-    return current_ + ahead < tokens_.size() && tokens_[current_ + ahead].type == TokenType::kIdentifier &&
+    return current_ + ahead < tokens_.size() &&
+           tokens_[current_ + ahead].type == TokenType::kIdentifier &&
            tokens_[current_ + ahead].value == name;
   }
   bool IsStatement(std::initializer_list<std::string_view> names) const {
@@ -101,6 +106,13 @@ class Parser {
       }
       out->push_back(ParseAny());
     }
+  }
+  // When `{% else %}` opens here: it, then the statements up to end_tag.
+  void ParseElse(std::string_view end_tag, NodeList* out, const char* opened, size_t opened_at) {
+    if (!IsStatement({"else"})) return;
+    current_ += 2;
+    Expect(TokenType::kCloseStatement, "'%}'");
+    ParseUntil({end_tag}, out, opened, opened_at);
   }
   void ExpectEnd(std::string_view end_tag) {
     Expect(TokenType::kOpenStatement, "'{%'");
@@ -126,7 +138,8 @@ class Parser {
     }
     n->depth = d + 1;
     if (n->depth > kMaxNestingDepth) {
-      Fail("template nested too deeply (limit " + std::to_string(kMaxNestingDepth) + ")", n->offset);
+      Fail("template nested too deeply (limit " + std::to_string(kMaxNestingDepth) + ")",
+           n->offset);
     }
     return n;
   }
@@ -153,14 +166,16 @@ class Parser {
         ++current_;
         return n;
       }
-      case TokenType::kOpenStatement: return ParseStatement();
+      case TokenType::kOpenStatement:
+        return ParseStatement();
       case TokenType::kOpenExpression: {
         ++current_;
         NodePtr e = ParseExpression();
         Expect(TokenType::kCloseExpression, "'}}'");
         return e;
       }
-      default: Fail("unexpected " + Describe(t), t.offset);
+      default:
+        Fail("unexpected " + Describe(t), t.offset);
     }
   }
 
@@ -195,8 +210,8 @@ class Parser {
       Expect(TokenType::kCloseStatement, "'%}'");
       return Make(name == "break" ? NodeType::kBreak : NodeType::kContinue, at);
     }
-    static const std::set<std::string_view> kClosers = {"endif", "endfor", "endmacro", "endcall",
-                                                        "endfilter", "endset", "else", "elif"};
+    static const std::set<std::string_view> kClosers = {
+        "endif", "endfor", "endmacro", "endcall", "endfilter", "endset", "else", "elif"};
     if (kClosers.count(name) > 0) Fail("unexpected tag '" + name + "'", at);
     Fail("unsupported tag '" + name + "'", at);
   }
@@ -226,10 +241,8 @@ class Parser {
     if (IsStatement({"elif"})) {
       current_ += 2;
       n->list2.push_back(ParseIf(tokens_[current_ - 1].offset));
-    } else if (IsStatement({"else"})) {
-      current_ += 2;
-      Expect(TokenType::kCloseStatement, "'%}'");
-      ParseUntil({"endif"}, &n->list2, "if", at);
+    } else {
+      ParseElse("endif", &n->list2, "if", at);
     }
     return Seal(std::move(n));
   }
@@ -258,11 +271,7 @@ class Parser {
     n->b = ParseExpression();
     Expect(TokenType::kCloseStatement, "'%}'");
     ParseUntil({"endfor", "else"}, &n->list, "for", at);
-    if (IsStatement({"else"})) {
-      current_ += 2;
-      Expect(TokenType::kCloseStatement, "'%}'");
-      ParseUntil({"endfor"}, &n->list2, "for", at);
-    }
+    ParseElse("endfor", &n->list2, "for", at);
     return Seal(std::move(n));
   }
 
@@ -270,7 +279,8 @@ class Parser {
     auto n = Make(NodeType::kCallStatement, at);
     if (Is(TokenType::kOpenParen)) n->list = ParseArgs(/*parameters=*/true);
     NodePtr callee = ParsePrimary();
-    if (callee->type != NodeType::kIdentifier) Fail("expected a macro name after 'call'", callee->offset);
+    if (callee->type != NodeType::kIdentifier)
+      Fail("expected a macro name after 'call'", callee->offset);
     auto call = Make(NodeType::kCall, callee->offset);
     RecordCall(*callee);
     call->a = std::move(callee);
@@ -300,7 +310,8 @@ class Parser {
   struct DepthGuard {
     DepthGuard(const Parser* p, size_t offset) : parser(p) {
       if (++p->recursion_ > kMaxNestingDepth) {
-        p->Fail("expression nested too deeply (limit " + std::to_string(kMaxNestingDepth) + ")", offset);
+        p->Fail("expression nested too deeply (limit " + std::to_string(kMaxNestingDepth) + ")",
+                offset);
       }
     }
     ~DepthGuard() { --parser->recursion_; }
@@ -348,22 +359,22 @@ class Parser {
     return Seal(std::move(n));
   }
 
-  NodePtr ParseLogicalOr() {
-    NodePtr left = ParseLogicalAnd();
-    while (IsIdentifier("or")) {
+  // One left-associative precedence level: next (op next)* while `at_op`.
+  template <typename AtOp>
+  NodePtr ParseLeftAssociative(AtOp at_op, NodePtr (Parser::*next)()) {
+    NodePtr left = (this->*next)();
+    while (at_op()) {
       const Token& op = Take();
-      left = Binary(op, "or", std::move(left), ParseLogicalAnd());
+      left = Binary(op, op.value, std::move(left), (this->*next)());
     }
     return left;
   }
 
+  NodePtr ParseLogicalOr() {
+    return ParseLeftAssociative([this] { return IsIdentifier("or"); }, &Parser::ParseLogicalAnd);
+  }
   NodePtr ParseLogicalAnd() {
-    NodePtr left = ParseLogicalNot();
-    while (IsIdentifier("and")) {
-      const Token& op = Take();
-      left = Binary(op, "and", std::move(left), ParseLogicalNot());
-    }
-    return left;
+    return ParseLeftAssociative([this] { return IsIdentifier("and"); }, &Parser::ParseLogicalNot);
   }
 
   NodePtr ParseLogicalNot() {
@@ -401,30 +412,16 @@ class Parser {
   }
 
   NodePtr ParseAdditive() {
-    NodePtr left = ParseMultiplicative();
-    while (Is(TokenType::kAdditiveBinaryOperator)) {
-      const Token& op = Take();
-      left = Binary(op, op.value, std::move(left), ParseMultiplicative());
-    }
-    return left;
+    return ParseLeftAssociative([this] { return Is(TokenType::kAdditiveBinaryOperator); },
+                                &Parser::ParseMultiplicative);
   }
-
   NodePtr ParseMultiplicative() {
-    NodePtr left = ParsePower();
-    while (Is(TokenType::kMultiplicativeBinaryOperator)) {
-      const Token& op = Take();
-      left = Binary(op, op.value, std::move(left), ParsePower());
-    }
-    return left;
+    return ParseLeftAssociative([this] { return Is(TokenType::kMultiplicativeBinaryOperator); },
+                                &Parser::ParsePower);
   }
-
   NodePtr ParsePower() {
-    NodePtr left = ParseTestExpression();
-    while (Is(TokenType::kExponentiationBinaryOperator)) {
-      const Token& op = Take();
-      left = Binary(op, op.value, std::move(left), ParseTestExpression());
-    }
-    return left;
+    return ParseLeftAssociative([this] { return Is(TokenType::kExponentiationBinaryOperator); },
+                                &Parser::ParseTestExpression);
   }
 
   NodePtr ParseTestExpression() {
@@ -434,10 +431,13 @@ class Parser {
       const bool negate = IsIdentifier("not");
       if (negate) ++current_;
       NodePtr test = ParsePrimary();
-      if (test->type != NodeType::kIdentifier) Fail("expected a test name after 'is'", test->offset);
-      if (kTests.count(test->name) == 0) Fail("unsupported test '" + test->name + "'", test->offset);
-      if (Is(TokenType::kOpenParen) || (current_ < tokens_.size() && (Is(TokenType::kStringLiteral) ||
-                                                                    Is(TokenType::kNumericLiteral)))) {
+      if (test->type != NodeType::kIdentifier)
+        Fail("expected a test name after 'is'", test->offset);
+      if (kTests.count(test->name) == 0)
+        Fail("unsupported test '" + test->name + "'", test->offset);
+      if (Is(TokenType::kOpenParen) ||
+          (current_ < tokens_.size() &&
+           (Is(TokenType::kStringLiteral) || Is(TokenType::kNumericLiteral)))) {
         FailHere("tests with arguments are not supported (test '" + test->name + "')");
       }
       auto n = Make(NodeType::kTest, at);
@@ -454,7 +454,8 @@ class Parser {
     while (Is(TokenType::kPipe)) {
       const size_t at = Take().offset;
       NodePtr filter = ParsePrimary();
-      if (filter->type != NodeType::kIdentifier) Fail("expected a filter name after '|'", filter->offset);
+      if (filter->type != NodeType::kIdentifier)
+        Fail("expected a filter name after '|'", filter->offset);
       if (Is(TokenType::kOpenParen)) filter = ParseCall(std::move(filter), /*record=*/false);
       CheckFilter(*filter);
       auto n = Make(NodeType::kFilter, at);
@@ -507,7 +508,8 @@ class Parser {
       if (current_ >= tokens_.size()) FailHere("unexpected end of template in an argument list");
       const Token& t = tokens_[current_];
       const bool keyword_spread = t.type == TokenType::kExponentiationBinaryOperator;
-      const bool positional_spread = t.type == TokenType::kMultiplicativeBinaryOperator && t.value == "*";
+      const bool positional_spread =
+          t.type == TokenType::kMultiplicativeBinaryOperator && t.value == "*";
       if (parameters && (keyword_spread || positional_spread)) {
         Fail("argument unpacking is not allowed in parameter declarations", t.offset);
       }
@@ -533,7 +535,8 @@ class Parser {
         if (Is(TokenType::kEquals)) {
           ++current_;
           if (arg->type != NodeType::kIdentifier) {
-            Fail(parameters ? "expected a name for a parameter" : "expected a name for a keyword argument",
+            Fail(parameters ? "expected a name for a parameter"
+                            : "expected a name for a keyword argument",
                  arg->offset);
           }
           auto n = Make(NodeType::kKeywordArgument, arg->offset);
@@ -545,7 +548,8 @@ class Parser {
           if (arg->type != NodeType::kIdentifier && arg->type != NodeType::kKeywordArgument) {
             Fail("expected a name for a parameter", arg->offset);
           }
-          if (!names.insert(arg->name).second) Fail("duplicate parameter name '" + arg->name + "'", arg->offset);
+          if (!names.insert(arg->name).second)
+            Fail("duplicate parameter name '" + arg->name + "'", arg->offset);
           declared_.insert(arg->name);
         }
         if (arg->type == NodeType::kKeywordArgument) {
@@ -602,7 +606,8 @@ class Parser {
         Expect(TokenType::kCloseSquareBracket, "']'");
       } else {
         property = ParsePrimary();
-        if (property->type != NodeType::kIdentifier && property->type != NodeType::kIntegerLiteral) {
+        if (property->type != NodeType::kIdentifier &&
+            property->type != NodeType::kIntegerLiteral) {
           Fail("expected a name or an integer after '.'", property->offset);
         }
       }
@@ -665,7 +670,8 @@ class Parser {
         ++current_;
         return Seal(std::move(n));
       }
-      default: Fail("unexpected " + Describe(t), t.offset);
+      default:
+        Fail("unexpected " + Describe(t), t.offset);
     }
   }
 
@@ -682,7 +688,8 @@ class Parser {
   void RecordCall(const Node& callee) {
     if (callee.type == NodeType::kIdentifier) {
       calls_.emplace_back(callee.name, callee.offset, /*method=*/false);
-    } else if (callee.type == NodeType::kMember && !callee.flag && callee.b->type == NodeType::kIdentifier) {
+    } else if (callee.type == NodeType::kMember && !callee.flag &&
+               callee.b->type == NodeType::kIdentifier) {
       calls_.emplace_back(callee.b->name, callee.b->offset, /*method=*/true);
     }
   }
@@ -692,7 +699,8 @@ class Parser {
       if (macros_.count(name) > 0) continue;
       if (method) {
         if (kMethods.count(name) == 0) Fail("unsupported method '" + name + "'", offset);
-      } else if (kGlobalFunctions.count(name) == 0 && name != "caller" && declared_.count(name) == 0) {
+      } else if (kGlobalFunctions.count(name) == 0 && name != "caller" &&
+                 declared_.count(name) == 0) {
         Fail("unsupported function '" + name + "'", offset);
       }
     }
@@ -707,7 +715,8 @@ class Parser {
     if (name == "tojson") {
       for (const NodePtr& arg : args) {
         if (arg->type != NodeType::kKeywordArgument) {
-          Fail("tojson takes keyword arguments only (indent=, ensure_ascii=, separators=)", arg->offset);
+          Fail("tojson takes keyword arguments only (indent=, ensure_ascii=, separators=)",
+               arg->offset);
         }
         if (arg->name == "sort_keys") Fail("unsupported tojson argument 'sort_keys'", arg->offset);
       }

@@ -26,34 +26,34 @@ enum class NodeType : uint8_t {
   // statements
   kText,  // literal text between tags (evaluates like a string literal)
   kComment,
-  kIf,              // a=test, list=body, list2=alternate
-  kFor,             // a=loop variable, b=iterable, list=body, list2=else block
-  kSet,             // a=target, b=value (or null: list=body)
-  kMacro,           // name, list=parameters, list2=body
-  kCallStatement,   // a=call (kCall), list=caller parameters, list2=body
-  kFilterStatement, // a=filter (kIdentifier or kCall), list=body
+  kIf,               // a=test, list=body, list2=alternate
+  kFor,              // a=loop variable, b=iterable, list=body, list2=else block
+  kSet,              // a=target, b=value (or null: list=body)
+  kMacro,            // name, list=parameters, list2=body
+  kCallStatement,    // a=call (kCall), list=caller parameters, list2=body
+  kFilterStatement,  // a=filter (kIdentifier or kCall), list=body
   kBreak,
   kContinue,
   // expressions
-  kIntegerLiteral,  // number
-  kFloatLiteral,    // number
-  kStringLiteral,   // name = the value
-  kArrayLiteral,    // list
-  kTupleLiteral,    // list
-  kObjectLiteral,   // list=keys, list2=values
-  kIdentifier,      // name
-  kMember,          // a=object, b=property, flag=computed ([...])
-  kCall,            // a=callee, list=arguments
-  kBinary,          // name=operator, a, b
-  kUnary,           // name=operator, a
-  kFilter,          // a=operand, b=filter (kIdentifier or kCall)
-  kTest,            // a=operand, name=test, flag=negated
-  kSelect,          // a=value, b=condition (`a if b` without else)
-  kTernary,         // a=condition, b=if true, c=if false
-  kSlice,           // a=start, b=stop, c=step (each may be null)
-  kKeywordArgument, // name=key, a=value
-  kSpread,          // a (*expr)
-  kKeywordSpread,   // a (**expr)
+  kIntegerLiteral,   // number
+  kFloatLiteral,     // number
+  kStringLiteral,    // name = the value
+  kArrayLiteral,     // list
+  kTupleLiteral,     // list
+  kObjectLiteral,    // list=keys, list2=values
+  kIdentifier,       // name
+  kMember,           // a=object, b=property, flag=computed ([...])
+  kCall,             // a=callee, list=arguments
+  kBinary,           // name=operator, a, b
+  kUnary,            // name=operator, a
+  kFilter,           // a=operand, b=filter (kIdentifier or kCall)
+  kTest,             // a=operand, name=test, flag=negated
+  kSelect,           // a=value, b=condition (`a if b` without else)
+  kTernary,          // a=condition, b=if true, c=if false
+  kSlice,            // a=start, b=stop, c=step (each may be null)
+  kKeywordArgument,  // name=key, a=value
+  kSpread,           // a (*expr)
+  kKeywordSpread,    // a (**expr)
 };
 
 struct Node;

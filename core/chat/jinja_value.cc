@@ -139,18 +139,30 @@ Value Value::Object(ObjectMap map, Kind kind) {
 
 const char* TypeName(Kind kind) {
   switch (kind) {
-    case Kind::kUndefined: return "UndefinedValue";
-    case Kind::kNull: return "NullValue";
-    case Kind::kBool: return "BooleanValue";
-    case Kind::kInt: return "IntegerValue";
-    case Kind::kFloat: return "FloatValue";
-    case Kind::kString: return "StringValue";
-    case Kind::kArray: return "ArrayValue";
-    case Kind::kTuple: return "TupleValue";
-    case Kind::kObject: return "ObjectValue";
-    case Kind::kKwargs: return "KeywordArgumentsValue";
-    case Kind::kNamespace: return "NamespaceValue";
-    case Kind::kFunction: return "FunctionValue";
+    case Kind::kUndefined:
+      return "UndefinedValue";
+    case Kind::kNull:
+      return "NullValue";
+    case Kind::kBool:
+      return "BooleanValue";
+    case Kind::kInt:
+      return "IntegerValue";
+    case Kind::kFloat:
+      return "FloatValue";
+    case Kind::kString:
+      return "StringValue";
+    case Kind::kArray:
+      return "ArrayValue";
+    case Kind::kTuple:
+      return "TupleValue";
+    case Kind::kObject:
+      return "ObjectValue";
+    case Kind::kKwargs:
+      return "KeywordArgumentsValue";
+    case Kind::kNamespace:
+      return "NamespaceValue";
+    case Kind::kFunction:
+      return "FunctionValue";
   }
   return "?";
 }
@@ -158,17 +170,24 @@ const char* TypeName(Kind kind) {
 bool Truthy(const Value& v) {
   switch (v.kind) {
     case Kind::kUndefined:
-    case Kind::kNull: return false;
-    case Kind::kBool: return v.boolean;
+    case Kind::kNull:
+      return false;
+    case Kind::kBool:
+      return v.boolean;
     case Kind::kInt:
-    case Kind::kFloat: return v.number != 0 && !std::isnan(v.number);
-    case Kind::kString: return !v.s().empty();
+    case Kind::kFloat:
+      return v.number != 0 && !std::isnan(v.number);
+    case Kind::kString:
+      return !v.s().empty();
     case Kind::kArray:
-    case Kind::kTuple: return !v.items().empty();
+    case Kind::kTuple:
+      return !v.items().empty();
     case Kind::kObject:
-    case Kind::kKwargs: return v.object->map.size() > 0;
+    case Kind::kKwargs:
+      return v.object->map.size() > 0;
     case Kind::kNamespace:  // !!Map: always true in the reference
-    case Kind::kFunction: return true;
+    case Kind::kFunction:
+      return true;
   }
   return false;
 }
@@ -398,13 +417,27 @@ void AppendJsonQuoted(std::string_view s, std::string* out) {
   for (char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           AppendHex4(c, out);
@@ -460,14 +493,26 @@ void AppendJson(const Value& v, const JsonOptions& options, int depth, bool unde
     key_sep = ": ";
   }
   switch (v.kind) {
-    case Kind::kNull: *out += "null"; return;
-    case Kind::kUndefined: *out += undefined_to_null ? "null" : "undefined"; return;
+    case Kind::kNull:
+      *out += "null";
+      return;
+    case Kind::kUndefined:
+      *out += undefined_to_null ? "null" : "undefined";
+      return;
     case Kind::kInt:
-    case Kind::kFloat: *out += std::isfinite(v.number) ? JsNumberToString(v.number) : "null"; return;
-    case Kind::kBool: *out += v.boolean ? "true" : "false"; return;
-    case Kind::kString: AppendJsonString(v.s(), options, out); return;
-    case Kind::kFunction: throw RenderError("Cannot convert to JSON: FunctionValue");
-    default: break;
+    case Kind::kFloat:
+      *out += std::isfinite(v.number) ? JsNumberToString(v.number) : "null";
+      return;
+    case Kind::kBool:
+      *out += v.boolean ? "true" : "false";
+      return;
+    case Kind::kString:
+      AppendJsonString(v.s(), options, out);
+      return;
+    case Kind::kFunction:
+      throw RenderError("Cannot convert to JSON: FunctionValue");
+    default:
+      break;
   }
   if (depth > kMaxJsonDepth) throw RenderError("value nested too deeply to convert to JSON");
   const std::string indent_unit = options.indent > 0 ? std::string(options.indent, ' ') : "";
@@ -505,13 +550,20 @@ void AppendJson(const Value& v, const JsonOptions& options, int depth, bool unde
 
 std::string ToOutputString(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNull: return "null";
-    case Kind::kBool: return v.boolean ? "true" : "false";
-    case Kind::kInt: return JsNumberToString(v.number);
-    case Kind::kFloat: return JsFloatToString(v.number);
-    case Kind::kString: return v.s();
-    case Kind::kFunction: return "[function]";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNull:
+      return "null";
+    case Kind::kBool:
+      return v.boolean ? "true" : "false";
+    case Kind::kInt:
+      return JsNumberToString(v.number);
+    case Kind::kFloat:
+      return JsFloatToString(v.number);
+    case Kind::kString:
+      return v.s();
+    case Kind::kFunction:
+      return "[function]";
     default: {
       std::string out;
       AppendJson(v, JsonOptions{}, 0, /*undefined_to_null=*/false, &out);
@@ -523,7 +575,8 @@ std::string ToOutputString(const Value& v) {
 std::string ToJsString(const Value& v) {
   switch (v.kind) {
     case Kind::kInt:
-    case Kind::kFloat: return JsNumberToString(v.number);
+    case Kind::kFloat:
+      return JsNumberToString(v.number);
     case Kind::kArray:
     case Kind::kTuple: {
       std::string out;
@@ -535,8 +588,10 @@ std::string ToJsString(const Value& v) {
     }
     case Kind::kObject:
     case Kind::kKwargs:
-    case Kind::kNamespace: return "[object Map]";
-    default: return ToOutputString(v);
+    case Kind::kNamespace:
+      return "[object Map]";
+    default:
+      return ToOutputString(v);
   }
 }
 
@@ -552,13 +607,19 @@ enum class JsType { kUndefined, kNull, kBoolean, kNumber, kString, kObject };
 
 JsType TypeOf(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return JsType::kUndefined;
-    case Kind::kNull: return JsType::kNull;
-    case Kind::kBool: return JsType::kBoolean;
+    case Kind::kUndefined:
+      return JsType::kUndefined;
+    case Kind::kNull:
+      return JsType::kNull;
+    case Kind::kBool:
+      return JsType::kBoolean;
     case Kind::kInt:
-    case Kind::kFloat: return JsType::kNumber;
-    case Kind::kString: return JsType::kString;
-    default: return JsType::kObject;
+    case Kind::kFloat:
+      return JsType::kNumber;
+    case Kind::kString:
+      return JsType::kString;
+    default:
+      return JsType::kObject;
   }
 }
 
@@ -572,12 +633,15 @@ const void* Identity(const Value& v) {
 double StringToNumber(std::string_view s) {
   s = JsTrim(s);
   if (s.empty()) return 0;
-  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X' || s[1] == 'o' || s[1] == 'O' ||
-                                      s[1] == 'b' || s[1] == 'B')) {
+  if (s.size() > 2 && s[0] == '0' &&
+      (s[1] == 'x' || s[1] == 'X' || s[1] == 'o' || s[1] == 'O' || s[1] == 'b' || s[1] == 'B')) {
     const int base = (s[1] == 'x' || s[1] == 'X') ? 16 : (s[1] == 'o' || s[1] == 'O') ? 8 : 2;
     double v = 0;
     for (char c : s.substr(2)) {
-      int d = IsDigit(c) ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : 99;
+      int d = IsDigit(c)               ? c - '0'
+              : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+              : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                       : 99;
       if (d >= base) return NAN;
       v = v * base + d;
     }
@@ -586,7 +650,8 @@ double StringToNumber(std::string_view s) {
   double v = 0;
   const std::string str(s);
   size_t body = (str[0] == '+' || str[0] == '-') ? 1 : 0;
-  if (str.compare(body, std::string::npos, "Infinity") == 0) return str[0] == '-' ? -INFINITY : INFINITY;
+  if (str.compare(body, std::string::npos, "Infinity") == 0)
+    return str[0] == '-' ? -INFINITY : INFINITY;
   if (!JsParseFloat(str, &v)) return NAN;
   // The whole string must be the literal (parseFloat takes a prefix).
   for (char c : str.substr(body)) {
@@ -605,11 +670,16 @@ bool StrictEquals(const Value& a, const Value& b) {
   if (ta != tb) return false;
   switch (ta) {
     case JsType::kUndefined:
-    case JsType::kNull: return true;
-    case JsType::kBoolean: return a.boolean == b.boolean;
-    case JsType::kNumber: return a.number == b.number;
-    case JsType::kString: return a.s() == b.s();
-    case JsType::kObject: return Identity(a) == Identity(b);
+    case JsType::kNull:
+      return true;
+    case JsType::kBoolean:
+      return a.boolean == b.boolean;
+    case JsType::kNumber:
+      return a.number == b.number;
+    case JsType::kString:
+      return a.s() == b.s();
+    case JsType::kObject:
+      return Identity(a) == Identity(b);
   }
   return false;
 }

@@ -19,8 +19,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <stdexcept>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -65,7 +65,8 @@ class ObjectMap {
 // args: the positional arguments, then (when the call had any) one kKwargs value.
 // scope: the caller's environment (macros scope dynamically, as the reference does).
 using EnvPtr = std::shared_ptr<Environment>;
-using NativeFunction = std::function<Value(Interpreter&, std::vector<Value>& args, const EnvPtr& scope)>;
+using NativeFunction =
+    std::function<Value(Interpreter&, std::vector<Value>& args, const EnvPtr& scope)>;
 
 enum class Kind : uint8_t {
   kUndefined,

