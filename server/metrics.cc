@@ -95,7 +95,28 @@ std::optional<size_t> RpcIndex(std::string_view rpc) {
   return std::nullopt;
 }
 
+size_t HttpRouteIndex(std::string_view route) {
+  for (size_t i = 0; i + 1 < kNumHttpRoutes; ++i) {
+    if (kHttpRoutes[i] == route) return i;
+  }
+  return kNumHttpRoutes - 1;  // "other"
+}
+
+std::optional<size_t> HttpStatusIndex(int status) {
+  if (status < 100 || status > 599) return std::nullopt;
+  for (size_t i = 0; i < kNumHttpStatuses; ++i) {
+    if (kHttpStatuses[i] == status) return i;
+  }
+  return kNumHttpStatuses + static_cast<size_t>(status / 100 - 1);
+}
+
 namespace {
+
+// The status="..." value of label index `i` (HttpStatusIndex's inverse).
+std::string HttpStatusLabel(size_t i) {
+  if (i < kNumHttpStatuses) return std::to_string(kHttpStatuses[i]);
+  return absl::StrCat(i - kNumHttpStatuses + 1, "xx");
+}
 
 // reason → its index in kExportRefusalLabels.
 size_t ExportRefusalLabel(ExportRefusal reason) {
@@ -370,6 +391,29 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
       }
     }
 
+    current = "cortiq_http_requests_total";
+    auto& http_requests = prometheus::BuildCounter()
+                              .Name(current)
+                              .Help("Finished HTTP requests by route pattern and HTTP status.")
+                              .Register(reg);
+    for (size_t r = 0; r < kNumHttpRoutes; ++r) {
+      for (size_t c = 0; c < kNumHttpStatusLabels; ++c) {
+        http_requests_[r][c] = &http_requests.Add(
+            {{"route", std::string(kHttpRoutes[r])}, {"status", HttpStatusLabel(c)}});
+      }
+    }
+    current = "cortiq_http_request_duration_seconds";
+    auto& http_duration = prometheus::BuildHistogram()
+                              .Name(current)
+                              .Help(
+                                  "Wall time of finished HTTP requests (a stream: until its last "
+                                  "chunk), by route pattern.")
+                              .Register(reg);
+    for (size_t r = 0; r < kNumHttpRoutes; ++r) {
+      http_seconds_[r] =
+          &http_duration.Add({{"route", std::string(kHttpRoutes[r])}}, RequestBuckets());
+    }
+
     current = "cortiq_build_info";
     prometheus::BuildGauge()
         .Name(current)
@@ -403,6 +447,14 @@ void Metrics::CountExportRefused(ExportRefusal reason) {
 
 void Metrics::CountMigration(MigrationDirection direction, MigrationResult result) {
   migrations_[static_cast<size_t>(direction) & 1][static_cast<size_t>(result) & 1]->Increment();
+}
+
+void Metrics::ObserveHttpRequest(std::string_view route, int status, double seconds) {
+  const std::optional<size_t> c = HttpStatusIndex(status);
+  if (!c) return;
+  const size_t r = HttpRouteIndex(route);
+  http_requests_[r][*c]->Increment();
+  http_seconds_[r]->Observe(seconds);
 }
 
 void Metrics::OnStep(size_t decode_batch, size_t /*prefill_tokens*/, double seconds) {

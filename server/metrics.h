@@ -93,6 +93,28 @@ inline constexpr std::array<std::string_view, kNumExportRefusalLabels> kExportRe
 // the f16 range and kOther. O(1), no allocation.
 std::string_view ExportRefusalName(ExportRefusal reason);
 
+// The HTTP front's routes, the label values of route="..." on the
+// cortiq_http_* series: the route PATTERN a handler matched (never the path a
+// client sent, so the label stays bounded). Anything else — an unknown path
+// answered 404, a method not allowed — is counted as "other".
+inline constexpr size_t kNumHttpRoutes = 6;
+inline constexpr std::array<std::string_view, kNumHttpRoutes> kHttpRoutes = {
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/health",
+    "other"};
+// HTTP statuses counted by their own status="..." label; any other status in
+// 100..599 is counted by its class ("1xx" .. "5xx").
+inline constexpr size_t kNumHttpStatuses = 16;
+inline constexpr std::array<int, kNumHttpStatuses> kHttpStatuses = {
+    200, 400, 401, 403, 404, 405, 408, 413, 415, 422, 429, 499, 500, 501, 503, 504};
+inline constexpr size_t kNumHttpStatusLabels = kNumHttpStatuses + 5;  // + "1xx" .. "5xx"
+
+// Index of `route` in kHttpRoutes; an unknown route → "other"'s. O(routes),
+// no allocation.
+size_t HttpRouteIndex(std::string_view route);
+// The status label index of `status`: its place in kHttpStatuses, else
+// kNumHttpStatuses + its class − 1; nullopt outside 100..599.
+std::optional<size_t> HttpStatusIndex(int status);
+
 enum class MigrationDirection : uint8_t { kOut = 0, kIn = 1 };  // direction="out|in"
 enum class MigrationResult : uint8_t { kOk = 0, kFailed = 1 };  // result="ok|failed"
 
@@ -131,6 +153,13 @@ class Metrics : public session::EngineObserver {
   void ObserveRequest(std::string_view rpc, double seconds);
   void CountExportRefused(ExportRefusal reason);
   void CountMigration(MigrationDirection direction, MigrationResult result);
+  // One finished HTTP request (the HTTP front, once per request, when its
+  // response — a stream: its last chunk — is written): counts it in
+  // cortiq_http_requests_total{route,status} and observes `seconds` (arrival
+  // to the end of the response) in cortiq_http_request_duration_seconds{route}.
+  // `route` is the pattern of kHttpRoutes (unknown → "other"); a status
+  // outside 100..599 is ignored.
+  void ObserveHttpRequest(std::string_view route, int status, double seconds);
 
   // ---- session::EngineObserver (engine thread; never blocks) ----
   // One scheduler step: its wall time, and its decode batch when it decoded
@@ -159,6 +188,9 @@ class Metrics : public session::EngineObserver {
   std::array<prometheus::Histogram*, kNumRpcs> request_seconds_{};
   std::array<prometheus::Counter*, kNumExportRefusalLabels> exports_refused_{};  // [label]
   std::array<std::array<prometheus::Counter*, 2>, 2> migrations_{};  // [direction][result]
+  std::array<std::array<prometheus::Counter*, kNumHttpStatusLabels>, kNumHttpRoutes>
+      http_requests_{};                                                // [route][status label]
+  std::array<prometheus::Histogram*, kNumHttpRoutes> http_seconds_{};  // [route]
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generated_tokens_ = nullptr;
   prometheus::Histogram* ttft_seconds_ = nullptr;
