@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <fstream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -37,6 +38,18 @@ const std::vector<double>& InterTokenBuckets() {
 const std::vector<double>& RequestBuckets() {
   static const std::vector<double> b = {0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                         1,      2.5,   5,     10,   30,    60,   120, 300};
+  return b;
+}
+// Decode time (first token → finish) lasts as long as the whole stream.
+const std::vector<double>& DecodeBuckets() {
+  static const std::vector<double> b = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
+                                        5,    10,    20,   30,  60,   120, 300, 600};
+  return b;
+}
+// Tokens per request (prompt, generated): 1-2-5 steps up to 100k.
+const std::vector<double>& TokenBuckets() {
+  static const std::vector<double> b = {1,    2,    5,    10,    20,    50,    100,   200,  500,
+                                        1000, 2000, 5000, 10000, 20000, 50000, 100000};
   return b;
 }
 const std::vector<double>& StepBuckets() {
@@ -139,6 +152,32 @@ size_t ExportRefusalLabel(ExportRefusal reason) {
 
 }  // namespace
 
+size_t FinishLabelIndex(session::FinishReason reason, const absl::Status& status) {
+  using session::FinishReason;
+  constexpr size_t kError = kNumFinishLabels - 1;
+  if (reason == FinishReason::kCancelled) return 3;
+  if (!status.ok()) return kError;
+  switch (reason) {
+    case FinishReason::kLength: return 0;
+    case FinishReason::kStop: return 1;
+    case FinishReason::kEos: return 2;
+    case FinishReason::kCancelled: return 3;
+    case FinishReason::kNone: return kError;
+  }
+  return kError;
+}
+
+std::optional<size_t> MachineMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  size_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);  // " kB" (the kernel's unit is always kibibytes)
+    if (key == "MemTotal:") return value * 1024;
+  }
+  return std::nullopt;
+}
+
 std::string_view ExportRefusalName(ExportRefusal reason) {
   return kExportRefusalLabels[ExportRefusalLabel(reason)];
 }
@@ -148,7 +187,11 @@ std::string_view ExportRefusalName(ExportRefusal reason) {
 class Metrics::LiveState : public prometheus::Collectable {
  public:
   explicit LiveState(const MetricsSources& s)
-      : store_(s.store), model_(s.model), tenants_(s.tenants), engine_(s.engine) {}
+      : store_(s.store),
+        model_(s.model),
+        memory_capacity_(s.memory_capacity_bytes),
+        tenants_(s.tenants),
+        engine_(s.engine) {}
 
   void AttachEngine(const session::Engine* engine) {
     engine_.store(engine, std::memory_order_release);
@@ -213,6 +256,18 @@ class Metrics::LiveState : public prometheus::Collectable {
                               "Bytes ImportSession streams not yet installed hold (counted against "
                               "the memory budget); 0 when no import runs.",
                               static_cast<double>(store_->import_bytes())));
+    // The autoscaler's "how full": committed over the budget admission
+    // enforces, or — with no budget, admission refusing nothing — over the
+    // memory the node has (--memory-capacity).
+    const size_t budget = store_->options().memory_budget_bytes;
+    const size_t denominator = budget > 0 ? budget : memory_capacity_;
+    if (denominator > 0) {
+      out.push_back(GaugeFamily(
+          "cortiq_memory_utilization_ratio",
+          "cortiq_memory_committed_bytes over the memory budget, or with no budget over "
+          "--memory-capacity (default the machine's MemTotal); 1 = full.",
+          static_cast<double>(store_->committed_bytes()) / static_cast<double>(denominator)));
+    }
     const auto releases = store_->releases();
     prometheus::MetricFamily rel =
         NewFamily("cortiq_session_releases_total", "Sessions released, by reason.",
@@ -280,6 +335,7 @@ class Metrics::LiveState : public prometheus::Collectable {
 
   const session::SessionStore* const store_;
   const model::Transformer* const model_;
+  const size_t memory_capacity_;
   const std::function<std::vector<std::string>()> tenants_;
   std::atomic<const session::Engine*> engine_;
 };
@@ -337,18 +393,51 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
                              .Register(reg)
                              .Add({});
 
-    current = "cortiq_time_to_first_token_seconds";
-    ttft_seconds_ = &prometheus::BuildHistogram()
+    // The per-request series, one child per front end.
+    auto per_frontend = [&](const char* name, const char* help,
+                            const std::vector<double>& buckets, PerFrontend& out) {
+      current = name;
+      auto& family = prometheus::BuildHistogram().Name(name).Help(help).Register(reg);
+      for (size_t f = 0; f < session::kNumFrontends; ++f) {
+        const auto frontend = static_cast<session::Frontend>(f);
+        out[f] = &family.Add({{"frontend", std::string(session::FrontendName(frontend))}}, buckets);
+      }
+    };
+    per_frontend("cortiq_time_to_first_token_seconds",
+                 "Time from a generation's submission to its first token, by front end.",
+                 TtftBuckets(), ttft_seconds_);
+    per_frontend("cortiq_inter_token_latency_seconds",
+                 "Time between consecutive tokens of one generation, by front end.",
+                 InterTokenBuckets(), inter_token_seconds_);
+    per_frontend("cortiq_request_queue_time_seconds",
+                 "Time from a generation's submission to its first prefill chunk (waiting for "
+                 "the engine), by front end; generations that produced a token.",
+                 TtftBuckets(), queue_seconds_);
+    per_frontend("cortiq_request_prefill_time_seconds",
+                 "Time from a generation's first prefill chunk to its first token, by front end.",
+                 TtftBuckets(), prefill_seconds_);
+    per_frontend("cortiq_request_decode_time_seconds",
+                 "Time from a generation's first token to its end, by front end.",
+                 DecodeBuckets(), decode_seconds_);
+    per_frontend("cortiq_request_prompt_tokens",
+                 "Prompt tokens per finished generation, by front end.", TokenBuckets(),
+                 request_prompt_tokens_);
+    per_frontend("cortiq_request_generation_tokens",
+                 "Tokens sampled per finished generation (every choice), by front end.",
+                 TokenBuckets(), request_generation_tokens_);
+
+    current = "cortiq_requests_finished_total";
+    auto& finished = prometheus::BuildCounter()
                          .Name(current)
-                         .Help("Time from a Generate's submission to its first token.")
-                         .Register(reg)
-                         .Add({}, TtftBuckets());
-    current = "cortiq_inter_token_latency_seconds";
-    inter_token_seconds_ = &prometheus::BuildHistogram()
-                                .Name(current)
-                                .Help("Time between consecutive tokens of one generation.")
-                                .Register(reg)
-                                .Add({}, InterTokenBuckets());
+                         .Help("Finished generations by front end and how they ended.")
+                         .Register(reg);
+    for (size_t f = 0; f < session::kNumFrontends; ++f) {
+      const auto frontend = static_cast<session::Frontend>(f);
+      for (size_t r = 0; r < kNumFinishLabels; ++r) {
+        finished_[f][r] = &finished.Add({{"frontend", std::string(session::FrontendName(frontend))},
+                                         {"finished_reason", std::string(kFinishLabels[r])}});
+      }
+    }
     current = "cortiq_engine_step_seconds";
     step_seconds_ = &prometheus::BuildHistogram()
                          .Name(current)
@@ -462,13 +551,37 @@ void Metrics::OnStep(size_t decode_batch, size_t /*prefill_tokens*/, double seco
   if (decode_batch > 0) step_batch_size_->Observe(static_cast<double>(decode_batch));
 }
 
-void Metrics::OnFirstToken(double ttft_seconds) { ttft_seconds_->Observe(ttft_seconds); }
+namespace {
+// A job's front end as an index (an out-of-range value: a bug; counted as gRPC).
+size_t FrontendIndex(session::Frontend frontend) {
+  const auto f = static_cast<size_t>(frontend);
+  return f < session::kNumFrontends ? f : 0;
+}
+}  // namespace
 
-void Metrics::OnInterToken(double seconds) { inter_token_seconds_->Observe(seconds); }
+void Metrics::OnFirstToken(session::Frontend frontend, double ttft_seconds) {
+  ttft_seconds_[FrontendIndex(frontend)]->Observe(ttft_seconds);
+}
 
-void Metrics::OnTokens(size_t prompt_tokens, size_t generated_tokens) {
-  if (prompt_tokens > 0) prompt_tokens_->Increment(static_cast<double>(prompt_tokens));
-  if (generated_tokens > 0) generated_tokens_->Increment(static_cast<double>(generated_tokens));
+void Metrics::OnInterToken(session::Frontend frontend, double seconds) {
+  inter_token_seconds_[FrontendIndex(frontend)]->Observe(seconds);
+}
+
+void Metrics::OnFinish(session::Frontend frontend, session::FinishReason reason,
+                       const absl::Status& status, const session::GenerationResult& result) {
+  const size_t f = FrontendIndex(frontend);
+  const auto prompt = static_cast<double>(result.prompt_tokens);
+  const auto generated = static_cast<double>(result.completion_tokens);
+  if (prompt > 0) prompt_tokens_->Increment(prompt);
+  if (generated > 0) generated_tokens_->Increment(generated);
+  request_prompt_tokens_[f]->Observe(prompt);
+  request_generation_tokens_[f]->Observe(generated);
+  finished_[f][FinishLabelIndex(reason, status)]->Increment();
+  if (result.completion_tokens > 0) {
+    queue_seconds_[f]->Observe(result.queue_seconds);
+    prefill_seconds_[f]->Observe(result.ttft_seconds - result.queue_seconds);
+    decode_seconds_[f]->Observe(result.total_seconds - result.ttft_seconds);
+  }
 }
 
 // ---- MetricsServer ----
