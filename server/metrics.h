@@ -3,17 +3,19 @@
 //
 // Two kinds of series:
 //   * State read AT SCRAPE TIME from the session store, the engine and the
-//     model (memory by kind, sessions, budget, releases, engine gauges, QSA
-//     backend bytes): a custom prometheus::Collectable builds them in
-//     Collect(), so a scrape never sees a stale value and the hot path never
-//     touches them.
-//   * Events counted on the hot path (requests by RPC and code, tokens,
-//     latency histograms, refused exports, migrations): every family and
-//     every labelled child is built once in Create() into fixed arrays; the
-//     hot path only calls Increment() / Observe() on a child it already
-//     holds — it never creates a child, allocates, or takes a lock of ours
-//     (prometheus-cpp's Histogram::Observe holds its own mutex for a few
-//     instructions). Labels are low-cardinality only: never a session id.
+//     model (memory by kind, sessions, budget and utilisation, releases,
+//     engine gauges, QSA backend bytes): a custom prometheus::Collectable
+//     builds them in Collect(), so a scrape never sees a stale value and the
+//     hot path never touches them.
+//   * Events counted on the hot path (requests by RPC and code, HTTP
+//     requests by route and status, tokens, the per-request latency and
+//     token histograms and finish reasons by front end, refused exports,
+//     migrations): every family and every labelled child is built once in
+//     Create() into fixed arrays; the hot path only calls Increment() /
+//     Observe() on a child it already holds — it never creates a child,
+//     allocates, or takes a lock of ours (prometheus-cpp's Histogram::Observe
+//     holds its own mutex for a few instructions). Labels are low-cardinality
+//     only: never a session id, never a path or a string a client sent.
 //
 // Ownership and threads: Metrics does not own its sources. The store, engine
 // and model must outlive every scrape: destroy the MetricsServer (which
