@@ -340,6 +340,44 @@ class Metrics::LiveState : public prometheus::Collectable {
   std::atomic<const session::Engine*> engine_;
 };
 
+namespace {
+
+// One counter family with a child for every (row, column): labels
+// {row_label: row(r), column_label: column(c)}. `row` and `column` map an
+// index to its label value.
+template <size_t R, size_t C, typename RowName, typename ColumnName>
+void RegisterCounterGrid(prometheus::Registry& reg, const char* name, const char* help,
+                         const char* row_label, RowName row, const char* column_label,
+                         ColumnName column,
+                         std::array<std::array<prometheus::Counter*, C>, R>& out) {
+  auto& family = prometheus::BuildCounter().Name(name).Help(help).Register(reg);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t c = 0; c < C; ++c) {
+      out[r][c] = &family.Add(
+          {{row_label, std::string(row(r))}, {column_label, std::string(column(c))}});
+    }
+  }
+}
+
+// One histogram family with a child per label value: {label: value(i)}.
+template <size_t N, typename ValueName>
+void RegisterHistogramRow(prometheus::Registry& reg, const char* name, const char* help,
+                          const char* label, ValueName value, const std::vector<double>& buckets,
+                          std::array<prometheus::Histogram*, N>& out) {
+  auto& family = prometheus::BuildHistogram().Name(name).Help(help).Register(reg);
+  for (size_t i = 0; i < N; ++i) out[i] = &family.Add({{label, std::string(value(i))}}, buckets);
+}
+
+std::string_view RpcName(size_t i) { return kRpcNames[i]; }
+std::string_view GrpcCodeName(size_t i) { return kGrpcCodeNames[i]; }
+std::string_view FrontendLabel(size_t i) {
+  return session::FrontendName(static_cast<session::Frontend>(i));
+}
+std::string_view FinishLabel(size_t i) { return kFinishLabels[i]; }
+std::string_view HttpRouteName(size_t i) { return kHttpRoutes[i]; }
+
+}  // namespace
+
 Metrics::~Metrics() = default;
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsSources& sources) {
@@ -358,27 +396,13 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
     auto& reg = *registry_;
 
     current = "cortiq_requests_total";
-    auto& requests = prometheus::BuildCounter()
-                         .Name(current)
-                         .Help("Finished RPCs by method and gRPC status code.")
-                         .Register(reg);
-    for (size_t r = 0; r < kNumRpcs; ++r) {
-      for (size_t c = 0; c < kNumGrpcCodes; ++c) {
-        requests_[r][c] = &requests.Add(
-            {{"rpc", std::string(kRpcNames[r])}, {"code", std::string(kGrpcCodeNames[c])}});
-      }
-    }
-
+    RegisterCounterGrid(reg, current, "Finished RPCs by method and gRPC status code.", "rpc",
+                        RpcName, "code", GrpcCodeName, requests_);
     current = "cortiq_request_duration_seconds";
-    auto& duration = prometheus::BuildHistogram()
-                         .Name(current)
-                         .Help(
-                             "Wall time of finished RPCs (a streamed Generate: until its last "
-                             "message), by method.")
-                         .Register(reg);
-    for (size_t r = 0; r < kNumRpcs; ++r) {
-      request_seconds_[r] = &duration.Add({{"rpc", std::string(kRpcNames[r])}}, RequestBuckets());
-    }
+    RegisterHistogramRow(reg, current,
+                         "Wall time of finished RPCs (a streamed Generate: until its last "
+                         "message), by method.",
+                         "rpc", RpcName, RequestBuckets(), request_seconds_);
 
     current = "cortiq_prompt_tokens_total";
     prompt_tokens_ = &prometheus::BuildCounter()
@@ -397,11 +421,7 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
     auto per_frontend = [&](const char* name, const char* help,
                             const std::vector<double>& buckets, PerFrontend& out) {
       current = name;
-      auto& family = prometheus::BuildHistogram().Name(name).Help(help).Register(reg);
-      for (size_t f = 0; f < session::kNumFrontends; ++f) {
-        const auto frontend = static_cast<session::Frontend>(f);
-        out[f] = &family.Add({{"frontend", std::string(session::FrontendName(frontend))}}, buckets);
-      }
+      RegisterHistogramRow(reg, name, help, "frontend", FrontendLabel, buckets, out);
     };
     per_frontend("cortiq_time_to_first_token_seconds",
                  "Time from a generation's submission to its first token, by front end.",
@@ -427,17 +447,8 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
                  TokenBuckets(), request_generation_tokens_);
 
     current = "cortiq_requests_finished_total";
-    auto& finished = prometheus::BuildCounter()
-                         .Name(current)
-                         .Help("Finished generations by front end and how they ended.")
-                         .Register(reg);
-    for (size_t f = 0; f < session::kNumFrontends; ++f) {
-      const auto frontend = static_cast<session::Frontend>(f);
-      for (size_t r = 0; r < kNumFinishLabels; ++r) {
-        finished_[f][r] = &finished.Add({{"frontend", std::string(session::FrontendName(frontend))},
-                                         {"finished_reason", std::string(kFinishLabels[r])}});
-      }
-    }
+    RegisterCounterGrid(reg, current, "Finished generations by front end and how they ended.",
+                        "frontend", FrontendLabel, "finished_reason", FinishLabel, finished_);
     current = "cortiq_engine_step_seconds";
     step_seconds_ = &prometheus::BuildHistogram()
                          .Name(current)
@@ -465,43 +476,21 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
     }
 
     current = "cortiq_migrations_total";
-    auto& migrations = prometheus::BuildCounter()
-                           .Name(current)
-                           .Help(
-                               "Session migrations by direction (out: this node sent, in: this "
-                               "node imported) and result.")
-                           .Register(reg);
-    constexpr std::array<const char*, 2> kDirections = {"out", "in"};
-    constexpr std::array<const char*, 2> kResults = {"ok", "failed"};
-    for (size_t d = 0; d < 2; ++d) {
-      for (size_t r = 0; r < 2; ++r) {
-        migrations_[d][r] =
-            &migrations.Add({{"direction", kDirections[d]}, {"result", kResults[r]}});
-      }
-    }
+    RegisterCounterGrid(
+        reg, current,
+        "Session migrations by direction (out: this node sent, in: this node imported) and "
+        "result.",
+        "direction", [](size_t d) { return d == 0 ? "out" : "in"; }, "result",
+        [](size_t r) { return r == 0 ? "ok" : "failed"; }, migrations_);
 
     current = "cortiq_http_requests_total";
-    auto& http_requests = prometheus::BuildCounter()
-                              .Name(current)
-                              .Help("Finished HTTP requests by route pattern and HTTP status.")
-                              .Register(reg);
-    for (size_t r = 0; r < kNumHttpRoutes; ++r) {
-      for (size_t c = 0; c < kNumHttpStatusLabels; ++c) {
-        http_requests_[r][c] = &http_requests.Add(
-            {{"route", std::string(kHttpRoutes[r])}, {"status", HttpStatusLabel(c)}});
-      }
-    }
+    RegisterCounterGrid(reg, current, "Finished HTTP requests by route pattern and HTTP status.",
+                        "route", HttpRouteName, "status", HttpStatusLabel, http_requests_);
     current = "cortiq_http_request_duration_seconds";
-    auto& http_duration = prometheus::BuildHistogram()
-                              .Name(current)
-                              .Help(
-                                  "Wall time of finished HTTP requests (a stream: until its last "
-                                  "chunk), by route pattern.")
-                              .Register(reg);
-    for (size_t r = 0; r < kNumHttpRoutes; ++r) {
-      http_seconds_[r] =
-          &http_duration.Add({{"route", std::string(kHttpRoutes[r])}}, RequestBuckets());
-    }
+    RegisterHistogramRow(reg, current,
+                         "Wall time of finished HTTP requests (a stream: until its last chunk), "
+                         "by route pattern.",
+                         "route", HttpRouteName, RequestBuckets(), http_seconds_);
 
     current = "cortiq_build_info";
     prometheus::BuildGauge()

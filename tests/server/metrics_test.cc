@@ -65,6 +65,12 @@ std::map<std::string, std::string> Kind(MemoryKind k) {
 const std::map<std::string, std::string> kGrpc = {{"frontend", "grpc"}};
 const std::map<std::string, std::string> kHttp = {{"frontend", "http"}};
 
+// cortiq_requests_finished_total{frontend, finished_reason} in `e`.
+double FinishedCount(const Exposition& e, const char* frontend, const char* reason) {
+  return e.Value("cortiq_requests_finished_total",
+                 {{"frontend", frontend}, {"finished_reason", reason}});
+}
+
 // A finished job's result as the engine would report it.
 GenerationResult Result(size_t prompt, size_t completion, double queue, double ttft,
                         double total) {
@@ -530,19 +536,15 @@ TEST_F(MetricsTest, FinishedRequestsByReasonAndPerRequestHistograms) {
   for (const Finished& j : jobs) metrics_->OnFinish(j.frontend, j.reason, j.status, j.result);
 
   Exposition e = Scrape();
-  auto finished = [&](const char* frontend, const char* reason) {
-    return e.Value("cortiq_requests_finished_total",
-                   {{"frontend", frontend}, {"finished_reason", reason}});
-  };
-  EXPECT_EQ(finished("grpc", "length"), 2);
-  EXPECT_EQ(finished("grpc", "eos"), 1);
-  EXPECT_EQ(finished("grpc", "error"), 1);
-  EXPECT_EQ(finished("grpc", "stop"), 0);
-  EXPECT_EQ(finished("grpc", "cancelled"), 0);
-  EXPECT_EQ(finished("http", "stop"), 1);
-  EXPECT_EQ(finished("http", "cancelled"), 2);
-  EXPECT_EQ(finished("http", "error"), 1);
-  EXPECT_EQ(finished("http", "length"), 0);
+  EXPECT_EQ(FinishedCount(e, "grpc", "length"), 2);
+  EXPECT_EQ(FinishedCount(e, "grpc", "eos"), 1);
+  EXPECT_EQ(FinishedCount(e, "grpc", "error"), 1);
+  EXPECT_EQ(FinishedCount(e, "grpc", "stop"), 0);
+  EXPECT_EQ(FinishedCount(e, "grpc", "cancelled"), 0);
+  EXPECT_EQ(FinishedCount(e, "http", "stop"), 1);
+  EXPECT_EQ(FinishedCount(e, "http", "cancelled"), 2);
+  EXPECT_EQ(FinishedCount(e, "http", "error"), 1);
+  EXPECT_EQ(FinishedCount(e, "http", "length"), 0);
   EXPECT_EQ(e.All("cortiq_requests_finished_total").size(),
             session::kNumFrontends * kNumFinishLabels);
   EXPECT_EQ(e.type["cortiq_requests_finished_total"], "counter");
@@ -673,14 +675,10 @@ TEST_F(MetricsTest, EngineReportsEachFinishedJobOnce) {
   engine.Shutdown();
 
   Exposition e = Scrape();
-  auto finished = [&](const char* frontend, const char* reason) {
-    return e.Value("cortiq_requests_finished_total",
-                   {{"frontend", frontend}, {"finished_reason", reason}});
-  };
-  EXPECT_EQ(finished("grpc", "length"), 1);
-  EXPECT_EQ(finished("grpc", "error"), 1);
-  EXPECT_EQ(finished("http", "stop"), 1);
-  EXPECT_EQ(finished("http", "cancelled"), 1);
+  EXPECT_EQ(FinishedCount(e, "grpc", "length"), 1);
+  EXPECT_EQ(FinishedCount(e, "grpc", "error"), 1);
+  EXPECT_EQ(FinishedCount(e, "http", "stop"), 1);
+  EXPECT_EQ(FinishedCount(e, "http", "cancelled"), 1);
   double all = 0;
   for (const Sample* s : e.All("cortiq_requests_finished_total")) all += s->value;
   EXPECT_EQ(all, 4);
