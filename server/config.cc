@@ -118,6 +118,8 @@ std::string ServerUsage() {
                           f32 sums; AMX / AVX512_BF16 decode) or keep them f32 (default bf16)
   --max-sessions N        live session cap (default 256)
   --memory-budget BYTES   cap on projected session bytes, e.g. 8G (default 0 = unlimited)
+  --memory-capacity BYTES with no --memory-budget, what cortiq_memory_utilization_ratio divides
+                          the committed bytes by (default 0 = the machine's MemTotal)
   --session-ttl SECONDS   idle sessions are released after this long (default 600)
   --kv-dtype f32|int8     default K/V row type of new sessions (default f32)
   --attention exact|o1|qsa|window  default attention mode of new sessions (default exact)
@@ -197,6 +199,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       IntFlag("threads", &c.threads),
       IntFlag("max-sessions", &c.max_sessions, {.min = 1}),
       util::BytesFlag("memory-budget", &c.memory_budget_bytes),
+      util::BytesFlag("memory-capacity", &c.memory_capacity_bytes),
       util::SecondsFlag("session-ttl", &c.session_ttl),
       util::ChoiceFlag("kv-dtype", &c.kv_dtype, {"f32", "int8"}),
       util::ChoiceFlag("activations", &c.activations, {"bf16", "f32"}),

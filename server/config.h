@@ -30,6 +30,9 @@ struct ServerConfig {
   std::string activations = "bf16";               // bf16 weights: bf16 | f32 activations
   size_t max_sessions = 256;
   size_t memory_budget_bytes = 0;  // 0 = unlimited
+  // The denominator of cortiq_memory_utilization_ratio when there is no
+  // budget; 0 = the machine's MemTotal (server::MachineMemoryBytes).
+  size_t memory_capacity_bytes = 0;
   std::chrono::milliseconds session_ttl{600'000};
   std::string kv_dtype = "f32";               // default for new sessions: f32 | int8
   std::string attention = "exact";            // default mode: exact | o1 | qsa | window

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <fstream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -37,6 +38,18 @@ const std::vector<double>& InterTokenBuckets() {
 const std::vector<double>& RequestBuckets() {
   static const std::vector<double> b = {0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                         1,      2.5,   5,     10,   30,    60,   120, 300};
+  return b;
+}
+// Decode time (first token → finish) lasts as long as the whole stream.
+const std::vector<double>& DecodeBuckets() {
+  static const std::vector<double> b = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
+                                        5,    10,    20,   30,  60,   120, 300, 600};
+  return b;
+}
+// Tokens per request (prompt, generated): 1-2-5 steps up to 100k.
+const std::vector<double>& TokenBuckets() {
+  static const std::vector<double> b = {1,    2,    5,    10,    20,    50,    100,   200,  500,
+                                        1000, 2000, 5000, 10000, 20000, 50000, 100000};
   return b;
 }
 const std::vector<double>& StepBuckets() {
@@ -95,7 +108,28 @@ std::optional<size_t> RpcIndex(std::string_view rpc) {
   return std::nullopt;
 }
 
+size_t HttpRouteIndex(std::string_view route) {
+  for (size_t i = 0; i + 1 < kNumHttpRoutes; ++i) {
+    if (kHttpRoutes[i] == route) return i;
+  }
+  return kNumHttpRoutes - 1;  // "other"
+}
+
+std::optional<size_t> HttpStatusIndex(int status) {
+  if (status < 100 || status > 599) return std::nullopt;
+  for (size_t i = 0; i < kNumHttpStatuses; ++i) {
+    if (kHttpStatuses[i] == status) return i;
+  }
+  return kNumHttpStatuses + static_cast<size_t>(status / 100 - 1);
+}
+
 namespace {
+
+// The status="..." value of label index `i` (HttpStatusIndex's inverse).
+std::string HttpStatusLabel(size_t i) {
+  if (i < kNumHttpStatuses) return std::to_string(kHttpStatuses[i]);
+  return absl::StrCat(i - kNumHttpStatuses + 1, "xx");
+}
 
 // reason → its index in kExportRefusalLabels.
 size_t ExportRefusalLabel(ExportRefusal reason) {
@@ -118,6 +152,32 @@ size_t ExportRefusalLabel(ExportRefusal reason) {
 
 }  // namespace
 
+size_t FinishLabelIndex(session::FinishReason reason, const absl::Status& status) {
+  using session::FinishReason;
+  constexpr size_t kError = kNumFinishLabels - 1;
+  if (reason == FinishReason::kCancelled) return 3;
+  if (!status.ok()) return kError;
+  switch (reason) {
+    case FinishReason::kLength: return 0;
+    case FinishReason::kStop: return 1;
+    case FinishReason::kEos: return 2;
+    case FinishReason::kCancelled: return 3;
+    case FinishReason::kNone: return kError;
+  }
+  return kError;
+}
+
+std::optional<size_t> MachineMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  size_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);  // " kB" (the kernel's unit is always kibibytes)
+    if (key == "MemTotal:") return value * 1024;
+  }
+  return std::nullopt;
+}
+
 std::string_view ExportRefusalName(ExportRefusal reason) {
   return kExportRefusalLabels[ExportRefusalLabel(reason)];
 }
@@ -127,7 +187,11 @@ std::string_view ExportRefusalName(ExportRefusal reason) {
 class Metrics::LiveState : public prometheus::Collectable {
  public:
   explicit LiveState(const MetricsSources& s)
-      : store_(s.store), model_(s.model), tenants_(s.tenants), engine_(s.engine) {}
+      : store_(s.store),
+        model_(s.model),
+        memory_capacity_(s.memory_capacity_bytes),
+        tenants_(s.tenants),
+        engine_(s.engine) {}
 
   void AttachEngine(const session::Engine* engine) {
     engine_.store(engine, std::memory_order_release);
@@ -192,6 +256,18 @@ class Metrics::LiveState : public prometheus::Collectable {
                               "Bytes ImportSession streams not yet installed hold (counted against "
                               "the memory budget); 0 when no import runs.",
                               static_cast<double>(store_->import_bytes())));
+    // The autoscaler's "how full": committed over the budget admission
+    // enforces, or — with no budget, admission refusing nothing — over the
+    // memory the node has (--memory-capacity).
+    const size_t budget = store_->options().memory_budget_bytes;
+    const size_t denominator = budget > 0 ? budget : memory_capacity_;
+    if (denominator > 0) {
+      out.push_back(GaugeFamily(
+          "cortiq_memory_utilization_ratio",
+          "cortiq_memory_committed_bytes over the memory budget, or with no budget over "
+          "--memory-capacity (default the machine's MemTotal); 1 = full.",
+          static_cast<double>(store_->committed_bytes()) / static_cast<double>(denominator)));
+    }
     const auto releases = store_->releases();
     prometheus::MetricFamily rel =
         NewFamily("cortiq_session_releases_total", "Sessions released, by reason.",
@@ -259,9 +335,48 @@ class Metrics::LiveState : public prometheus::Collectable {
 
   const session::SessionStore* const store_;
   const model::Transformer* const model_;
+  const size_t memory_capacity_;
   const std::function<std::vector<std::string>()> tenants_;
   std::atomic<const session::Engine*> engine_;
 };
+
+namespace {
+
+// One counter family with a child for every (row, column): labels
+// {row_label: row(r), column_label: column(c)}. `row` and `column` map an
+// index to its label value.
+template <size_t R, size_t C, typename RowName, typename ColumnName>
+void RegisterCounterGrid(prometheus::Registry& reg, const char* name, const char* help,
+                         const char* row_label, RowName row, const char* column_label,
+                         ColumnName column,
+                         std::array<std::array<prometheus::Counter*, C>, R>& out) {
+  auto& family = prometheus::BuildCounter().Name(name).Help(help).Register(reg);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t c = 0; c < C; ++c) {
+      out[r][c] = &family.Add(
+          {{row_label, std::string(row(r))}, {column_label, std::string(column(c))}});
+    }
+  }
+}
+
+// One histogram family with a child per label value: {label: value(i)}.
+template <size_t N, typename ValueName>
+void RegisterHistogramRow(prometheus::Registry& reg, const char* name, const char* help,
+                          const char* label, ValueName value, const std::vector<double>& buckets,
+                          std::array<prometheus::Histogram*, N>& out) {
+  auto& family = prometheus::BuildHistogram().Name(name).Help(help).Register(reg);
+  for (size_t i = 0; i < N; ++i) out[i] = &family.Add({{label, std::string(value(i))}}, buckets);
+}
+
+std::string_view RpcName(size_t i) { return kRpcNames[i]; }
+std::string_view GrpcCodeName(size_t i) { return kGrpcCodeNames[i]; }
+std::string_view FrontendLabel(size_t i) {
+  return session::FrontendName(static_cast<session::Frontend>(i));
+}
+std::string_view FinishLabel(size_t i) { return kFinishLabels[i]; }
+std::string_view HttpRouteName(size_t i) { return kHttpRoutes[i]; }
+
+}  // namespace
 
 Metrics::~Metrics() = default;
 
@@ -281,27 +396,13 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
     auto& reg = *registry_;
 
     current = "cortiq_requests_total";
-    auto& requests = prometheus::BuildCounter()
-                         .Name(current)
-                         .Help("Finished RPCs by method and gRPC status code.")
-                         .Register(reg);
-    for (size_t r = 0; r < kNumRpcs; ++r) {
-      for (size_t c = 0; c < kNumGrpcCodes; ++c) {
-        requests_[r][c] = &requests.Add(
-            {{"rpc", std::string(kRpcNames[r])}, {"code", std::string(kGrpcCodeNames[c])}});
-      }
-    }
-
+    RegisterCounterGrid(reg, current, "Finished RPCs by method and gRPC status code.", "rpc",
+                        RpcName, "code", GrpcCodeName, requests_);
     current = "cortiq_request_duration_seconds";
-    auto& duration = prometheus::BuildHistogram()
-                         .Name(current)
-                         .Help(
-                             "Wall time of finished RPCs (a streamed Generate: until its last "
-                             "message), by method.")
-                         .Register(reg);
-    for (size_t r = 0; r < kNumRpcs; ++r) {
-      request_seconds_[r] = &duration.Add({{"rpc", std::string(kRpcNames[r])}}, RequestBuckets());
-    }
+    RegisterHistogramRow(reg, current,
+                         "Wall time of finished RPCs (a streamed Generate: until its last "
+                         "message), by method.",
+                         "rpc", RpcName, RequestBuckets(), request_seconds_);
 
     current = "cortiq_prompt_tokens_total";
     prompt_tokens_ = &prometheus::BuildCounter()
@@ -316,18 +417,38 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
                              .Register(reg)
                              .Add({});
 
-    current = "cortiq_time_to_first_token_seconds";
-    ttft_seconds_ = &prometheus::BuildHistogram()
-                         .Name(current)
-                         .Help("Time from a Generate's submission to its first token.")
-                         .Register(reg)
-                         .Add({}, TtftBuckets());
-    current = "cortiq_inter_token_latency_seconds";
-    inter_token_seconds_ = &prometheus::BuildHistogram()
-                                .Name(current)
-                                .Help("Time between consecutive tokens of one generation.")
-                                .Register(reg)
-                                .Add({}, InterTokenBuckets());
+    // The per-request series, one child per front end.
+    auto per_frontend = [&](const char* name, const char* help,
+                            const std::vector<double>& buckets, PerFrontend& out) {
+      current = name;
+      RegisterHistogramRow(reg, name, help, "frontend", FrontendLabel, buckets, out);
+    };
+    per_frontend("cortiq_time_to_first_token_seconds",
+                 "Time from a generation's submission to its first token, by front end.",
+                 TtftBuckets(), ttft_seconds_);
+    per_frontend("cortiq_inter_token_latency_seconds",
+                 "Time between consecutive tokens of one generation, by front end.",
+                 InterTokenBuckets(), inter_token_seconds_);
+    per_frontend("cortiq_request_queue_time_seconds",
+                 "Time from a generation's submission to its first prefill chunk (waiting for "
+                 "the engine), by front end; generations that produced a token.",
+                 TtftBuckets(), queue_seconds_);
+    per_frontend("cortiq_request_prefill_time_seconds",
+                 "Time from a generation's first prefill chunk to its first token, by front end.",
+                 TtftBuckets(), prefill_seconds_);
+    per_frontend("cortiq_request_decode_time_seconds",
+                 "Time from a generation's first token to its end, by front end.",
+                 DecodeBuckets(), decode_seconds_);
+    per_frontend("cortiq_request_prompt_tokens",
+                 "Prompt tokens per finished generation, by front end.", TokenBuckets(),
+                 request_prompt_tokens_);
+    per_frontend("cortiq_request_generation_tokens",
+                 "Tokens sampled per finished generation (every choice), by front end.",
+                 TokenBuckets(), request_generation_tokens_);
+
+    current = "cortiq_requests_finished_total";
+    RegisterCounterGrid(reg, current, "Finished generations by front end and how they ended.",
+                        "frontend", FrontendLabel, "finished_reason", FinishLabel, finished_);
     current = "cortiq_engine_step_seconds";
     step_seconds_ = &prometheus::BuildHistogram()
                          .Name(current)
@@ -355,20 +476,21 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
     }
 
     current = "cortiq_migrations_total";
-    auto& migrations = prometheus::BuildCounter()
-                           .Name(current)
-                           .Help(
-                               "Session migrations by direction (out: this node sent, in: this "
-                               "node imported) and result.")
-                           .Register(reg);
-    constexpr std::array<const char*, 2> kDirections = {"out", "in"};
-    constexpr std::array<const char*, 2> kResults = {"ok", "failed"};
-    for (size_t d = 0; d < 2; ++d) {
-      for (size_t r = 0; r < 2; ++r) {
-        migrations_[d][r] =
-            &migrations.Add({{"direction", kDirections[d]}, {"result", kResults[r]}});
-      }
-    }
+    RegisterCounterGrid(
+        reg, current,
+        "Session migrations by direction (out: this node sent, in: this node imported) and "
+        "result.",
+        "direction", [](size_t d) { return d == 0 ? "out" : "in"; }, "result",
+        [](size_t r) { return r == 0 ? "ok" : "failed"; }, migrations_);
+
+    current = "cortiq_http_requests_total";
+    RegisterCounterGrid(reg, current, "Finished HTTP requests by route pattern and HTTP status.",
+                        "route", HttpRouteName, "status", HttpStatusLabel, http_requests_);
+    current = "cortiq_http_request_duration_seconds";
+    RegisterHistogramRow(reg, current,
+                         "Wall time of finished HTTP requests (a stream: until its last chunk), "
+                         "by route pattern.",
+                         "route", HttpRouteName, RequestBuckets(), http_seconds_);
 
     current = "cortiq_build_info";
     prometheus::BuildGauge()
@@ -405,18 +527,50 @@ void Metrics::CountMigration(MigrationDirection direction, MigrationResult resul
   migrations_[static_cast<size_t>(direction) & 1][static_cast<size_t>(result) & 1]->Increment();
 }
 
+void Metrics::ObserveHttpRequest(std::string_view route, int status, double seconds) {
+  const std::optional<size_t> c = HttpStatusIndex(status);
+  if (!c) return;
+  const size_t r = HttpRouteIndex(route);
+  http_requests_[r][*c]->Increment();
+  http_seconds_[r]->Observe(seconds);
+}
+
 void Metrics::OnStep(size_t decode_batch, size_t /*prefill_tokens*/, double seconds) {
   step_seconds_->Observe(seconds);
   if (decode_batch > 0) step_batch_size_->Observe(static_cast<double>(decode_batch));
 }
 
-void Metrics::OnFirstToken(double ttft_seconds) { ttft_seconds_->Observe(ttft_seconds); }
+namespace {
+// A job's front end as an index (an out-of-range value: a bug; counted as gRPC).
+size_t FrontendIndex(session::Frontend frontend) {
+  const auto f = static_cast<size_t>(frontend);
+  return f < session::kNumFrontends ? f : 0;
+}
+}  // namespace
 
-void Metrics::OnInterToken(double seconds) { inter_token_seconds_->Observe(seconds); }
+void Metrics::OnFirstToken(session::Frontend frontend, double ttft_seconds) {
+  ttft_seconds_[FrontendIndex(frontend)]->Observe(ttft_seconds);
+}
 
-void Metrics::OnTokens(size_t prompt_tokens, size_t generated_tokens) {
-  if (prompt_tokens > 0) prompt_tokens_->Increment(static_cast<double>(prompt_tokens));
-  if (generated_tokens > 0) generated_tokens_->Increment(static_cast<double>(generated_tokens));
+void Metrics::OnInterToken(session::Frontend frontend, double seconds) {
+  inter_token_seconds_[FrontendIndex(frontend)]->Observe(seconds);
+}
+
+void Metrics::OnFinish(session::Frontend frontend, session::FinishReason reason,
+                       const absl::Status& status, const session::GenerationResult& result) {
+  const size_t f = FrontendIndex(frontend);
+  const auto prompt = static_cast<double>(result.prompt_tokens);
+  const auto generated = static_cast<double>(result.completion_tokens);
+  if (prompt > 0) prompt_tokens_->Increment(prompt);
+  if (generated > 0) generated_tokens_->Increment(generated);
+  request_prompt_tokens_[f]->Observe(prompt);
+  request_generation_tokens_[f]->Observe(generated);
+  finished_[f][FinishLabelIndex(reason, status)]->Increment();
+  if (result.completion_tokens > 0) {
+    queue_seconds_[f]->Observe(result.queue_seconds);
+    prefill_seconds_[f]->Observe(result.ttft_seconds - result.queue_seconds);
+    decode_seconds_[f]->Observe(result.total_seconds - result.ttft_seconds);
+  }
 }
 
 // ---- MetricsServer ----

@@ -3,17 +3,19 @@
 //
 // Two kinds of series:
 //   * State read AT SCRAPE TIME from the session store, the engine and the
-//     model (memory by kind, sessions, budget, releases, engine gauges, QSA
-//     backend bytes): a custom prometheus::Collectable builds them in
-//     Collect(), so a scrape never sees a stale value and the hot path never
-//     touches them.
-//   * Events counted on the hot path (requests by RPC and code, tokens,
-//     latency histograms, refused exports, migrations): every family and
-//     every labelled child is built once in Create() into fixed arrays; the
-//     hot path only calls Increment() / Observe() on a child it already
-//     holds — it never creates a child, allocates, or takes a lock of ours
-//     (prometheus-cpp's Histogram::Observe holds its own mutex for a few
-//     instructions). Labels are low-cardinality only: never a session id.
+//     model (memory by kind, sessions, budget and utilisation, releases,
+//     engine gauges, QSA backend bytes): a custom prometheus::Collectable
+//     builds them in Collect(), so a scrape never sees a stale value and the
+//     hot path never touches them.
+//   * Events counted on the hot path (requests by RPC and code, HTTP
+//     requests by route and status, tokens, the per-request latency and
+//     token histograms and finish reasons by front end, refused exports,
+//     migrations): every family and every labelled child is built once in
+//     Create() into fixed arrays; the hot path only calls Increment() /
+//     Observe() on a child it already holds — it never creates a child,
+//     allocates, or takes a lock of ours (prometheus-cpp's Histogram::Observe
+//     holds its own mutex for a few instructions). Labels are low-cardinality
+//     only: never a session id, never a path or a string a client sent.
 //
 // Ownership and threads: Metrics does not own its sources. The store, engine
 // and model must outlive every scrape: destroy the MetricsServer (which
@@ -42,6 +44,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/kv/wire_refusal.h"
 #include "core/model/transformer.h"
@@ -93,6 +96,40 @@ inline constexpr std::array<std::string_view, kNumExportRefusalLabels> kExportRe
 // the f16 range and kOther. O(1), no allocation.
 std::string_view ExportRefusalName(ExportRefusal reason);
 
+// The HTTP front's routes, the label values of route="..." on the
+// cortiq_http_* series: the route PATTERN a handler matched (never the path a
+// client sent, so the label stays bounded). Anything else — an unknown path
+// answered 404, a method not allowed — is counted as "other".
+inline constexpr size_t kNumHttpRoutes = 5;
+inline constexpr std::array<std::string_view, kNumHttpRoutes> kHttpRoutes = {
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "other"};
+// HTTP statuses counted by their own status="..." label; any other status in
+// 100..599 is counted by its class ("1xx" .. "5xx").
+inline constexpr size_t kNumHttpStatuses = 16;
+inline constexpr std::array<int, kNumHttpStatuses> kHttpStatuses = {
+    200, 400, 401, 403, 404, 405, 408, 413, 415, 422, 429, 499, 500, 501, 503, 504};
+inline constexpr size_t kNumHttpStatusLabels = kNumHttpStatuses + 5;  // + "1xx" .. "5xx"
+
+// Index of `route` in kHttpRoutes; an unknown route → "other"'s. O(routes),
+// no allocation.
+size_t HttpRouteIndex(std::string_view route);
+// The status label index of `status`: its place in kHttpStatuses, else
+// kNumHttpStatuses + its class − 1; nullopt outside 100..599.
+std::optional<size_t> HttpStatusIndex(int status);
+
+// How a generation ended, the label values of finished_reason="..." on
+// cortiq_requests_finished_total: the engine's finish reasons (length, stop,
+// eos, cancelled — a client's cancel, a deadline, a shutdown), and "error" for
+// a job that failed (model error, a session that could not be admitted).
+inline constexpr size_t kNumFinishLabels = 5;
+inline constexpr std::array<std::string_view, kNumFinishLabels> kFinishLabels = {
+    "length", "stop", "eos", "cancelled", "error"};
+// The label index of a job that ended with `reason` and `status`: cancelled
+// whatever the status (a deadline ends a job as cancelled with
+// DEADLINE_EXCEEDED); otherwise error when the status is not OK (or no
+// reason was given); else the reason's. O(1).
+size_t FinishLabelIndex(session::FinishReason reason, const absl::Status& status);
+
 enum class MigrationDirection : uint8_t { kOut = 0, kIn = 1 };  // direction="out|in"
 enum class MigrationResult : uint8_t { kOk = 0, kFailed = 1 };  // result="ok|failed"
 
@@ -104,11 +141,20 @@ struct MetricsSources {
   const model::Transformer* model = nullptr;
   std::string version;     // cortiq_build_info{version=...}; empty → "unknown"
   std::string model_name;  // cortiq_build_info{model=...}; empty → "unknown"
+  // The denominator of cortiq_memory_utilization_ratio when the store has no
+  // memory budget (--memory-capacity, default MachineMemoryBytes()); 0 with
+  // no budget: the ratio is not exported.
+  size_t memory_capacity_bytes = 0;
   // The configured tenants (the token file's names): the tenant="..."
   // labels of the per-tenant session series, besides "" and "~other".
   // Called at scrape time (thread-safe); empty function = none.
   std::function<std::vector<std::string>()> tenants = nullptr;
 };
+
+// The machine's memory: MemTotal of /proc/meminfo, in bytes; nullopt when it
+// cannot be read. In a container this is the host's memory, not the
+// container's limit (pass --memory-capacity there).
+std::optional<size_t> MachineMemoryBytes();
 
 class Metrics : public session::EngineObserver {
  public:
@@ -131,14 +177,27 @@ class Metrics : public session::EngineObserver {
   void ObserveRequest(std::string_view rpc, double seconds);
   void CountExportRefused(ExportRefusal reason);
   void CountMigration(MigrationDirection direction, MigrationResult result);
+  // One finished HTTP request (the HTTP front, once per request, when its
+  // response — a stream: its last chunk — is written): counts it in
+  // cortiq_http_requests_total{route,status} and observes `seconds` (arrival
+  // to the end of the response) in cortiq_http_request_duration_seconds{route}.
+  // `route` is the pattern of kHttpRoutes (unknown → "other"); a status
+  // outside 100..599 is ignored.
+  void ObserveHttpRequest(std::string_view route, int status, double seconds);
 
   // ---- session::EngineObserver (engine thread; never blocks) ----
   // One scheduler step: its wall time, and its decode batch when it decoded
   // (a prefill-only step has no batch size to record).
   void OnStep(size_t decode_batch, size_t prefill_tokens, double seconds) override;
-  void OnFirstToken(double ttft_seconds) override;
-  void OnInterToken(double seconds) override;
-  void OnTokens(size_t prompt_tokens, size_t generated_tokens) override;
+  void OnFirstToken(session::Frontend frontend, double ttft_seconds) override;
+  void OnInterToken(session::Frontend frontend, double seconds) override;
+  // The per-request series: tokens (counters and histograms) and the finish
+  // reason for every job; queue, prefill (first chunk → first token:
+  // ttft − queue) and decode (first token → finish: total − ttft) time for a
+  // job that produced a token (one that did not has no first token to split
+  // its time at).
+  void OnFinish(session::Frontend frontend, session::FinishReason reason,
+                const absl::Status& status, const session::GenerationResult& result) override;
 
   // ---- exposition (MetricsServer registers both) ----
   // The hot-path families.
@@ -159,10 +218,22 @@ class Metrics : public session::EngineObserver {
   std::array<prometheus::Histogram*, kNumRpcs> request_seconds_{};
   std::array<prometheus::Counter*, kNumExportRefusalLabels> exports_refused_{};  // [label]
   std::array<std::array<prometheus::Counter*, 2>, 2> migrations_{};  // [direction][result]
+  std::array<std::array<prometheus::Counter*, kNumHttpStatusLabels>, kNumHttpRoutes>
+      http_requests_{};                                                // [route][status label]
+  std::array<prometheus::Histogram*, kNumHttpRoutes> http_seconds_{};  // [route]
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generated_tokens_ = nullptr;
-  prometheus::Histogram* ttft_seconds_ = nullptr;
-  prometheus::Histogram* inter_token_seconds_ = nullptr;
+  // [frontend]: indexed by session::Frontend.
+  using PerFrontend = std::array<prometheus::Histogram*, session::kNumFrontends>;
+  PerFrontend ttft_seconds_{};
+  PerFrontend inter_token_seconds_{};
+  PerFrontend queue_seconds_{};
+  PerFrontend prefill_seconds_{};
+  PerFrontend decode_seconds_{};
+  PerFrontend request_prompt_tokens_{};
+  PerFrontend request_generation_tokens_{};
+  std::array<std::array<prometheus::Counter*, kNumFinishLabels>, session::kNumFrontends>
+      finished_{};  // [frontend][finish label]
   prometheus::Histogram* step_seconds_ = nullptr;
   prometheus::Histogram* step_batch_size_ = nullptr;
 };

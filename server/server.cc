@@ -98,6 +98,8 @@ absl::Status Server::Init() {
     src.model_name = std::filesystem::path(c.model_dir).filename().string();
     src.version = "0.1.0";
     src.tenants = [auth = auth_.get()] { return auth->Tenants(); };
+    src.memory_capacity_bytes = c.memory_capacity_bytes > 0 ? c.memory_capacity_bytes
+                                                            : MachineMemoryBytes().value_or(0);
     CORTIQ_ASSIGN_OR_RETURN(metrics_, Metrics::Create(src));
   }
   session::EngineOptions eo;

@@ -283,7 +283,7 @@ void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
     const double dt = Seconds(job.last_token_ - job.first_token_);
     res.decode_tokens_per_second = dt > 0 ? (res.completion_tokens - 1) / dt : 0.0;
   }
-  if (options_.observer) options_.observer->OnTokens(res.prompt_tokens, res.completion_tokens);
+  if (options_.observer) options_.observer->OnFinish(job.request_.frontend, reason, status, res);
   if (job.request_.release_at_end) {
     job.lease_.ReleaseOnReturn(reason == FinishReason::kCancelled || !status.ok()
                                    ? ReleaseReason::kCancelled
@@ -315,9 +315,9 @@ void Engine::OnLogits(Job& job, const float* logits) {
   if (job.result_.completion_tokens == 1) {
     job.first_token_ = now;
     job.result_.ttft_seconds = Seconds(now - job.submitted_);
-    if (options_.observer) options_.observer->OnFirstToken(job.result_.ttft_seconds);
+    if (options_.observer) options_.observer->OnFirstToken(r.frontend, job.result_.ttft_seconds);
   } else if (options_.observer) {
-    options_.observer->OnInterToken(Seconds(now - job.last_token_));
+    options_.observer->OnInterToken(r.frontend, Seconds(now - job.last_token_));
   }
   job.last_token_ = now;
 

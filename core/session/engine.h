@@ -88,14 +88,21 @@ struct GenerationResult {
 };
 
 // Receives the engine's measurements (metrics live outside core/). Called on
-// the engine thread; must not block.
+// the engine thread; must not block, and should not allocate (OnFirstToken
+// and OnInterToken run once per sampled token). `frontend` is the job's
+// GenerationRequest::frontend.
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
   virtual void OnStep(size_t /*decode_batch*/, size_t /*prefill_tokens*/, double /*seconds*/) {}
-  virtual void OnFirstToken(double /*ttft_seconds*/) {}
-  virtual void OnInterToken(double /*seconds*/) {}
-  virtual void OnTokens(size_t /*prompt_tokens*/, size_t /*generated_tokens*/) {}
+  virtual void OnFirstToken(Frontend /*frontend*/, double /*ttft_seconds*/) {}
+  virtual void OnInterToken(Frontend /*frontend*/, double /*seconds*/) {}
+  // Once per job, when it ends, before its consumer can see it finished (so
+  // a consumer that waited for the job sees it counted). `result` holds every
+  // measurement (tokens, queue / TTFT / total seconds); its finish_reason and
+  // status are not set yet: they are `reason` and `status`.
+  virtual void OnFinish(Frontend /*frontend*/, FinishReason /*reason*/,
+                        const absl::Status& /*status*/, const GenerationResult& /*result*/) {}
 };
 
 struct EngineOptions {

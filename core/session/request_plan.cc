@@ -90,6 +90,10 @@ size_t NextPow2(size_t n) {
 
 }  // namespace
 
+std::string_view FrontendName(Frontend frontend) {
+  return frontend == Frontend::kHttp ? "http" : "grpc";
+}
+
 absl::StatusOr<RequestPlan> PlanRequest(const GenerationRequest& request, const PlanLimits& limits,
                                         const model::ModelConfig& model,
                                         const SessionConfig& config) {

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +54,14 @@ inline constexpr size_t kMaxStopSequences = 16;
 inline constexpr size_t kMaxStopBytes = 256;
 inline constexpr size_t kMaxStopTokenIds = 16;
 inline constexpr size_t kMaxLogitBias = 1024;
+
+// Which front end a generation came from: the engine passes it to its
+// observer so the latency series carry frontend="grpc"|"http" (docs/METRICS.md).
+// Not checked by PlanRequest (the front end sets it, never the client).
+enum class Frontend : uint8_t { kGrpc = 0, kHttp = 1 };
+inline constexpr size_t kNumFrontends = 2;
+// "grpc" | "http": the label value.
+std::string_view FrontendName(Frontend frontend);
 
 // What a caller asks the engine to do with a session. Checked by PlanRequest.
 struct GenerationRequest {
@@ -79,6 +88,7 @@ struct GenerationRequest {
   // cancelled when the job was cancelled, oneshot otherwise.
   bool release_at_end = false;
   Clock::time_point deadline = Clock::time_point::max();
+  Frontend frontend = Frontend::kGrpc;  // who submitted it (metrics labels only)
 };
 
 // The server's limits a request is checked against.

@@ -9,7 +9,10 @@
   a metric of docs/METRICS.md (histograms through _bucket/_sum/_count), and
   every label they match or group by is one the metric has (or instance/job/le).
 * The dashboard covers what it is for: memory by kind and by node, sessions,
-  tokens/s, TTFT and inter-token percentiles, migrations, refusals, batch size.
+  tokens/s, TTFT and inter-token percentiles, migrations, refusals, batch size,
+  and the per-request series (queue / prefill / decode time and TTFT /
+  inter-token by front end, tokens per request, finish reasons, memory
+  utilisation, HTTP requests by route and status and their duration).
 * With promtool, every dashboard expression (Grafana variables substituted)
   is valid PromQL: they are checked as recording rules.
 """
@@ -161,6 +164,18 @@ def main():
         "exports refused": r"cortiq_exports_refused_total",
         "engine batch size": r"cortiq_engine_batch_size\b",
         "step batch size histogram": r"cortiq_engine_step_batch_size_bucket",
+        # The per-request series (issue 16): by front end where they have one.
+        "TTFT by front end": r"sum by \(le, frontend\) \(rate\(cortiq_time_to_first_token_seconds_bucket",
+        "inter-token by front end": r"sum by \(le, frontend\) \(rate\(cortiq_inter_token_latency_seconds_bucket",
+        "queue time by front end": r"sum by \(le, frontend\) \(rate\(cortiq_request_queue_time_seconds_bucket",
+        "prefill time by front end": r"sum by \(le, frontend\) \(rate\(cortiq_request_prefill_time_seconds_bucket",
+        "decode time by front end": r"sum by \(le, frontend\) \(rate\(cortiq_request_decode_time_seconds_bucket",
+        "prompt tokens per request": r"histogram_quantile\([^,]+, sum by \(le\) \(rate\(cortiq_request_prompt_tokens_bucket",
+        "generated tokens per request": r"histogram_quantile\([^,]+, sum by \(le\) \(rate\(cortiq_request_generation_tokens_bucket",
+        "finished requests by reason": r"by \(frontend, finished_reason\) \(rate\(cortiq_requests_finished_total",
+        "memory utilisation ratio": r"cortiq_memory_utilization_ratio\b",
+        "HTTP requests by route and status": r"by \(route, status\) \(rate\(cortiq_http_requests_total",
+        "HTTP duration by route": r"sum by \(le, route\) \(rate\(cortiq_http_request_duration_seconds_bucket",
     }
     for what, pattern in wanted.items():
         check(re.search(pattern, joined) is not None, f"the dashboard shows {what}")

@@ -88,6 +88,7 @@ Fields FieldsOf(const ServerConfig& c) {
       {"activations", Text(c.activations)},
       {"max-sessions", Text(c.max_sessions)},
       {"memory-budget", Text(c.memory_budget_bytes)},
+      {"memory-capacity", Text(c.memory_capacity_bytes)},
       {"session-ttl", Text(c.session_ttl)},
       {"kv-dtype", Text(c.kv_dtype)},
       {"attention", Text(c.attention)},
@@ -144,6 +145,7 @@ TEST_F(ConfigTest, Defaults) {
       {"activations", "bf16"},
       {"max-sessions", "256"},
       {"memory-budget", "0"},
+      {"memory-capacity", "0"},
       {"session-ttl", "600000ms"},
       {"kv-dtype", "f32"},
       {"attention", "exact"},
@@ -202,6 +204,7 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"activations", "f32", "f32"},
       {"max-sessions", "8", "8"},
       {"memory-budget", "1.5G", std::to_string(size_t{3} << 29)},
+      {"memory-capacity", "64G", std::to_string(size_t{64} << 30)},
       {"session-ttl", "2.5", "2500ms"},
       {"kv-dtype", "int8", "int8"},
       {"attention", "o1", "o1"},
@@ -293,6 +296,7 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--queue-capacity", "0"}, "--queue-capacity: must be at least 1");
   ExpectUsageError({"--max-tokens", "0"}, "--max-tokens: must be at least 1 (got \"0\")");
   ExpectUsageError({"--memory-budget", "8GB"}, "--memory-budget: expected a byte size");
+  ExpectUsageError({"--memory-capacity", "lots"}, "--memory-capacity: expected a byte size");
   ExpectUsageError({"--session-ttl", "-1"}, "--session-ttl");
   ExpectUsageError({"--grace", "soon"}, "--grace: expected a number");
   ExpectUsageError({"--max-concurrent-imports", "0"},

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,12 +23,14 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/kv/wire_refusal.h"
 #include "core/model/transformer.h"
 #include "core/session/engine.h"
+#include "core/session/request_plan.h"
 #include "core/session/session.h"
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
@@ -39,6 +42,9 @@
 namespace cortiq::server {
 namespace {
 
+using session::FinishReason;
+using session::Frontend;
+using session::GenerationResult;
 using session::MemoryByKind;
 using session::MemoryKind;
 using session::ReleaseReason;
@@ -54,6 +60,27 @@ using testing::Sample;
 
 std::map<std::string, std::string> Kind(MemoryKind k) {
   return {{"kind", std::string(session::MemoryKindName(k))}};
+}
+
+const std::map<std::string, std::string> kGrpc = {{"frontend", "grpc"}};
+const std::map<std::string, std::string> kHttp = {{"frontend", "http"}};
+
+// cortiq_requests_finished_total{frontend, finished_reason} in `e`.
+double FinishedCount(const Exposition& e, const char* frontend, const char* reason) {
+  return e.Value("cortiq_requests_finished_total",
+                 {{"frontend", frontend}, {"finished_reason", reason}});
+}
+
+// A finished job's result as the engine would report it.
+GenerationResult Result(size_t prompt, size_t completion, double queue, double ttft,
+                        double total) {
+  GenerationResult r;
+  r.prompt_tokens = prompt;
+  r.completion_tokens = completion;
+  r.queue_seconds = queue;
+  r.ttft_seconds = ttft;
+  r.total_seconds = total;
+  return r;
 }
 
 class MetricsTest : public ::testing::Test {
@@ -284,13 +311,15 @@ TEST_F(MetricsTest, HistogramsTokensAndEventCounters) {
   metrics_->ObserveRequest("Generate", 0.2);
   metrics_->ObserveRequest("Tokenize", 0.0002);
   metrics_->ObserveRequest("Nope", 1);  // ignored
-  metrics_->OnFirstToken(0.3);
-  metrics_->OnInterToken(0.02);
-  metrics_->OnInterToken(0.04);
+  metrics_->OnFirstToken(Frontend::kGrpc, 0.3);
+  metrics_->OnInterToken(Frontend::kGrpc, 0.02);
+  metrics_->OnInterToken(Frontend::kGrpc, 0.04);
   metrics_->OnStep(3, 0, 0.01);
   metrics_->OnStep(0, 16, 0.05);  // prefill only: no batch size
-  metrics_->OnTokens(5, 7);
-  metrics_->OnTokens(2, 0);
+  metrics_->OnFinish(Frontend::kGrpc, FinishReason::kLength, absl::OkStatus(),
+                     Result(5, 7, 0.01, 0.3, 0.5));
+  metrics_->OnFinish(Frontend::kGrpc, FinishReason::kCancelled, absl::OkStatus(),
+                     Result(2, 0, 0, 0, 0.1));
   metrics_->CountExportRefused(ExportRefusal::kO1Overlay);
   metrics_->CountExportRefused(ExportRefusal::kInt8Rows);
   metrics_->CountExportRefused(ExportRefusal::kInt8Rows);
@@ -309,13 +338,20 @@ TEST_F(MetricsTest, HistogramsTokensAndEventCounters) {
     EXPECT_FALSE(e.All(h + "_count").empty()) << h;
     EXPECT_FALSE(e.All(h + "_bucket", {{"le", "+Inf"}}).empty()) << h;
   }
-  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_count"), 1);
-  EXPECT_DOUBLE_EQ(e.Value("cortiq_time_to_first_token_seconds_sum"), 0.3);
-  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_bucket", {{"le", "0.25"}}), 0);
-  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_bucket", {{"le", "0.5"}}), 1);
-  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_bucket", {{"le", "+Inf"}}), 1);
-  EXPECT_EQ(e.Value("cortiq_inter_token_latency_seconds_count"), 2);
-  EXPECT_DOUBLE_EQ(e.Value("cortiq_inter_token_latency_seconds_sum"), 0.06);
+  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_count", kGrpc), 1);
+  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_count", kHttp), 0);
+  EXPECT_DOUBLE_EQ(e.Value("cortiq_time_to_first_token_seconds_sum", kGrpc), 0.3);
+  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_bucket",
+                    {{"frontend", "grpc"}, {"le", "0.25"}}),
+            0);
+  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_bucket",
+                    {{"frontend", "grpc"}, {"le", "0.5"}}),
+            1);
+  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_bucket",
+                    {{"frontend", "grpc"}, {"le", "+Inf"}}),
+            1);
+  EXPECT_EQ(e.Value("cortiq_inter_token_latency_seconds_count", kGrpc), 2);
+  EXPECT_DOUBLE_EQ(e.Value("cortiq_inter_token_latency_seconds_sum", kGrpc), 0.06);
   EXPECT_EQ(e.Value("cortiq_request_duration_seconds_count", {{"rpc", "Generate"}}), 1);
   EXPECT_EQ(e.Value("cortiq_request_duration_seconds_count", {{"rpc", "Tokenize"}}), 1);
   EXPECT_EQ(e.Value("cortiq_request_duration_seconds_count", {{"rpc", "GetSession"}}), 0);
@@ -411,9 +447,10 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndLowCardinalityLabels) {
     ++families;
     EXPECT_EQ(family.rfind("cortiq_", 0), 0u) << family;
   }
-  EXPECT_EQ(families, 24u);  // docs/METRICS.md lists 28; no engine attached here (4)
-  const std::set<std::string> allowed = {"kind",   "reason",  "rpc",   "code", "le",    "direction",
-                                         "result", "version", "model", "copy", "tenant"};
+  EXPECT_EQ(families, 33u);  // docs/METRICS.md lists 37; no engine attached here (4)
+  const std::set<std::string> allowed = {
+      "kind",  "reason", "rpc",      "code",            "le",    "direction", "result", "version",
+      "model", "copy",   "frontend", "finished_reason", "route", "status",    "tenant"};
   for (const Sample& s : e.samples) {
     if (!ours(s.name)) continue;
     for (const auto& [k, v] : s.labels) EXPECT_TRUE(allowed.count(k)) << s.name << " " << k;
@@ -445,9 +482,9 @@ TEST_F(MetricsTest, EngineObserverAndGauges) {
   engine.Shutdown();  // no step after this: the counters are final
 
   Exposition e = Scrape();
-  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_count"), 1);
-  EXPECT_DOUBLE_EQ(e.Value("cortiq_time_to_first_token_seconds_sum"), r.ttft_seconds);
-  EXPECT_EQ(e.Value("cortiq_inter_token_latency_seconds_count"), 5);
+  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_count", kGrpc), 1);
+  EXPECT_DOUBLE_EQ(e.Value("cortiq_time_to_first_token_seconds_sum", kGrpc), r.ttft_seconds);
+  EXPECT_EQ(e.Value("cortiq_inter_token_latency_seconds_count", kGrpc), 5);
   EXPECT_EQ(e.Value("cortiq_generated_tokens_total"), 6);
   EXPECT_EQ(e.Value("cortiq_prompt_tokens_total"), static_cast<double>(r.prompt_tokens));
   EXPECT_EQ(e.Value("cortiq_engine_steps_total"), static_cast<double>(engine.steps()));
@@ -470,6 +507,308 @@ TEST_F(MetricsTest, EngineObserverAndGauges) {
   EXPECT_FALSE(e.Get("cortiq_engine_queue_depth").has_value());
 }
 
+// Each finished job lands once in the finish-reason counter and the
+// per-request histograms, by its front end: exact counts and sums from the
+// results given.
+TEST_F(MetricsTest, FinishedRequestsByReasonAndPerRequestHistograms) {
+  struct Finished {
+    Frontend frontend;
+    FinishReason reason;
+    absl::Status status;
+    GenerationResult result;
+  };
+  const std::vector<Finished> jobs = {
+      {Frontend::kGrpc, FinishReason::kLength, absl::OkStatus(), Result(10, 16, 0.002, 0.05, 0.9)},
+      {Frontend::kGrpc, FinishReason::kLength, absl::OkStatus(), Result(300, 8, 0.004, 0.7, 1.5)},
+      {Frontend::kGrpc, FinishReason::kEos, absl::OkStatus(), Result(3, 1, 0.001, 0.02, 0.02)},
+      {Frontend::kHttp, FinishReason::kStop, absl::OkStatus(), Result(40, 5, 0.003, 0.1, 0.3)},
+      // Cancelled before its first token (no timing), and by a deadline
+      // after some tokens (cancelled, not error, whatever the status).
+      {Frontend::kHttp, FinishReason::kCancelled, absl::OkStatus(), Result(7, 0, 0, 0, 2.0)},
+      {Frontend::kHttp, FinishReason::kCancelled, absl::DeadlineExceededError("deadline"),
+       Result(9, 3, 0.001, 0.2, 4.0)},
+      // Failed: at admission (no reason), and mid-decode (a reason given).
+      {Frontend::kGrpc, FinishReason::kNone, absl::InvalidArgumentError("temperature"),
+       Result(5, 0, 0, 0, 0.001)},
+      {Frontend::kHttp, FinishReason::kNone, absl::InternalError("decode"),
+       Result(6, 2, 0.002, 0.04, 0.08)},
+  };
+  for (const Finished& j : jobs) metrics_->OnFinish(j.frontend, j.reason, j.status, j.result);
+
+  Exposition e = Scrape();
+  EXPECT_EQ(FinishedCount(e, "grpc", "length"), 2);
+  EXPECT_EQ(FinishedCount(e, "grpc", "eos"), 1);
+  EXPECT_EQ(FinishedCount(e, "grpc", "error"), 1);
+  EXPECT_EQ(FinishedCount(e, "grpc", "stop"), 0);
+  EXPECT_EQ(FinishedCount(e, "grpc", "cancelled"), 0);
+  EXPECT_EQ(FinishedCount(e, "http", "stop"), 1);
+  EXPECT_EQ(FinishedCount(e, "http", "cancelled"), 2);
+  EXPECT_EQ(FinishedCount(e, "http", "error"), 1);
+  EXPECT_EQ(FinishedCount(e, "http", "length"), 0);
+  EXPECT_EQ(e.All("cortiq_requests_finished_total").size(),
+            session::kNumFrontends * kNumFinishLabels);
+  EXPECT_EQ(e.type["cortiq_requests_finished_total"], "counter");
+
+  // Expected counts and sums, computed from the results the way the docs
+  // define each series.
+  struct Hist {
+    double count = 0, sum = 0;
+  };
+  std::map<std::string, std::map<std::string, Hist>> want;  // series → frontend → hist
+  double prompt_total = 0, generated_total = 0;
+  for (const Finished& j : jobs) {
+    const std::string f(session::FrontendName(j.frontend));
+    const GenerationResult& r = j.result;
+    auto add = [&](const char* series, double v) {
+      Hist& h = want[series][f];
+      h.count += 1;
+      h.sum += v;
+    };
+    add("cortiq_request_prompt_tokens", static_cast<double>(r.prompt_tokens));
+    add("cortiq_request_generation_tokens", static_cast<double>(r.completion_tokens));
+    prompt_total += static_cast<double>(r.prompt_tokens);
+    generated_total += static_cast<double>(r.completion_tokens);
+    if (r.completion_tokens == 0) continue;
+    add("cortiq_request_queue_time_seconds", r.queue_seconds);
+    add("cortiq_request_prefill_time_seconds", r.ttft_seconds - r.queue_seconds);
+    add("cortiq_request_decode_time_seconds", r.total_seconds - r.ttft_seconds);
+  }
+  ASSERT_EQ(want.size(), 5u);
+  for (const auto& [series, by_frontend] : want) {
+    EXPECT_EQ(e.type[series], "histogram") << series;
+    for (const char* f : {"grpc", "http"}) {
+      const auto it = by_frontend.find(f);
+      const Hist h = it == by_frontend.end() ? Hist{} : it->second;
+      EXPECT_EQ(e.Value(series + "_count", {{"frontend", f}}), h.count) << series << " " << f;
+      EXPECT_NEAR(e.Value(series + "_sum", {{"frontend", f}}), h.sum, 1e-12) << series << " " << f;
+      EXPECT_EQ(e.Value(series + "_bucket", {{"frontend", f}, {"le", "+Inf"}}), h.count)
+          << series << " " << f;
+    }
+  }
+  // Bucket placement: prompts of 10 and 300 tokens, 3 (grpc).
+  EXPECT_EQ(e.Value("cortiq_request_prompt_tokens_bucket", {{"frontend", "grpc"}, {"le", "5"}}),
+            2);  // 3 and 5 (the failed one)
+  EXPECT_EQ(e.Value("cortiq_request_prompt_tokens_bucket", {{"frontend", "grpc"}, {"le", "200"}}),
+            3);
+  EXPECT_EQ(e.Value("cortiq_request_prompt_tokens_bucket", {{"frontend", "grpc"}, {"le", "500"}}),
+            4);
+  // The token counters count every finished job.
+  EXPECT_EQ(e.Value("cortiq_prompt_tokens_total"), prompt_total);
+  EXPECT_EQ(e.Value("cortiq_generated_tokens_total"), generated_total);
+}
+
+// The engine reports each finished job once, with its front end, its reason
+// and the measurements its GenerationResult holds: a gRPC job that runs to
+// max_tokens, an HTTP job that hits a stop sequence, an HTTP job past its
+// deadline (cancelled before a token) and a gRPC job that fails admission.
+TEST_F(MetricsTest, EngineReportsEachFinishedJobOnce) {
+  auto tok = tokenizer::Tokenizer::FromFile(*dir_ + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  session::Engine engine(*model_, *tok, {.observer = metrics_.get()});
+  const std::vector<int32_t> prompt = testing::TestIds(9, config().vocab_size, 5);
+  auto request = [&](Frontend frontend) {
+    session::GenerationRequest req;
+    req.prompt = prompt;
+    req.max_tokens = 6;
+    req.ignore_eos = true;
+    req.sampling.temperature = 0;  // greedy: the same tokens every run
+    req.frontend = frontend;
+    return req;
+  };
+  struct Run {
+    GenerationResult result;
+    std::vector<std::string> texts;
+  };
+  auto run = [&](const session::GenerationRequest& req) {
+    Run out;
+    auto lease = store_->Create(*model_, F32(), 0);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (!lease.ok()) return out;
+    auto job = engine.Submit(*std::move(lease), req);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return out;
+    session::GenerationEvent ev;
+    while ((*job)->WaitPop(&ev)) out.texts.push_back(ev.text);
+    out.result = (*job)->result();
+    return out;
+  };
+
+  const Run length = run(request(Frontend::kGrpc));
+  ASSERT_TRUE(length.result.status.ok()) << length.result.status;
+  ASSERT_EQ(length.result.finish_reason, FinishReason::kLength);
+  ASSERT_EQ(length.result.completion_tokens, 6u);
+  // The same greedy run on HTTP, stopped by the text of its third token.
+  size_t k = 2;
+  while (k < length.texts.size() && length.texts[k].empty()) ++k;
+  ASSERT_LT(k, length.texts.size()) << "the tiny model streamed no text to stop on";
+  session::GenerationRequest stop_req = request(Frontend::kHttp);
+  stop_req.stop = {length.texts[k]};
+  const Run stop = run(stop_req);
+  ASSERT_EQ(stop.result.finish_reason, FinishReason::kStop);
+  ASSERT_GT(stop.result.completion_tokens, 0u);
+  ASSERT_LE(stop.result.completion_tokens, k + 1);
+  // Past its deadline at admission: cancelled with DEADLINE_EXCEEDED, no token.
+  session::GenerationRequest late_req = request(Frontend::kHttp);
+  late_req.deadline = session::Clock::now() - std::chrono::seconds(1);
+  const Run late = run(late_req);
+  ASSERT_EQ(late.result.finish_reason, FinishReason::kCancelled);
+  ASSERT_EQ(late.result.status.code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_EQ(late.result.completion_tokens, 0u);
+  // Sampling parameters the plan accepted but the session's sampler refuses
+  // (planned, then changed: the engine trusts its plan) fail at admission.
+  {
+    auto lease = store_->Create(*model_, F32(), 0);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    session::GenerationRequest bad = request(Frontend::kGrpc);
+    const session::PlanLimits limits{.max_tokens = 64, .max_context = engine.max_context()};
+    auto plan = session::PlanRequest(bad, limits, config(),
+                                     session::ExistingSession{0, (*lease)->config()});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    bad.sampling.top_p = 2;
+    auto job = engine.Submit(*std::move(lease), bad, *plan);
+    ASSERT_TRUE(job.ok()) << job.status();
+    session::GenerationEvent ev;
+    while ((*job)->WaitPop(&ev)) {
+    }
+    ASSERT_EQ((*job)->result().status.code(), absl::StatusCode::kInvalidArgument);
+  }
+  engine.Shutdown();
+
+  Exposition e = Scrape();
+  EXPECT_EQ(FinishedCount(e, "grpc", "length"), 1);
+  EXPECT_EQ(FinishedCount(e, "grpc", "error"), 1);
+  EXPECT_EQ(FinishedCount(e, "http", "stop"), 1);
+  EXPECT_EQ(FinishedCount(e, "http", "cancelled"), 1);
+  double all = 0;
+  for (const Sample* s : e.All("cortiq_requests_finished_total")) all += s->value;
+  EXPECT_EQ(all, 4);
+
+  // Latency: one TTFT per job with a token, n − 1 inter-token gaps. (Sums
+  // compare as doubles: the exposition prints 16 significant digits.)
+  const GenerationResult& g = length.result;
+  const GenerationResult& h = stop.result;
+  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_count", kGrpc), 1);
+  EXPECT_DOUBLE_EQ(e.Value("cortiq_time_to_first_token_seconds_sum", kGrpc), g.ttft_seconds);
+  EXPECT_EQ(e.Value("cortiq_time_to_first_token_seconds_count", kHttp), 1);
+  EXPECT_DOUBLE_EQ(e.Value("cortiq_time_to_first_token_seconds_sum", kHttp), h.ttft_seconds);
+  EXPECT_EQ(e.Value("cortiq_inter_token_latency_seconds_count", kGrpc), 5);
+  EXPECT_EQ(e.Value("cortiq_inter_token_latency_seconds_count", kHttp),
+            static_cast<double>(h.completion_tokens - 1));
+  // Queue / prefill / decode: the jobs with a token, from their results.
+  for (const auto& [labels, r] : {std::pair{kGrpc, g}, std::pair{kHttp, h}}) {
+    EXPECT_EQ(e.Value("cortiq_request_queue_time_seconds_count", labels), 1);
+    EXPECT_DOUBLE_EQ(e.Value("cortiq_request_queue_time_seconds_sum", labels), r.queue_seconds);
+    EXPECT_DOUBLE_EQ(e.Value("cortiq_request_prefill_time_seconds_sum", labels),
+              r.ttft_seconds - r.queue_seconds);
+    EXPECT_DOUBLE_EQ(e.Value("cortiq_request_decode_time_seconds_sum", labels),
+              r.total_seconds - r.ttft_seconds);
+    EXPECT_GT(r.queue_seconds, 0);
+    EXPECT_GE(r.ttft_seconds, r.queue_seconds);
+    EXPECT_GE(r.total_seconds, r.ttft_seconds);
+  }
+  // Tokens per request: every finished job (the late one with 0 generated).
+  EXPECT_EQ(e.Value("cortiq_request_prompt_tokens_count", kGrpc), 2);
+  EXPECT_EQ(e.Value("cortiq_request_prompt_tokens_sum", kGrpc), 2.0 * prompt.size());
+  EXPECT_EQ(e.Value("cortiq_request_prompt_tokens_count", kHttp), 2);
+  EXPECT_EQ(e.Value("cortiq_request_generation_tokens_sum", kGrpc), 6);
+  EXPECT_EQ(e.Value("cortiq_request_generation_tokens_sum", kHttp),
+            static_cast<double>(h.completion_tokens));
+  EXPECT_EQ(e.Value("cortiq_request_generation_tokens_bucket", {{"frontend", "http"}, {"le", "1"}}),
+            h.completion_tokens <= 1 ? 2 : 1);  // the late job's 0
+  EXPECT_EQ(e.Value("cortiq_generated_tokens_total"),
+            static_cast<double>(g.completion_tokens + h.completion_tokens));
+}
+
+// HTTP requests by route pattern and status: listed statuses by their code,
+// others by class; unknown routes as "other"; nonsense statuses ignored.
+TEST_F(MetricsTest, HttpRequestsByRouteAndStatus) {
+  metrics_->ObserveHttpRequest("/v1/chat/completions", 200, 0.5);
+  metrics_->ObserveHttpRequest("/v1/chat/completions", 200, 1.5);
+  metrics_->ObserveHttpRequest("/v1/chat/completions", 429, 0.001);
+  metrics_->ObserveHttpRequest("/v1/completions", 400, 0.002);
+  metrics_->ObserveHttpRequest("/health", 503, 0.0001);
+  metrics_->ObserveHttpRequest("/v1/secret/../x", 404, 0.003);  // a client's path: "other"
+  metrics_->ObserveHttpRequest("/v1/models", 418, 0.004);       // not listed: its class
+  metrics_->ObserveHttpRequest("/v1/models", 99, 1);            // ignored
+  metrics_->ObserveHttpRequest("/v1/models", 600, 1);           // ignored
+
+  Exposition e = Scrape();
+  auto count = [&](const char* route, const char* status) {
+    return e.Value("cortiq_http_requests_total", {{"route", route}, {"status", status}});
+  };
+  EXPECT_EQ(count("/v1/chat/completions", "200"), 2);
+  EXPECT_EQ(count("/v1/chat/completions", "429"), 1);
+  EXPECT_EQ(count("/v1/completions", "400"), 1);
+  EXPECT_EQ(count("/health", "503"), 1);
+  EXPECT_EQ(count("other", "404"), 1);
+  EXPECT_EQ(count("/v1/models", "4xx"), 1);
+  EXPECT_EQ(count("/v1/models", "200"), 0);
+  const auto all = e.All("cortiq_http_requests_total");
+  EXPECT_EQ(all.size(), kNumHttpRoutes * kNumHttpStatusLabels);
+  double total = 0;
+  for (const Sample* s : all) {
+    total += s->value;
+    EXPECT_NE(s->labels.at("route"), "/v1/secret/../x");
+  }
+  EXPECT_EQ(total, 7);
+  EXPECT_EQ(e.type["cortiq_http_requests_total"], "counter");
+
+  EXPECT_EQ(e.type["cortiq_http_request_duration_seconds"], "histogram");
+  EXPECT_EQ(e.All("cortiq_http_request_duration_seconds_count").size(), kNumHttpRoutes);
+  EXPECT_EQ(e.Value("cortiq_http_request_duration_seconds_count",
+                    {{"route", "/v1/chat/completions"}}),
+            3);
+  EXPECT_DOUBLE_EQ(
+      e.Value("cortiq_http_request_duration_seconds_sum", {{"route", "/v1/chat/completions"}}),
+      2.001);
+  EXPECT_EQ(e.Value("cortiq_http_request_duration_seconds_bucket",
+                    {{"route", "/v1/chat/completions"}, {"le", "1"}}),
+            2);
+  EXPECT_EQ(e.Value("cortiq_http_request_duration_seconds_count", {{"route", "other"}}), 1);
+  EXPECT_EQ(e.Value("cortiq_http_request_duration_seconds_count", {{"route", "/v1/models"}}), 1);
+}
+
+// The utilisation ratio: committed over the budget; with no budget over the
+// configured capacity; with neither, not exported.
+TEST_F(MetricsTest, MemoryUtilizationRatio) {
+  SessionStore::Lease l = NewSession(F32(), 40);
+  ASSERT_TRUE(l);
+  Exposition e = Scrape();
+  const double committed = e.Value("cortiq_memory_committed_bytes");
+  ASSERT_GT(committed, 0);
+  EXPECT_EQ(e.type["cortiq_memory_utilization_ratio"], "gauge");
+  EXPECT_DOUBLE_EQ(e.Value("cortiq_memory_utilization_ratio"),
+                   committed / static_cast<double>(size_t{64} << 20));
+
+  for (const size_t capacity : {size_t{1} << 30, size_t{0}}) {
+    SessionStore unbudgeted(session::StoreOptions{.max_sessions = 2});
+    MetricsSources sources;
+    sources.store = &unbudgeted;
+    sources.memory_capacity_bytes = capacity;
+    auto m = Metrics::Create(sources);
+    ASSERT_TRUE(m.ok()) << m.status();
+    auto http = MetricsServer::Start("127.0.0.1:0", **m);
+    ASSERT_TRUE(http.ok()) << http.status();
+    auto lease = unbudgeted.Create(*model_, F32(), 4096);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    const Exposition u = Parse(HttpGet((*http)->port()));
+    ASSERT_EQ(u.Value("cortiq_memory_committed_bytes"), 4096);
+    if (capacity > 0) {
+      EXPECT_DOUBLE_EQ(u.Value("cortiq_memory_utilization_ratio"),
+                       4096.0 / static_cast<double>(capacity));
+    } else {
+      EXPECT_FALSE(u.Get("cortiq_memory_utilization_ratio").has_value());
+    }
+    lease->Return();
+    http->reset();
+  }
+  // The default capacity is the machine's memory (/proc/meminfo).
+  const std::optional<size_t> mem = MachineMemoryBytes();
+  ASSERT_TRUE(mem.has_value());
+  EXPECT_GT(*mem, size_t{64} << 20);
+  EXPECT_EQ(*mem % 1024, 0u);
+}
+
 // promtool lints the whole exposition: names, units, _total, HELP.
 TEST_F(MetricsTest, PromtoolCheckMetricsIsSilent) {
   const char* promtool = "/usr/bin/promtool";
@@ -477,7 +816,10 @@ TEST_F(MetricsTest, PromtoolCheckMetricsIsSilent) {
   SessionStore::Lease l = NewSession(O1(), 64);
   ASSERT_TRUE(l);
   metrics_->CountRequest("Generate", 0);
-  metrics_->OnFirstToken(0.1);
+  metrics_->OnFirstToken(Frontend::kHttp, 0.1);
+  metrics_->OnFinish(Frontend::kHttp, FinishReason::kStop, absl::OkStatus(),
+                     Result(4, 2, 0.001, 0.1, 0.2));
+  metrics_->ObserveHttpRequest("/v1/chat/completions", 200, 0.2);
   metrics_->OnStep(2, 0, 0.003);
   const std::string text = HttpGet(http_->port());
   ASSERT_FALSE(text.empty());
@@ -532,6 +874,8 @@ TEST(MetricsHotPath, NoAllocation) {
   auto m = Metrics::Create({});
   ASSERT_TRUE(m.ok()) << m.status();
   Metrics& metrics = **m;
+  const GenerationResult result = Result(3, 4, 0.01, 0.5, 0.6);
+  const absl::Status failed = absl::InternalError("model error");
   metrics.CountRequest("Generate", 0);  // warm anything lazy
   const size_t before = testing::AllocCount();
   for (int i = 0; i < 100; ++i) {
@@ -540,9 +884,12 @@ TEST(MetricsHotPath, NoAllocation) {
     metrics.CountRequest("unknown", 0);
     metrics.ObserveRequest("MigrateSession", 0.001 * i);
     metrics.OnStep(static_cast<size_t>(i % 9), 3, 0.002);
-    metrics.OnFirstToken(0.5);
-    metrics.OnInterToken(0.01);
-    metrics.OnTokens(3, 4);
+    metrics.OnFirstToken(Frontend::kHttp, 0.5);
+    metrics.OnInterToken(Frontend::kGrpc, 0.01);
+    metrics.OnFinish(Frontend::kGrpc, FinishReason::kEos, absl::OkStatus(), result);
+    metrics.OnFinish(Frontend::kHttp, FinishReason::kNone, failed, result);
+    metrics.ObserveHttpRequest("/v1/completions", 200 + i, 0.01);
+    metrics.ObserveHttpRequest("/unknown/path", 404, 0.01);
     metrics.CountExportRefused(ExportRefusal::kImportance);
     metrics.CountMigration(MigrationDirection::kIn, MigrationResult::kOk);
   }
@@ -558,6 +905,39 @@ TEST(MetricsNames, RpcIndexAndRefusalNames) {
   EXPECT_EQ(kGrpcCodeNames[16], "UNAUTHENTICATED");
   EXPECT_EQ(ExportRefusalName(ExportRefusal::kO1Overlay), "o1_overlay");
   EXPECT_EQ(ExportRefusalName(ExportRefusal::kOther), "other");
+}
+
+TEST(MetricsNames, FinishHttpRouteAndStatusLabels) {
+  const absl::Status ok = absl::OkStatus();
+  const absl::Status failed = absl::InternalError("x");
+  auto label = [](FinishReason r, const absl::Status& s) {
+    return kFinishLabels[FinishLabelIndex(r, s)];
+  };
+  EXPECT_EQ(label(FinishReason::kLength, ok), "length");
+  EXPECT_EQ(label(FinishReason::kStop, ok), "stop");
+  EXPECT_EQ(label(FinishReason::kEos, ok), "eos");
+  EXPECT_EQ(label(FinishReason::kCancelled, ok), "cancelled");
+  EXPECT_EQ(label(FinishReason::kCancelled, absl::DeadlineExceededError("d")), "cancelled");
+  EXPECT_EQ(label(FinishReason::kNone, ok), "error");
+  EXPECT_EQ(label(FinishReason::kNone, failed), "error");
+  EXPECT_EQ(label(FinishReason::kLength, failed), "error");
+  EXPECT_EQ(session::FrontendName(Frontend::kGrpc), "grpc");
+  EXPECT_EQ(session::FrontendName(Frontend::kHttp), "http");
+  EXPECT_EQ(session::GenerationRequest{}.frontend, Frontend::kGrpc);
+
+  EXPECT_EQ(kHttpRoutes[HttpRouteIndex("/v1/chat/completions")], "/v1/chat/completions");
+  EXPECT_EQ(kHttpRoutes[HttpRouteIndex("/health")], "/health");
+  EXPECT_EQ(kHttpRoutes[HttpRouteIndex("/v1/chat/completions/")], "other");
+  EXPECT_EQ(kHttpRoutes[HttpRouteIndex("other")], "other");
+  EXPECT_EQ(kHttpRoutes[HttpRouteIndex("")], "other");
+  EXPECT_EQ(HttpStatusIndex(200), 0u);
+  EXPECT_EQ(HttpStatusIndex(504), kNumHttpStatuses - 1);
+  EXPECT_EQ(HttpStatusIndex(100), kNumHttpStatuses + 0);  // "1xx"
+  EXPECT_EQ(HttpStatusIndex(302), kNumHttpStatuses + 2);  // "3xx"
+  EXPECT_EQ(HttpStatusIndex(599), kNumHttpStatuses + 4);  // "5xx"
+  EXPECT_FALSE(HttpStatusIndex(99).has_value());
+  EXPECT_FALSE(HttpStatusIndex(600).has_value());
+  EXPECT_FALSE(HttpStatusIndex(-200).has_value());
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 # (scrape_interval 1s, job "cortiq"), keeps one session through a Generate
 # call (Python grpcio client with the generated stubs), then asks prometheus's
 # HTTP API until sum(cortiq_session_memory_bytes) equals the session's
-# memory.total_bytes from the Generate summary, and checks up{job="cortiq"} == 1.
+# memory.total_bytes from the Generate summary, and checks up{job="cortiq"} == 1,
+# the finished-request counter (grpc, length) and the memory utilisation ratio.
 # Also lints a /metrics scrape with `promtool check metrics`. Exit 0 on success;
 # every process started here is stopped on exit.
 set -u
@@ -206,6 +207,27 @@ pass "prometheus: up{job=\"cortiq\"} = 1"
 active=$(prom_query 'cortiq_sessions_active{job="cortiq"}')
 [ "$active" = 1 ] || fail "cortiq_sessions_active is '${active:-empty}', want 1"
 pass "prometheus: cortiq_sessions_active = 1"
+
+# The per-request series, as prometheus stores them: the Generate above ran to
+# max_tokens on the gRPC front (counted once, with frontend="grpc"), and a
+# node with no --memory-budget divides committed bytes by the machine's memory.
+start=$SECONDS
+finished=""
+while [ $((SECONDS - start)) -lt 30 ]; do
+  finished=$(prom_query 'cortiq_requests_finished_total{job="cortiq",frontend="grpc",finished_reason="length"}')
+  [ "$finished" = 1 ] && break
+  sleep 0.5
+done
+[ "$finished" = 1 ] || fail "cortiq_requests_finished_total{frontend=\"grpc\",finished_reason=\"length\"} is '${finished:-empty}', want 1"
+others=$(prom_query 'sum(cortiq_requests_finished_total{job="cortiq"})')
+[ "$others" = 1 ] || fail "sum(cortiq_requests_finished_total) is '${others:-empty}', want 1"
+count=$(prom_query 'sum(cortiq_request_generation_tokens_sum{job="cortiq",frontend="grpc"})')
+[ "$count" = 8 ] || fail "cortiq_request_generation_tokens_sum{frontend=\"grpc\"} is '${count:-empty}', want 8"
+pass "prometheus: one finished request (grpc, length) of 8 generated tokens"
+ratio=$(prom_query 'cortiq_memory_utilization_ratio{job="cortiq"}')
+"$PY" -c 'import sys; v = float(sys.argv[1] or "nan"); sys.exit(0 if 0 < v < 1 else 1)' "$ratio" ||
+  fail "cortiq_memory_utilization_ratio is '${ratio:-empty}', want in (0, 1) (committed / MemTotal)"
+pass "prometheus: cortiq_memory_utilization_ratio = $ratio"
 
 echo "OK"
 exit 0
