@@ -196,7 +196,8 @@ void Engine::Wake() {
 absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
                                                     GenerationRequest request) {
   if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
-  const PlanLimits limits{.max_tokens = max_context_, .max_context = max_context_};
+  const PlanLimits limits{
+      .max_tokens = max_context_, .max_context = max_context_, .max_n = options_.max_batch};
   const ExistingSession session{lease->tokens().size(), lease->config()};
   absl::StatusOr<RequestPlan> plan = PlanRequest(request, limits, model_.config(), session);
   if (!plan.ok()) return plan.status();
@@ -218,6 +219,7 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
                      request.prompt.size(), " + ", request.max_tokens, ")"));
   }
   std::shared_ptr<Job> job(new Job(this, std::move(lease), std::move(request), plan.total));
+  job->min_tokens_masked_ = MinTokensMask(job->request_);
   job->submitted_ = Clock::now();
   // Past its deadline the job ends at the next step: a next call waits for it.
   job->lease_.EndsBy(job->request_.deadline);
@@ -258,6 +260,13 @@ bool Engine::Admit(Job& job) {
   s.PublishMemory();
   job.phase_ = Job::Phase::kPrefill;
   return true;
+}
+
+std::vector<int32_t> Engine::MinTokensMask(const GenerationRequest& request) const {
+  if (request.min_tokens == 0) return {};
+  std::vector<int32_t> ids = request.stop_token_ids;
+  if (!request.ignore_eos) ids.insert(ids.end(), eos_ids_.begin(), eos_ids_.end());
+  return ids;
 }
 
 void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
@@ -301,7 +310,11 @@ void Engine::OnLogits(Job& job, const float* logits) {
   const GenerationRequest& r = job.request_;
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   std::span<const float> row(logits, vocab);
-  const int32_t t = s.SampleNext(row);
+  const bool under_min = job.result_.completion_tokens < r.min_tokens;
+  const int32_t t =
+      s.SampleNext(row, job.result_.completion_tokens,
+                   under_min ? std::span<const int32_t>(job.min_tokens_masked_)
+                             : std::span<const int32_t>());
   GenerationEvent ev;
   ev.token_id = t;
   if (r.logprobs || r.top_logprobs > 0) {
@@ -321,9 +334,13 @@ void Engine::OnLogits(Job& job, const float* logits) {
   }
   job.last_token_ = now;
 
-  const bool eos =
-      !r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end();
-  if (!eos) job.held_ += job.detok_->Push(t);
+  // A stop id ends the call like EOS does (its text is not streamed), with
+  // finish reason stop.
+  const bool stop_id =
+      std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), t) != r.stop_token_ids.end();
+  const bool eos = !stop_id && !r.ignore_eos &&
+                   std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end();
+  if (!eos && !stop_id) job.held_ += job.detok_->Push(t);
   FinishReason finish = FinishReason::kNone;
   size_t stop_at = std::string::npos;
   for (const std::string& stop : r.stop) {
@@ -333,13 +350,13 @@ void Engine::OnLogits(Job& job, const float* logits) {
     ev.text = job.held_.substr(0, stop_at);
     job.held_.clear();
     finish = FinishReason::kStop;
-  } else if (eos || job.result_.completion_tokens >= r.max_tokens) {
+  } else if (eos || stop_id || job.result_.completion_tokens >= r.max_tokens) {
     ev.text = std::move(job.held_);
     job.held_.clear();
     // A session that ends with this call flushes a cut character (as U+FFFD);
     // a kept one keeps the bytes for its next call.
     if (r.release_at_end) ev.text += job.detok_->Flush();
-    finish = eos ? FinishReason::kEos : FinishReason::kLength;
+    finish = stop_id ? FinishReason::kStop : eos ? FinishReason::kEos : FinishReason::kLength;
   } else {
     const size_t keep = HeldSuffix(job.held_, r.stop);
     ev.text = job.held_.substr(0, job.held_.size() - keep);

@@ -148,6 +148,9 @@ class Job {
   const std::string session_id_;
   GenerationRequest request_;
   const size_t positions_;  // RequestPlan::total: what the session's caches reserve
+  // Ids masked while a choice has sampled fewer than request_.min_tokens:
+  // the EOS ids (unless ignore_eos) and the stop ids. Empty without min_tokens.
+  std::vector<int32_t> min_tokens_masked_;
   std::atomic<bool> cancelled_{false};
 
   // engine-thread state
@@ -215,6 +218,8 @@ class Engine {
   // Samples from logits, pushes the event, decides the finish.
   void OnLogits(Job& job, const float* logits);
   void FinishJob(Job& job, FinishReason reason, absl::Status status);
+  // The ids a request masks under its min_tokens (Job::min_tokens_masked_).
+  std::vector<int32_t> MinTokensMask(const GenerationRequest& request) const;
 
   const model::Transformer& model_;
   const tokenizer::Tokenizer& tokenizer_;

@@ -81,8 +81,11 @@ void Session::ReleaseUnusedPositions() {
   PublishMemory();
 }
 
-int32_t Session::SampleNext(std::span<const float> logits) {
-  const int32_t t = sampler_->Sample(logits, tokens_);
+int32_t Session::SampleNext(std::span<const float> logits, size_t completion,
+                            std::span<const int32_t> masked) {
+  const std::span<const int32_t> history(tokens_);
+  const int32_t t = sampler_->Sample(logits, history,
+                                     history.last(std::min(completion, history.size())), masked);
   tokens_.push_back(t);
   return t;
 }

@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
+#include <map>
 #include <thread>
 
 #include "core/model/transformer.h"
@@ -381,6 +384,143 @@ TEST_F(EngineTest, O1AndQsaSessionsGenerateAndReportTheirKinds) {
   EXPECT_GT(b.result.memory[MemoryKind::kQsa], 0u);
   EXPECT_EQ(store.MemoryByKindTotal().total(),
             a.result.memory.total() + b.result.memory.total());
+}
+
+// ---------------------------------------------------------------------------
+// The OpenAI-style controls: logit_bias, presence / frequency penalties,
+// stop_token_ids, min_tokens — against a greedy decode loop written here.
+
+// Greedy by hand: prefill `prompt` on a fresh exact sequence, then `steps`
+// times adjust(logits, completion so far), argmax (lowest id on ties), feed.
+// Stops early when stop(id) says so (the id is kept).
+std::vector<int32_t> HandGreedy(
+    const model::Transformer& model, const std::vector<int32_t>& prompt, size_t steps,
+    const std::function<void(std::vector<float>&, const std::vector<int32_t>&)>& adjust,
+    const std::function<bool(int32_t)>& stop = [](int32_t) { return false; }) {
+  model::SequenceKv kv(model.config(), kv::KvMode::kF32);
+  model::ForwardScratch scratch;
+  std::vector<float> logits(model.config().vocab_size);
+  EXPECT_TRUE(model.Prefill(prompt, kv, scratch, logits.data()).ok());
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < steps; ++i) {
+    adjust(logits, out);
+    const int32_t t = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(t);
+    if (stop(t)) break;
+    model::SequenceKv* p = &kv;
+    EXPECT_TRUE(model.DecodeBatch(std::span<const int32_t>(&t, 1), std::span(&p, 1), scratch,
+                                  logits.data())
+                    .ok());
+  }
+  return out;
+}
+
+// OpenAI's definitions over the completion only: a prompt full of repeats
+// is not penalised (the engine passes the call's own tokens, not the history).
+TEST_F(EngineTest, PenaltiesAndLogitBiasFollowTheirDefinitionsOverTheCompletion) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  std::vector<int32_t> prompt = testing::TestIds(12, model_->config().vocab_size, 21);
+  for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), prompt.begin(), prompt.begin() + 12);
+  GenerationRequest r = Greedy(prompt, 24);
+  r.sampling.presence_penalty = 1.5f;
+  r.sampling.frequency_penalty = 2.0f;
+  r.sampling.logit_bias = {{prompt[0], 0.5f}, {prompt[1], -0.25f}};
+  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
+  ASSERT_NE(prompt[0], prompt[1]);
+  const auto want = HandGreedy(*model_, prompt, 24, [&](std::vector<float>& x, const auto& done) {
+    for (const auto& [id, bias] : r.sampling.logit_bias) x[id] += bias;
+    std::map<int32_t, int> count;
+    for (int32_t id : done) ++count[id];
+    for (const auto& [id, c] : count) {
+      x[id] -= r.sampling.frequency_penalty * static_cast<float>(c) + r.sampling.presence_penalty;
+    }
+  });
+  Output got = Drain(*Start(*engine, store, r));
+  EXPECT_EQ(got.ids, want);
+  // And they changed something: without them the loop repeats itself more.
+  Output plain = Drain(*Start(*engine, store, Greedy(prompt, 24)));
+  EXPECT_NE(plain.ids, got.ids);
+}
+
+// A stop id ends the call with finish reason stop; its text is not streamed.
+TEST_F(EngineTest, AStopTokenIdEndsTheChoiceWithStop) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  const auto prompt = testing::TestIds(30, model_->config().vocab_size, 11);
+  // Seeded sampling: a varied stream, the same on every run.
+  GenerationRequest sampled = Greedy(prompt, 30);
+  sampled.sampling.temperature = 2.0f;
+  sampled.sampling.seed = 5;
+  Output free_run = Drain(*Start(*engine, store, sampled));
+  ASSERT_EQ(free_run.ids.size(), 30u);
+  // The first id that differs from the first: it ends the call there.
+  const size_t at = std::find_if(free_run.ids.begin(), free_run.ids.end(),
+                                 [&](int32_t id) { return id != free_run.ids[0]; }) -
+                    free_run.ids.begin();
+  ASSERT_LT(at, 30u);
+  const int32_t stop = free_run.ids[at];
+  GenerationRequest r = sampled;
+  r.stop_token_ids = {static_cast<int32_t>(model_->config().vocab_size - 1), stop};
+  std::vector<GenerationEvent> events;
+  auto job = Start(*engine, store, r);
+  GenerationEvent ev;
+  while (job->WaitPop(&ev)) events.push_back(ev);
+  ASSERT_EQ(events.size(), at + 1);
+  EXPECT_EQ(events.back().token_id, stop);
+  EXPECT_EQ(events.back().text, "");
+  EXPECT_EQ(job->result().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(job->result().completion_tokens, at + 1);
+  std::string text, want;
+  for (const auto& e : events) text += e.text;
+  sampled.max_tokens = at;
+  Output prefix = Drain(*Start(*engine, store, sampled));
+  EXPECT_EQ(text, prefix.text);  // everything before the stop id, nothing of it
+  // The stop id is in the session's history (as EOS would be).
+  EXPECT_EQ(job->result().session_tokens, prompt.size() + at + 1);
+}
+
+// min_tokens masks EOS and the stop ids for the call's first samples: with a
+// +100 bias on EOS (and on a stop id) the model wants to end at once.
+TEST_F(EngineTest, MinTokensMasksEosAndStopIds) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  const auto prompt = testing::TestIds(16, model_->config().vocab_size, 31);
+  ASSERT_FALSE(model_->config().eos_token_ids.empty());
+  const int32_t eos_id = model_->config().eos_token_ids[0];
+  for (size_t min_tokens : {size_t{0}, size_t{1}, size_t{5}}) {
+    GenerationRequest r = Greedy(prompt, 20);
+    r.ignore_eos = false;
+    r.min_tokens = min_tokens;
+    r.sampling.logit_bias = {{eos_id, 100.0f}};
+    Output o = Drain(*Start(*engine, store, r));
+    EXPECT_EQ(o.result.finish_reason, FinishReason::kEos) << min_tokens;
+    ASSERT_EQ(o.ids.size(), min_tokens + 1) << min_tokens;
+    EXPECT_EQ(o.ids.back(), eos_id);
+    const auto want = HandGreedy(
+        *model_, prompt, min_tokens + 1, [&](std::vector<float>& x, const auto& done) {
+          x[eos_id] += 100.0f;
+          if (done.size() < min_tokens) x[eos_id] = -std::numeric_limits<float>::infinity();
+        });
+    EXPECT_EQ(o.ids, want) << min_tokens;
+  }
+  // A stop id under min_tokens: masked too, then it ends the call (stop).
+  const int32_t stop = 'q';
+  GenerationRequest r = Greedy(prompt, 20);
+  r.min_tokens = 3;
+  r.stop_token_ids = {stop};
+  r.sampling.logit_bias = {{stop, 100.0f}};
+  Output o = Drain(*Start(*engine, store, r));
+  EXPECT_EQ(o.result.finish_reason, FinishReason::kStop);
+  ASSERT_EQ(o.ids.size(), 4u);
+  EXPECT_EQ(std::count(o.ids.begin(), o.ids.end(), stop), 1);
+  // ignore_eos: EOS is neither masked nor an end; min_tokens = max_tokens.
+  r = Greedy(prompt, 6);
+  r.min_tokens = 6;
+  r.sampling.logit_bias = {{eos_id, 100.0f}};
+  o = Drain(*Start(*engine, store, r));
+  EXPECT_EQ(o.result.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(o.ids, std::vector<int32_t>(6, eos_id));
 }
 
 }  // namespace
