@@ -92,6 +92,13 @@ int32_t Session::SampleNext(std::span<const float> logits, size_t completion,
 
 void Session::KeepDetokPending(std::string_view bytes) { detok_pending_.assign(bytes); }
 
+void Session::CopyStateFrom(const Session& source) {
+  kv_ = source.kv_.Copy();
+  tokens_ = source.tokens_;
+  detok_pending_ = source.detok_pending_;
+  PublishMemory();
+}
+
 absl::Status Session::RestoreHistory(std::vector<int32_t> tokens, size_t cached,
                                      std::string_view detok_pending) {
   for (int32_t token : tokens) {

@@ -151,6 +151,14 @@ class Session {
   // Keeps the detokenizer's held-back bytes (at most 3: a cut UTF-8
   // character) for the session's next call. At the end of a call.
   void KeepDetokPending(std::string_view bytes);
+  // Makes this session a fork of `source` (a request's choice > 0, whose
+  // session the engine creates empty): an explicit deep copy of its whole
+  // attention state (SequenceKv::Copy: rows, O(1) states, QSA indexer
+  // states, the window), history and held-back bytes, sharing nothing
+  // mutable with it. Not its id, tenant or sampler. Both sessions are
+  // leased by the caller; they must have the same config (a programmer
+  // invariant). Allocates the copy: O(source's bytes).
+  void CopyStateFrom(const Session& source);
 
   // ---- state built outside the engine: the owner of an uninstalled session
   // (the wire import), or the lease holder (tools and tests that synthesise
