@@ -316,7 +316,8 @@ def run_checks(model_dir):
         # their choice's index, then one summary per choice in index order
         # ends the stream; choice i is an n = 1 call with seed + i.
         def sampling(seed):
-            return pb2.SamplingParams(temperature=1.0, seed=seed, presence_penalty=0.6,
+            # A high temperature: the small model is sure of itself.
+            return pb2.SamplingParams(temperature=8.0, seed=seed, presence_penalty=0.6,
                                       frequency_penalty=0.4, logit_bias={10: 2.0, 32: -5.0})
         call = stub.Generate(pb2.GenerateRequest(prompt=PROMPT, max_tokens=6, ignore_eos=True, n=2,
                                                  sampling=sampling(11)), timeout=RPC_TIMEOUT)
@@ -335,6 +336,7 @@ def run_checks(model_dir):
             assert by_choice[i] == alone, f"choice {i}: {by_choice[i]} vs n = 1 seed + {i}: {alone}"
             assert summaries[i].usage.completion_tokens == 6, str(summaries[i].usage)
             assert summaries[i].finish_reason == pb2.FINISH_REASON_LENGTH
+        assert by_choice[0] != by_choice[1], f"seeds 11 and 12 gave the same tokens {by_choice[0]}"
         left = stub.ListSessions(pb2.ListSessionsRequest(), timeout=RPC_TIMEOUT)
         assert len(left.sessions) == 0, f"{len(left.sessions)} sessions left after an n = 2 call"
         return f"choices {by_choice[0]} / {by_choice[1]}"
