@@ -311,6 +311,38 @@ def run_checks(model_dir):
 
     check("b Generate stream + greedy determinism", generate_stream)
 
+    def n_choices_with_penalties():
+        # n = 2 with OpenAI-style penalties and a logit_bias: the tokens carry
+        # their choice's index, then one summary per choice in index order
+        # ends the stream; choice i is an n = 1 call with seed + i.
+        def sampling(seed):
+            # A high temperature: the small model is sure of itself.
+            return pb2.SamplingParams(temperature=8.0, seed=seed, presence_penalty=0.6,
+                                      frequency_penalty=0.4, logit_bias={10: 2.0, 32: -5.0})
+        call = stub.Generate(pb2.GenerateRequest(prompt=PROMPT, max_tokens=6, ignore_eos=True, n=2,
+                                                 sampling=sampling(11)), timeout=RPC_TIMEOUT)
+        msgs = list(call)
+        kinds = [m.WhichOneof("event") for m in msgs]
+        assert kinds[-2:] == ["summary", "summary"], f"the stream ends {kinds[-3:]}"
+        assert kinds.count("summary") == 2, f"{kinds.count('summary')} summaries for n = 2"
+        summaries = [m.summary for m in msgs[-2:]]
+        assert [s.index for s in summaries] == [0, 1], f"summary indexes {[s.index for s in summaries]}"
+        by_choice = {0: [], 1: []}
+        for m in msgs[:-2]:
+            by_choice[m.token.index].append(m.token.token_id)
+        for i in (0, 1):
+            alone = [t.token_id for t in generate(stub, prompt=PROMPT, max_tokens=6, ignore_eos=True,
+                                                   sampling=sampling(11 + i))[0]]
+            assert by_choice[i] == alone, f"choice {i}: {by_choice[i]} vs n = 1 seed + {i}: {alone}"
+            assert summaries[i].usage.completion_tokens == 6, str(summaries[i].usage)
+            assert summaries[i].finish_reason == pb2.FINISH_REASON_LENGTH
+        assert by_choice[0] != by_choice[1], f"seeds 11 and 12 gave the same tokens {by_choice[0]}"
+        left = stub.ListSessions(pb2.ListSessionsRequest(), timeout=RPC_TIMEOUT)
+        assert len(left.sessions) == 0, f"{len(left.sessions)} sessions left after an n = 2 call"
+        return f"choices {by_choice[0]} / {by_choice[1]}"
+
+    check("b3 n = 2 with penalties and logit_bias", n_choices_with_penalties)
+
     def utf8_and_logprobs():
         # The tiny model's byte-level vocabulary lets generation produce byte
         # sequences that are not UTF-8 (it tends to repeat the prompt's last
