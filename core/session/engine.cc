@@ -41,6 +41,27 @@ size_t HeldSuffix(std::string_view text, const std::vector<std::string>& stops) 
   return best;
 }
 
+// Engine::Submit's programmer invariant: `plan` is PlanRequest's for this
+// request on this session as leased.
+absl::Status CheckPlanIsTheRequests(const Session& s, const GenerationRequest& r,
+                                    const RequestPlan& plan) {
+  const size_t kept = plan.reuse.has_value() ? plan.reuse->kept : 0;
+  const bool reuse_ok =
+      r.reuse_prefix ? plan.reuse.has_value() && *plan.reuse == s.PlanReuse(r.prompt)
+                     : !plan.reuse.has_value();
+  const size_t history = r.reuse_prefix ? kept : s.tokens().size();
+  if (reuse_ok && kept <= r.prompt.size() && plan.prompt == r.prompt.size() - kept &&
+      plan.max_tokens == r.max_tokens && plan.history == history &&
+      plan.total == plan.history + plan.prompt + plan.max_tokens) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat(
+      "Submit: the plan (", plan.history, " + ", plan.prompt, " + ", plan.max_tokens,
+      " positions", plan.reuse.has_value() ? ", reusing a prefix" : "",
+      ") is not this request's (", s.tokens().size(), " + ", r.prompt.size(), " + ",
+      r.max_tokens, r.reuse_prefix ? ", reuse_prefix" : "", ")"));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -197,7 +218,8 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
                                                     GenerationRequest request) {
   if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
   const PlanLimits limits{.max_tokens = max_context_, .max_context = max_context_};
-  const ExistingSession session{lease->tokens().size(), lease->config()};
+  ExistingSession session{.history = lease->tokens().size(), .config = lease->config()};
+  if (request.reuse_prefix) session.reuse = lease->PlanReuse(request.prompt);
   absl::StatusOr<RequestPlan> plan = PlanRequest(request, limits, model_.config(), session);
   if (!plan.ok()) return plan.status();
   return Submit(std::move(lease), std::move(request), *plan);
@@ -209,15 +231,9 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
   if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
   // Programmer invariants: the plan is this request's, on this session as
   // leased (the lease keeps its history still until the job ends).
-  if (plan.prompt != request.prompt.size() || plan.max_tokens != request.max_tokens ||
-      plan.history != lease->tokens().size() ||
-      plan.total != plan.history + plan.prompt + plan.max_tokens) {
-    return absl::InternalError(
-        absl::StrCat("Submit: the plan (", plan.history, " + ", plan.prompt, " + ", plan.max_tokens,
-                     " positions) is not this request's (", lease->tokens().size(), " + ",
-                     request.prompt.size(), " + ", request.max_tokens, ")"));
-  }
+  if (absl::Status st = CheckPlanIsTheRequests(*lease, request, plan); !st.ok()) return st;
   std::shared_ptr<Job> job(new Job(this, std::move(lease), std::move(request), plan.total));
+  job->reuse_ = plan.reuse;
   job->submitted_ = Clock::now();
   // Past its deadline the job ends at the next step: a next call waits for it.
   job->lease_.EndsBy(job->request_.deadline);
@@ -247,9 +263,13 @@ bool Engine::Admit(Job& job) {
     FinishJob(job, FinishReason::kNone, st);
     return false;
   }
+  if (job.reuse_.has_value()) {
+    AdmitReuse(job);  // before the detokenizer: a rollback drops held-back bytes
+  } else {
+    s.AppendPrompt(r.prompt);
+  }
   job.detok_ = std::make_unique<tokenizer::IncrementalDetokenizer>(tokenizer_);
   if (!job.detok_->RestorePending(s.detok_pending()).ok()) job.detok_->Reset();
-  s.AppendPrompt(r.prompt);
   job.pending_.assign(s.tokens().begin() + static_cast<std::ptrdiff_t>(s.kv().position()),
                       s.tokens().end());
   // One reservation for the whole call (the plan's positions): no
@@ -258,6 +278,14 @@ bool Engine::Admit(Job& job) {
   s.PublishMemory();
   job.phase_ = Job::Phase::kPrefill;
   return true;
+}
+
+void Engine::AdmitReuse(Job& job) {
+  Session& s = *job.lease_;
+  const PrefixReuse& reuse = *job.reuse_;
+  s.RewindForReuse(reuse);
+  s.AppendPrompt(std::span<const int32_t>(job.request_.prompt).subspan(reuse.kept));
+  job.result_.cached_tokens = reuse.cached;
 }
 
 void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {

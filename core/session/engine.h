@@ -148,6 +148,7 @@ class Job {
   const std::string session_id_;
   GenerationRequest request_;
   const size_t positions_;  // RequestPlan::total: what the session's caches reserve
+  std::optional<PrefixReuse> reuse_;  // RequestPlan::reuse: applied at admission
   std::atomic<bool> cancelled_{false};
 
   // engine-thread state
@@ -181,7 +182,13 @@ class Engine {
   // engine until the job finishes; the lease returns when both the engine and
   // the consumer have dropped the job. `plan` is PlanRequest's for this
   // request on this session: not checked again (INTERNAL when it was made for
-  // another request or another history: a bug). UNAVAILABLE after Shutdown.
+  // another request or another history — for reuse_prefix, when its reuse is
+  // not Session::PlanReuse's now: a bug). UNAVAILABLE after Shutdown.
+  //
+  // reuse_prefix: at admission the session keeps plan.reuse->kept tokens of
+  // its history (rolled back, or started over: Session::RewindForReuse) and
+  // absorbs the rest of the prompt; GenerationResult::cached_tokens is
+  // plan.reuse->cached, prompt_tokens the whole prompt.
   absl::StatusOr<std::shared_ptr<Job>> Submit(SessionStore::Lease lease, GenerationRequest request,
                                               const RequestPlan& plan);
   // For callers without a front end (tests, benchmarks, tools): plans the
@@ -210,6 +217,10 @@ class Engine {
   void Loop();
   void Wake();
   bool Admit(Job& job);                    // prepares a new job; false: finished at once
+  // Admission's step for a reuse_prefix job: rolls the session back to what
+  // the plan keeps (or starts it over) and appends the rest of the
+  // conversation; the prompt tokens not prefilled are its cached_tokens.
+  void AdmitReuse(Job& job);
   void RunDecode(std::vector<Job*>& batch);
   void RunPrefillChunk(Job& job);
   // Samples from logits, pushes the event, decides the finish.
