@@ -25,24 +25,10 @@ namespace v1 = ::cortiq::v1;
 
 constexpr char kId[] = "0123456789abcdef0123456789abcdef";
 
-struct Turn {
-  grpc::Status status;
-  std::vector<int32_t> ids;
-  v1::GenerateSummary summary;
-};
+using Turn = testing::StreamOut;
 
 Turn Call(v1::Inference::Stub& stub, const v1::GenerateRequest& r, const std::string& token = "") {
-  grpc::ClientContext ctx;
-  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
-  Turn t;
-  auto reader = stub.Generate(&ctx, r);
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    if (m.has_token()) t.ids.push_back(m.token().token_id());
-    if (m.has_summary()) t.summary = m.summary();
-  }
-  t.status = reader->Finish();
-  return t;
+  return testing::RunGenerate(stub, r, token);
 }
 
 // A greedy request of 8 tokens (EOS ignored) with the given prompt ids.

@@ -15,6 +15,7 @@
 #include "core/session/engine.h"
 #include "core/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine_test_util.h"
 #include "tests/common/model_test_util.h"
 
 namespace cortiq::session {
@@ -42,12 +43,7 @@ std::vector<Mode> Modes() {
   SessionConfig int8;
   int8.kv_mode = kv::KvMode::kInt8;
   m.push_back({.name = "int8", .config = int8});
-  SessionConfig o1;
-  o1.attention = AttentionMode::kO1;
-  o1.o1.layers = {1};
-  o1.o1.m = 8;
-  o1.o1.w = 16;
-  o1.o1.sink = 2;
+  const SessionConfig o1 = testing::SmallO1Config();
   m.push_back({.name = "o1_sealed",
                 .config = o1,
                 .rolls_back = false,
@@ -72,11 +68,7 @@ std::vector<Mode> Modes() {
   return m;
 }
 
-struct Output {
-  std::vector<int32_t> ids;
-  std::string text;
-  GenerationResult result;
-};
+using Output = testing::JobOutput;
 
 class ReuseTestBase : public ::testing::Test {
  protected:
@@ -98,13 +90,7 @@ class ReuseTestBase : public ::testing::Test {
   }
 
   static Output Drain(Job& job) {
-    Output o;
-    GenerationEvent ev;
-    while (job.WaitPop(&ev)) {
-      o.ids.push_back(ev.token_id);
-      o.text += ev.text;
-    }
-    o.result = job.result();
+    Output o = testing::DrainJob(job);
     EXPECT_TRUE(o.result.status.ok()) << o.result.status;
     return o;
   }
