@@ -84,6 +84,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     {
       std::lock_guard lock(mu_);
       writing_ = false;
+      if (summary_written_) {  // the summary went (or the client is gone): the end
+        Finish(grpc::Status::OK);
+        return;
+      }
       if (!ok) {  // the stream is broken (client gone): stop generating
         job_->Cancel();
         FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
@@ -189,18 +193,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     std::vector<session::SessionStore::Lease> forks;
     if (!req.session_id().empty()) {
       CORTIQ_RETURN_IF_ERROR(CheckSessionId(req.session_id()));
-      // Peek and Acquire block this gRPC thread (on a condition variable)
-      // only while the session's previous call is ending — a cancelled job
-      // returns its lease at the engine's next step, milliseconds — and at
-      // most --lease-wait and this call's deadline. Bounded and rare, that is
-      // simpler and safer than parking the request and resuming it from the
-      // engine thread when the lease returns. A session whose holder is still
-      // generating is refused (ABORTED) at once, without waiting.
-      CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
-                              ctx_->store->Peek(req.session_id(), g.deadline, caller.sessions()));
-      CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, existing));
-      CORTIQ_ASSIGN_OR_RETURN(
-          lease, ctx_->store->Acquire(req.session_id(), plan, g.deadline, caller.sessions()));
+      absl::Status st = LeaseNamed(req.session_id(), g, limits, caller, &plan, &lease);
+      if (st.code() == absl::StatusCode::kNotFound && req.create_if_missing()) {
+        st = CreateNamed(req, g, limits, caller, &plan, &lease);
+        // Created meanwhile by another call (or another tenant's id): continue
+        // it, once; another tenant's answers NOT_FOUND as any unknown id.
+        if (st.code() == absl::StatusCode::kAlreadyExists) {
+          st = LeaseNamed(req.session_id(), g, limits, caller, &plan, &lease);
+        }
+      }
+      CORTIQ_RETURN_IF_ERROR(st);
       if (g.n > 1) {
         // Refused: the acquired lease returns unused, nothing changed.
         CORTIQ_ASSIGN_OR_RETURN(forks,
@@ -221,6 +223,43 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     auto job = ctx_->engine->Submit(std::move(lease), std::move(forks), std::move(g), plan);
     if (!job.ok()) return job.status();
     job_ = *std::move(job);
+    return absl::OkStatus();
+  }
+
+  // Plans `g` on the existing session `id` and leases it (Peek → PlanRequest
+  // → Acquire). Peek and Acquire block this gRPC thread (on a condition
+  // variable) only while the session's previous call is ending — a cancelled
+  // job returns its lease at the engine's next step, milliseconds — and at
+  // most --lease-wait and this call's deadline. Bounded and rare, that is
+  // simpler and safer than parking the request and resuming it from the
+  // engine thread when the lease returns. A session whose holder is still
+  // generating is refused (ABORTED) at once, without waiting. A reuse_prefix
+  // call peeks with its conversation: the plan knows what the session keeps.
+  absl::Status LeaseNamed(const std::string& id, const session::GenerationRequest& g,
+                          const session::PlanLimits& limits, const Caller& caller,
+                          session::RequestPlan* plan, session::SessionStore::Lease* lease) {
+    session::SessionStore& store = *ctx_->store;
+    CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
+                            g.reuse_prefix
+                                ? store.PeekForReuse(id, g.prompt, g.deadline, caller.sessions())
+                                : store.Peek(id, g.deadline, caller.sessions()));
+    CORTIQ_ASSIGN_OR_RETURN(*plan,
+                            session::PlanRequest(g, limits, ctx_->model->config(), existing));
+    CORTIQ_ASSIGN_OR_RETURN(*lease, store.Acquire(id, *plan, g.deadline, caller.sessions()));
+    return absl::OkStatus();
+  }
+
+  // create_if_missing: a new session under the request's id, of its
+  // session_config and the caller's tenant, kept after the call.
+  // ALREADY_EXISTS when the id was taken meanwhile.
+  absl::Status CreateNamed(const v1::GenerateRequest& req, const session::GenerationRequest& g,
+                           const session::PlanLimits& limits, const Caller& caller,
+                           session::RequestPlan* plan, session::SessionStore::Lease* lease) {
+    CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
+                            ResolveSessionConfig(req.session_config(), *ctx_));
+    CORTIQ_ASSIGN_OR_RETURN(*plan, session::PlanRequest(g, limits, ctx_->model->config(), config));
+    CORTIQ_ASSIGN_OR_RETURN(
+        *lease, ctx_->store->CreateNamed(*ctx_->model, *plan, req.session_id(), caller.tenant));
     return absl::OkStatus();
   }
 
@@ -282,7 +321,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     }
     finished_ = true;
     final_code_ = grpc::StatusCode::OK;
-    StartWriteAndFinish(&wire_, grpc::WriteOptions(), grpc::Status::OK);
+    // The summary, then the status once its write is done — not one
+    // StartWriteAndFinish: over gRPC 1.51's in-process transport (the
+    // create_if_missing relay to this node, forwarding.h) a write-and-finish
+    // lost the last message to the relay reading it and left this call
+    // unfinished, holding up the server's shutdown.
+    summary_written_ = true;
+    StartWrite(&wire_);
   }
 
   // The summary of choice `index` into wire_. With n > 1 its finish_reason
@@ -297,6 +342,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     s->mutable_usage()->set_completion_tokens(static_cast<uint32_t>(
         many ? r.choices[index].completion_tokens : r.completion_tokens));
     s->mutable_usage()->set_session_tokens(r.session_tokens);
+    s->mutable_usage()->set_cached_tokens(static_cast<uint32_t>(r.cached_tokens));
     s->mutable_timings()->set_queue_seconds(r.queue_seconds);
     s->mutable_timings()->set_time_to_first_token_seconds(r.ttft_seconds);
     s->mutable_timings()->set_decode_tokens_per_second(r.decode_tokens_per_second);
@@ -340,6 +386,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
   std::mutex mu_;
   bool writing_ = false;
+  bool summary_written_ = false;  // the last write: OnWriteDone finishes the call
   bool finished_ = false;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
   std::string final_message_;

@@ -42,6 +42,7 @@ struct StreamOut {
   grpc::Status status;
   std::vector<int32_t> ids;  // streamed token ids
   std::string session;       // the summary's session id
+  v1::GenerateSummary summary;  // the last message (empty when the call failed)
 };
 
 // One Generate call, read to the end; with `token`, as its bearer.
@@ -54,7 +55,10 @@ inline StreamOut RunGenerate(v1::Inference::Stub& stub, const v1::GenerateReques
   v1::GenerateResponse m;
   while (reader->Read(&m)) {
     if (m.has_token()) o.ids.push_back(m.token().token_id());
-    if (m.has_summary()) o.session = m.summary().session_id();
+    if (m.has_summary()) {
+      o.session = m.summary().session_id();
+      o.summary = m.summary();
+    }
   }
   o.status = reader->Finish();
   return o;

@@ -15,6 +15,7 @@
 #include "core/model/transformer.h"
 #include "core/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine_test_util.h"
 #include "tests/common/model_test_util.h"
 
 namespace cortiq::session {
@@ -22,11 +23,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-struct Output {
-  std::vector<int32_t> ids;
-  std::string text;
-  GenerationResult result;
-};
+using Output = testing::JobOutput;
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -57,16 +54,7 @@ class EngineTest : public ::testing::Test {
     return *job;
   }
 
-  static Output Drain(Job& job) {
-    Output o;
-    GenerationEvent ev;
-    while (job.WaitPop(&ev)) {
-      o.ids.push_back(ev.token_id);
-      o.text += ev.text;
-    }
-    o.result = job.result();
-    return o;
-  }
+  static Output Drain(Job& job) { return testing::DrainJob(job); }
 
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<tokenizer::Tokenizer> tok_;
@@ -364,12 +352,7 @@ TEST_F(EngineTest, SubmitTakesThePlanAndChecksOnlyThatItIsTheRequests) {
 TEST_F(EngineTest, O1AndQsaSessionsGenerateAndReportTheirKinds) {
   SessionStore store({});
   auto engine = MakeEngine();
-  SessionConfig o1;
-  o1.attention = AttentionMode::kO1;
-  o1.o1.layers = {1};
-  o1.o1.m = 8;
-  o1.o1.w = 16;
-  o1.o1.sink = 2;
+  const SessionConfig o1 = testing::SmallO1Config();
   SessionConfig qsa;
   qsa.attention = AttentionMode::kQsa;
   auto q = model::MakeQsaConfig("all", 16, 4, model_->config().num_hidden_layers);

@@ -3,7 +3,9 @@
 # --hop (the proxied and the direct turns must stream the same tokens, be
 # served by node b, and A must find the owner with one lookup) and
 # --cluster 3 (every forwarded turn served by another node than the one
-# called, none of the turns sent to the owner); the one-server mode still
+# called, none of the turns sent to the owner); --chat-turns (the same replies
+# with reuse_prefix and without, the session holding the conversation from
+# turn 2); the one-server mode still
 # runs; usage errors exit 2. The figures themselves are not judged.
 #   bench_server_test.sh PATH/TO/cortiq-bench-server MODEL_DIR
 set -euo pipefail
@@ -30,13 +32,25 @@ OUT="$("$BENCH" "${SMALL[@]}" --streams 1,2 --rounds 1)" || fail "one server exi
 grep -q '^  through the server ' <<<"$OUT" || fail "one server: $OUT"
 grep -Eq '^ +2 +[0-9.]+ ' <<<"$OUT" || fail "one server, 2 streams: $OUT"
 
-for args in "--hop --cluster 3" "--cluster 1" "--cluster 27"; do
+# --chat-turns: every turn's reply the same with and without reuse_prefix, and
+# from turn 2 on the session already holds most of the conversation.
+OUT="$("$BENCH" "${SMALL[@]}" --chat-turns 3)" || fail "--chat-turns exited $?: $OUT"
+grep -q '^same replies with and without reuse: 3 of 3 turns$' <<<"$OUT" || fail "--chat-turns replies: $OUT"
+grep -Eq '^turn 3: time to first token [0-9.]+x shorter with reuse_prefix$' <<<"$OUT" ||
+  fail "--chat-turns ratio line: $OUT"
+CACHED="$(awk '$1 == 2 && NF == 6 { print $3 }' <<<"$OUT")"
+PROMPT="$(awk '$1 == 2 && NF == 6 { print $2 }' <<<"$OUT")"
+[ -n "$CACHED" ] && [ "$CACHED" -gt 0 ] && [ "$CACHED" -lt "$PROMPT" ] ||
+  fail "--chat-turns turn 2 cached $CACHED of $PROMPT: $OUT"
+grep -q '^CPU .*; kernels [a-z0-9]*;' <<<"$OUT" || fail "--chat-turns machine line: $OUT"
+
+for args in "--hop --cluster 3" "--cluster 1" "--cluster 27" "--chat-turns 2 --hop"; do
   set +e
   ERR="$("$BENCH" $args 2>&1)"
   RC=$?
   set -e
   [ "$RC" -eq 2 ] || fail "'$args' exited $RC, not 2: $ERR"
-  grep -q -- '--cluster' <<<"$ERR" || fail "'$args' message names no flag: $ERR"
+  grep -q -- '--cluster\|--chat-turns' <<<"$ERR" || fail "'$args' message names no flag: $ERR"
 done
 # The kept sessions would outgrow the byte model's context: refused before a turn.
 set +e

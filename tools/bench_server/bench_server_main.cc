@@ -3,7 +3,7 @@
 //
 //   cortiq-bench-server [--shape qwen3-0.6b] [--dtype bf16] [--model DIR]
 //                       [--streams 1,4,8,16] [--max-tokens 64] [--prompt-tokens 32]
-//                       [--rounds 2] [--threads N] [--hop | --cluster 3]
+//                       [--rounds 2] [--threads N] [--hop | --cluster 3 | --chat-turns 10]
 //
 // Without --hop or --cluster, one server:
 // 1. In-process engine, one stream: decode tokens/s of one job (Engine
@@ -30,6 +30,13 @@
 // run one greedy turn on their kept session at once. Aggregate tokens/s and
 // time to first token p50 / p99, side by side with the same C clients on
 // one node (sessions there, turns sent there).
+//
+// --chat-turns N: a scripted chat of N turns on one node; every turn sends
+// the whole ChatML conversation so far (a user message of ~--prompt-tokens
+// tokens, then the assistant's reply of --max-tokens greedy tokens, as text),
+// once with reuse_prefix on one named session (create_if_missing) and once
+// to a fresh one-shot session that prefills all of it. Time to first token
+// per turn, side by side, and turn N's ratio.
 //
 // A random checkpoint of the shape is written to /tmp unless --model is given.
 // Every node loads it (the file is mmap'ed: the page cache is shared, each
@@ -89,7 +96,9 @@ struct StreamResult {
   double cpu_s = 0;       // the process's CPU seconds over the call (CpuSeconds)
   bool ok = false;
   std::vector<int32_t> ids;  // the streamed token ids
+  std::string text;          // the streamed text
   std::string node;          // x-cortiq-node: the node that served the call
+  v1::Usage usage;           // the summary's
 };
 
 std::string InitialMetadata(const grpc::ClientContext& ctx, std::string_view key) {
@@ -108,10 +117,12 @@ StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req
   auto reader = stub.Generate(&ctx, req);
   v1::GenerateResponse msg;
   while (reader->Read(&msg)) {
+    if (msg.has_summary()) r.usage = msg.summary().usage();
     if (!msg.has_token()) continue;
     last = Clock::now();
     if (r.tokens++ == 0) first = last;
     r.ids.push_back(msg.token().token_id());
+    r.text += msg.token().text();
   }
   grpc::Status st = reader->Finish();
   r.ok = st.ok();
@@ -135,10 +146,12 @@ constexpr const char* kUsage =
     "usage: cortiq-bench-server [--shape S] [--dtype f32|bf16] [--model DIR]\n"
     "         [--streams 1,4,8,16] [--max-tokens N] [--prompt-tokens N] [--rounds R]"
     " [--threads N]\n"
-    "         [--hop | --cluster N]\n"
+    "         [--hop | --cluster N | --chat-turns N]\n"
     "  --hop        one extra hop: turns through node A forwarded to node B, against B directly\n"
     "  --cluster N  N nodes, clients and sessions spread over them, against one node\n"
-    "               (client counts from --streams)\n";
+    "               (client counts from --streams)\n"
+    "  --chat-turns N  an N-turn chat resending the whole conversation each turn: time to\n"
+    "               first token with reuse_prefix on one session against a fresh session\n";
 
 // What every mode shares: the checkpoint, the request's shape, the rounds.
 struct BenchOptions {
@@ -675,6 +688,83 @@ int RunClusterBench(BenchOptions opt, size_t count) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------
+// --chat-turns N: a scripted chat, with and without reuse_prefix.
+
+// A user message of about `tokens` tokens (words of the byte model's and
+// BPE vocabularies alike), different each turn.
+std::string UserMessage(size_t turn, size_t tokens) {
+  static const char* const kWords[] = {"call", "me", "ish", "mael", "some", "years", "ago",
+                                       "never", "mind", "how", "long", "sea", "ship", "whale"};
+  std::string m = "turn " + std::to_string(turn) + ":";
+  while (m.size() < tokens) m += std::string(" ") + kWords[(m.size() * 7 + turn) % 14];
+  return m.substr(0, tokens);
+}
+
+int RunChatBench(BenchOptions opt, size_t turns) {
+  auto nodes = StartNodes(opt, {opt.threads > 0 ? opt.threads : Cores()});
+  if (!nodes.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(nodes.status().message()).c_str());
+    return 1;
+  }
+  Node& n = (*nodes)[0];
+  const size_t context = size_t(n.server->engine().max_context());
+  // ChatML markers, the user's text and the reply, per turn (markers: at
+  // most 16 tokens even spelled out byte by byte).
+  const size_t needed = turns * (opt.prompt_tokens + opt.max_tokens + 32);
+  if (needed > context) {
+    StopNodes(*nodes);
+    return cortiq::util::ReportUsageError(
+        "cortiq-bench-server",
+        absl::InvalidArgumentError(
+            "--chat-turns: turns x (prompt-tokens + max-tokens + 32) = " + std::to_string(needed) +
+            " positions on one session, beyond the model's context of " +
+            std::to_string(context) + ": lower --chat-turns, --prompt-tokens or --max-tokens"));
+  }
+  PrintMachine(*n.server);
+  std::printf(
+      "a %zu-turn chat on model %s; each turn sends the whole ChatML conversation so far\n"
+      "(user message of ~%zu tokens, the assistant's reply of %zu generated greedy tokens)\n"
+      "  reuse:    one named session, reuse_prefix (only what the session lacks is prefilled)\n"
+      "  no reuse: a fresh one-shot session per turn, the whole conversation prefilled\n\n",
+      turns, opt.model_dir.c_str(), opt.prompt_tokens, opt.max_tokens);
+  v1::GenerateRequest base;
+  base.set_max_tokens(uint32_t(opt.max_tokens));
+  base.mutable_sampling()->set_temperature(0);
+  base.set_ignore_eos(true);
+  v1::GenerateRequest reuse = base;
+  reuse.set_session_id("00000000000000000000000000c4a7be");
+  reuse.set_create_if_missing(true);
+  reuse.set_reuse_prefix(true);
+  std::printf("%5s %8s %8s %14s %14s %8s\n", "turn", "prompt", "cached", "ttft reuse ms",
+              "ttft fresh ms", "ratio");
+  std::string conversation;
+  size_t same = 0;
+  double last_ratio = 0;
+  for (size_t t = 1; t <= turns; ++t) {
+    conversation += "<|im_start|>user\n" + UserMessage(t, opt.prompt_tokens) +
+                    "<|im_end|>\n<|im_start|>assistant\n";
+    base.set_prompt(conversation);
+    reuse.set_prompt(conversation);
+    const StreamResult fresh = RunStream(*n.stub, base);
+    const StreamResult kept = RunStream(*n.stub, reuse);
+    if (!fresh.ok || !kept.ok) {
+      StopNodes(*nodes);
+      return 1;
+    }
+    same += kept.ids == fresh.ids ? 1 : 0;
+    last_ratio = fresh.ttft / kept.ttft;
+    std::printf("%5zu %8u %8u %14.2f %14.2f %7.2fx\n", t, kept.usage.prompt_tokens(),
+                kept.usage.cached_tokens(), kept.ttft * 1e3, fresh.ttft * 1e3, last_ratio);
+    conversation += kept.text + "<|im_end|>\n";
+  }
+  std::printf("\nturn %zu: time to first token %.2fx shorter with reuse_prefix\n", turns,
+              last_ratio);
+  std::printf("same replies with and without reuse: %zu of %zu turns\n", same, turns);
+  StopNodes(*nodes);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -683,6 +773,7 @@ int main(int argc, char** argv) {
   opt.levels = {1, 4, 8, 16};
   bool hop = false;
   size_t cluster = 0;
+  size_t chat_turns = 0;
   using cortiq::util::IntFlag;
   using cortiq::util::StringFlag;
   absl::StatusOr<cortiq::util::ParsedArgs> parsed = cortiq::util::ParseFlags(
@@ -697,6 +788,7 @@ int main(int argc, char** argv) {
           IntFlag("threads", &opt.threads),
           cortiq::util::SwitchFlag("hop", &hop),
           IntFlag("cluster", &cluster, {.min = 2, .max = 26}),
+          IntFlag("chat-turns", &chat_turns, {.min = 1, .max = 1000}),
       },
       std::vector<std::string>(argv + 1, argv + argc),
       {.positionals = cortiq::util::Positionals::kNone});
@@ -705,10 +797,11 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (hop && cluster > 0) {
+  if (int(hop) + int(cluster > 0) + int(chat_turns > 0) > 1) {
     return cortiq::util::ReportUsageError(
         "cortiq-bench-server",
-        absl::InvalidArgumentError("--hop and --cluster are two benchmarks: give one"));
+        absl::InvalidArgumentError("--hop, --cluster and --chat-turns are three benchmarks: give "
+                                   "one"));
   }
   opt.rounds = std::max<size_t>(opt.rounds, 1);
   spdlog::set_level(spdlog::level::warn);
@@ -720,5 +813,6 @@ int main(int argc, char** argv) {
   opt.model_dir = *dir;
   if (hop) return RunHopBench(std::move(opt));
   if (cluster > 0) return RunClusterBench(std::move(opt), cluster);
+  if (chat_turns > 0) return RunChatBench(std::move(opt), chat_turns);
   return RunServerBench(std::move(opt));
 }
