@@ -13,6 +13,7 @@
 #include "core/util/tsan_annotations.h"
 #include "server/call_util.h"
 #include "server/forwarding.h"
+#include "server/generation.h"
 #include "server/status_util.h"
 #include "spdlog/spdlog.h"
 
@@ -108,17 +109,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     util::TsanAcquire(this);
     size_t completion = 0;
     if (job_) {
-      job_->ClearNotify();  // no engine callback can reach this object after this
-      // The job stays in jobs_in_flight until the engine has finished it
-      // (at its next step): the token rides on the job's notify from here.
-      job_->SetNotify([job = job_.get(), token = job_in_flight_] {
-        if (job->finished()) token->Release();
-      });
+      // No engine callback reaches this object after this; the job stays
+      // in jobs_in_flight until the engine has finished it (its next step).
+      ReleaseWhenFinished(job_, job_in_flight_);
       job_->Cancel();  // no-op when finished; a disconnected client stops here
-      if (job_->finished()) {
-        job_in_flight_->Release();
-        completion = job_->result().completion_tokens;
-      }
+      if (job_->finished()) completion = job_->result().completion_tokens;
     }
     grpc::StatusCode code = final_code_;
     if (code == grpc::StatusCode::CANCELLED &&
@@ -137,21 +132,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
  private:
   absl::Status Setup(const v1::GenerateRequest& req, const Caller& caller) {
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
-    const ServerConfig& cfg = *ctx_->config;
     session::GenerationRequest g;
     if (!req.prompt().empty() && req.prompt_tokens_size() > 0) {
       return absl::InvalidArgumentError("prompt: give prompt text or prompt_tokens, not both");
     }
-    if (req.prompt().size() > cfg.max_prompt_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt: ", req.prompt().size(),
-                                                     " bytes, the limit is ", cfg.max_prompt_bytes,
-                                                     " (--max-prompt-bytes)"));
-    }
-    if (static_cast<size_t>(req.prompt_tokens_size()) * sizeof(int32_t) > cfg.max_prompt_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_tokens: ", req.prompt_tokens_size(), " ids, the limit is ",
-                       cfg.max_prompt_bytes / sizeof(int32_t), " (--max-prompt-bytes / 4)"));
-    }
+    CORTIQ_RETURN_IF_ERROR(CheckPromptBytes(*ctx_, "prompt", req.prompt().size()));
+    CORTIQ_RETURN_IF_ERROR(
+        CheckPromptIds(*ctx_, "prompt_tokens", static_cast<size_t>(req.prompt_tokens_size())));
     if (req.prompt_tokens_size() > 0) {
       g.prompt.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
     } else {
@@ -174,40 +161,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       g.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
     }
     prompt_tokens_ = g.prompt.size();
-
-    // One plan, made before anything is leased or created: a bad request
-    // changes nothing. Admission reserves the plan's bytes; the engine
-    // trusts it.
-    const session::PlanLimits limits{.max_tokens = cfg.max_tokens_limit,
-                                     .max_context = ctx_->engine->max_context()};
-    const auto& mcfg = ctx_->model->config();
-    session::RequestPlan plan;
-    session::SessionStore::Lease lease;
-    if (!req.session_id().empty()) {
-      CORTIQ_RETURN_IF_ERROR(CheckSessionId(req.session_id()));
-      // Peek and Acquire block this gRPC thread (on a condition variable)
-      // only while the session's previous call is ending — a cancelled job
-      // returns its lease at the engine's next step, milliseconds — and at
-      // most --lease-wait and this call's deadline. Bounded and rare, that is
-      // simpler and safer than parking the request and resuming it from the
-      // engine thread when the lease returns. A session whose holder is still
-      // generating is refused (ABORTED) at once, without waiting.
-      CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
-                              ctx_->store->Peek(req.session_id(), g.deadline, caller.sessions()));
-      CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, existing));
-      CORTIQ_ASSIGN_OR_RETURN(
-          lease, ctx_->store->Acquire(req.session_id(), plan, g.deadline, caller.sessions()));
-    } else {
-      CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
-                              ResolveSessionConfig(req.session_config(), *ctx_));
-      CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, config));
-      CORTIQ_ASSIGN_OR_RETURN(lease, ctx_->store->Create(*ctx_->model, plan, caller.tenant));
-      g.release_at_end = !req.keep_session();
-    }
-    session_id_ = lease->id();
-    auto job = ctx_->engine->Submit(std::move(lease), std::move(g), plan);
-    if (!job.ok()) return job.status();
-    job_ = *std::move(job);
+    CORTIQ_ASSIGN_OR_RETURN(SubmittedGeneration s,
+                            SubmitGeneration(*ctx_, caller, std::move(g),
+                                             {.session_id = req.session_id(),
+                                              .session_config = req.session_config(),
+                                              .keep_session = req.keep_session()}));
+    session_id_ = std::move(s.session_id);
+    job_ = std::move(s.job);
     return absl::OkStatus();
   }
 
@@ -549,11 +509,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
                                                      v1::TokenizeResponse* response,
                                                      UnaryReactor* reactor) {
   return Unary(ctx_, context, reactor, "Tokenize", [&](const Caller&) -> absl::Status {
-    if (request->text().size() > ctx_->config->max_prompt_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("text: ", request->text().size(), " bytes, the limit is ",
-                       ctx_->config->max_prompt_bytes, " (--max-prompt-bytes)"));
-    }
+    CORTIQ_RETURN_IF_ERROR(CheckPromptBytes(*ctx_, "text", request->text().size()));
     const bool special = !request->has_parse_special() || request->parse_special();
     for (int32_t id : ctx_->tokenizer->Encode(request->text(), special)) {
       response->add_token_ids(id);

@@ -1,0 +1,76 @@
+#include "server/generation.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/session/request_plan.h"
+#include "core/util/status_macros.h"
+#include "core/util/strings.h"
+#include "server/call_util.h"
+
+namespace cortiq::server {
+
+absl::Status CheckPromptBytes(const ServiceContext& ctx, std::string_view field, size_t bytes) {
+  const size_t limit = ctx.config->max_prompt_bytes;
+  if (bytes <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(util::Sv(field), ": ", bytes,
+                                                 " bytes, the limit is ", limit,
+                                                 " (--max-prompt-bytes)"));
+}
+
+absl::Status CheckPromptIds(const ServiceContext& ctx, std::string_view field, size_t ids) {
+  const size_t limit = ctx.config->max_prompt_bytes / sizeof(int32_t);
+  if (ids <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(util::Sv(field), ": ", ids,
+                                                 " ids, the limit is ", limit,
+                                                 " (--max-prompt-bytes / 4)"));
+}
+
+absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
+                                                     const Caller& caller,
+                                                     session::GenerationRequest g,
+                                                     const GenerationTarget& target) {
+  CORTIQ_RETURN_IF_ERROR(Unavailable(ctx));
+  // One plan, made before anything is leased or created: a bad request
+  // changes nothing. Admission reserves the plan's bytes; the engine
+  // trusts it.
+  const session::PlanLimits limits{.max_tokens = ctx.config->max_tokens_limit,
+                                   .max_context = ctx.engine->max_context()};
+  const auto& mcfg = ctx.model->config();
+  session::RequestPlan plan;
+  session::SessionStore::Lease lease;
+  if (!target.session_id.empty()) {
+    CORTIQ_RETURN_IF_ERROR(CheckSessionId(target.session_id));
+    // Peek and Acquire block this thread (on a condition variable) only
+    // while the session's previous call is ending — a cancelled job returns
+    // its lease at the engine's next step, milliseconds — and at most
+    // --lease-wait and the request's deadline. Bounded and rare, that is
+    // simpler and safer than parking the request and resuming it from the
+    // engine thread when the lease returns. A session whose holder is still
+    // generating is refused (ABORTED) at once, without waiting.
+    CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
+                            ctx.store->Peek(target.session_id, g.deadline, caller.sessions()));
+    CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, existing));
+    CORTIQ_ASSIGN_OR_RETURN(
+        lease, ctx.store->Acquire(target.session_id, plan, g.deadline, caller.sessions()));
+  } else {
+    CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
+                            ResolveSessionConfig(target.session_config, ctx));
+    CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, config));
+    CORTIQ_ASSIGN_OR_RETURN(lease, ctx.store->Create(*ctx.model, plan, caller.tenant));
+    g.release_at_end = !target.keep_session;
+  }
+  SubmittedGeneration out;
+  out.session_id = lease->id();
+  CORTIQ_ASSIGN_OR_RETURN(out.job, ctx.engine->Submit(std::move(lease), std::move(g), plan));
+  return out;
+}
+
+void ReleaseWhenFinished(const std::shared_ptr<session::Job>& job,
+                         const std::shared_ptr<util::InFlight::Token>& token) {
+  job->ClearNotify();
+  job->SetNotify([j = job.get(), token] {
+    if (j->finished()) token->Release();
+  });
+  if (job->finished()) token->Release();
+}
+
+}  // namespace cortiq::server

@@ -1,0 +1,406 @@
+// The OpenAI-compatible HTTP front end to end: a real server on loopback
+// port 0 with the embedded model, driven with httplib's client (and a raw
+// socket where a client must vanish mid-stream). Every endpoint, the SSE
+// framing, the errors (status, type, param), auth, draining, admission,
+// the body limit, a client that disconnects mid-stream (its one-shot session
+// released: the store and the in-flight counts back to zero), the logprobs
+// shapes, and that HTTP and gRPC run the same generation.
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/server.h"
+#include "tests/common/server_test_util.h"
+
+namespace cortiq::server {
+namespace {
+
+using Json = nlohmann::json;
+using session::Clock;
+
+constexpr char kClientToken[] = "alice-token-0123456789";
+constexpr char kAdminToken[] = "ops-token-0123456789ab";
+
+struct HttpNode {
+  testing::TestNode node;
+  std::unique_ptr<httplib::Client> http;
+  Server& server() { return *node.server; }
+};
+
+HttpNode StartHttpNode(ServerConfig c = {}) {
+  if (c.model_dir.empty()) c.model_dir = DefaultModelDir();
+  c.http_listen = "127.0.0.1:0";
+  c.grace = std::chrono::milliseconds(0);
+  HttpNode n;
+  n.node = testing::StartTestNode(c);
+  if (!n.node.server) return n;
+  EXPECT_GT(n.node.server->http_port(), 0);
+  n.http = std::make_unique<httplib::Client>("127.0.0.1", n.node.server->http_port());
+  n.http->set_read_timeout(60, 0);
+  return n;
+}
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  httplib::Headers headers;
+  Json json() const { return Json::parse(body, nullptr, false); }
+};
+
+Reply Post(HttpNode& n, const std::string& path, const Json& body,
+           const httplib::Headers& headers = {}) {
+  auto r = n.http->Post(path.c_str(), headers, body.dump(), "application/json");
+  if (!r) return {.status = -1, .body = httplib::to_string(r.error()), .headers = {}};
+  return {.status = r->status, .body = r->body, .headers = r->headers};
+}
+
+Reply Get(HttpNode& n, const std::string& path, const httplib::Headers& headers = {}) {
+  auto r = n.http->Get(path.c_str(), headers);
+  if (!r) return {.status = -1, .body = httplib::to_string(r.error()), .headers = {}};
+  return {.status = r->status, .body = r->body, .headers = r->headers};
+}
+
+// Checks the OpenAI error shape and returns the error object.
+Json ExpectError(const Reply& r, int status, const std::string& param) {
+  EXPECT_EQ(r.status, status) << r.body;
+  const Json j = r.json();
+  EXPECT_TRUE(j.is_object() && j.contains("error")) << r.body;
+  if (!j.is_object() || !j.contains("error")) return {};
+  const Json& e = j["error"];
+  EXPECT_TRUE(e["message"].is_string());
+  EXPECT_TRUE(e["type"].is_string());
+  EXPECT_TRUE(e.contains("code"));
+  if (param.empty()) {
+    EXPECT_TRUE(e["param"].is_null()) << r.body;
+  } else {
+    EXPECT_EQ(e["param"], param) << r.body;
+  }
+  return e;
+}
+
+// The SSE body split into its events' data; EXPECTs the framing: every
+// event is exactly "data: <payload>\n\n", the last one [DONE].
+std::vector<std::string> SseData(const std::string& body) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < body.size()) {
+    const size_t end = body.find("\n\n", at);
+    EXPECT_NE(end, std::string::npos) << "unterminated event at " << at;
+    if (end == std::string::npos) break;
+    const std::string event = body.substr(at, end - at);
+    EXPECT_TRUE(event.starts_with("data: ")) << event;
+    EXPECT_EQ(event.find('\n'), std::string::npos) << event;
+    out.push_back(event.substr(6));
+    at = end + 2;
+  }
+  EXPECT_FALSE(out.empty());
+  if (!out.empty()) {
+    EXPECT_EQ(out.back(), "[DONE]");
+  }
+  return out;
+}
+
+Json Greedy(const std::string& prompt, int max_tokens) {
+  return {{"model", "cortiq-byte-4m"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+          {"temperature", 0},          {"ignore_eos", true}};
+}
+
+TEST(HttpTest, ModelsAndHealth) {
+  HttpNode n = StartHttpNode();
+  ASSERT_TRUE(n.http);
+  Reply h = Get(n, "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.json()["status"], "ok");
+  Reply m = Get(n, "/v1/models");
+  ASSERT_EQ(m.status, 200) << m.body;
+  const Json j = m.json();
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "cortiq-byte-4m");  // the model directory's name
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(Get(n, "/v1/models/cortiq-byte-4m").json()["id"], "cortiq-byte-4m");
+  ExpectError(Get(n, "/v1/models/gpt-4"), 404, "model");
+  ExpectError(Get(n, "/v1/nothing"), 404, "");
+  Reply wrong = Get(n, "/v1/completions");
+  ExpectError(wrong, 405, "");
+  EXPECT_EQ(wrong.headers.find("Allow")->second, "POST");
+  ExpectError(Post(n, "/v1/models", Json::object()), 405, "");
+}
+
+TEST(HttpTest, CompletionMatchesGrpcAndStreams) {
+  HttpNode n = StartHttpNode();
+  ASSERT_TRUE(n.http);
+  Reply r = Post(n, "/v1/completions", Greedy("Call me Ishmael.", 12));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = r.json();
+  EXPECT_TRUE(j["id"].get<std::string>().starts_with("cmpl-"));
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "cortiq-byte-4m");
+  EXPECT_TRUE(j["created"].is_number_integer());
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  const std::string text = j["choices"][0]["text"];
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 16);  // one byte, one token
+  EXPECT_EQ(j["usage"]["total_tokens"], 28);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  // The same request over gRPC: the same engine, the same tokens.
+  v1::GenerateRequest g;
+  g.set_prompt("Call me Ishmael.");
+  g.set_max_tokens(12);
+  g.set_ignore_eos(true);
+  g.mutable_sampling()->set_temperature(0);
+  testing::StreamOut grpc_out = testing::RunGenerate(*n.node.stub, g);
+  ASSERT_TRUE(grpc_out.status.ok()) << grpc_out.status.error_message();
+  std::string grpc_text;
+  for (int32_t id : grpc_out.ids) grpc_text += static_cast<char>(id);  // byte-level model
+  EXPECT_EQ(text, grpc_text);
+
+  // Streamed, with usage: the chunks add up to the same text.
+  Json s = Greedy("Call me Ishmael.", 12);
+  s["stream"] = true;
+  s["stream_options"] = {{"include_usage", true}};
+  Reply sr = Post(n, "/v1/completions", s);
+  ASSERT_EQ(sr.status, 200) << sr.body;
+  EXPECT_TRUE(sr.headers.find("Content-Type")->second.starts_with("text/event-stream"));
+  const std::vector<std::string> data = SseData(sr.body);
+  ASSERT_GE(data.size(), 4u);
+  std::string streamed;
+  std::string finish;
+  for (size_t i = 0; i + 2 < data.size(); ++i) {
+    const Json c = Json::parse(data[i]);
+    EXPECT_EQ(c["object"], "text_completion");
+    EXPECT_EQ(c["id"], Json::parse(data[0])["id"]);
+    EXPECT_TRUE(c.contains("usage") && c["usage"].is_null());
+    ASSERT_EQ(c["choices"].size(), 1u);
+    streamed += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(finish, "length");
+  const Json usage = Json::parse(data[data.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
+
+  // A prompt as token ids is the same prompt.
+  Json ids = Greedy("", 12);
+  ids["prompt"] = Json::array();
+  for (char ch : std::string("Call me Ishmael.")) ids["prompt"].push_back(static_cast<int>(ch));
+  EXPECT_EQ(Post(n, "/v1/completions", ids).json()["choices"][0]["text"], text);
+  ids["prompt"] = Json::array({ids["prompt"]});  // a list of one list
+  EXPECT_EQ(Post(n, "/v1/completions", ids).json()["choices"][0]["text"], text);
+  // A stop sequence ends it with "stop".
+  Json stop = Greedy("Call me Ishmael.", 12);
+  stop["stop"] = text.substr(3, 2);
+  const Json st = Post(n, "/v1/completions", stop).json();
+  EXPECT_EQ(st["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(st["choices"][0]["text"], text.substr(0, text.find(text.substr(3, 2))));
+}
+
+TEST(HttpTest, LegacyLogprobs) {
+  HttpNode n = StartHttpNode();
+  ASSERT_TRUE(n.http);
+  Json b = Greedy("It was", 6);
+  b["logprobs"] = 3;
+  Reply r = Post(n, "/v1/completions", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json lp = r.json()["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 6u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 6u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u);
+  ASSERT_EQ(lp["text_offset"].size(), 6u);
+  std::string joined;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(lp["text_offset"][i], joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    double best = -1e30;
+    for (auto& [tok, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_DOUBLE_EQ(lp["token_logprobs"][i].get<double>(), best);
+  }
+  EXPECT_EQ(joined, r.json()["choices"][0]["text"]);
+}
+
+TEST(HttpTest, BadRequestsNameTheField) {
+  ServerConfig c;
+  c.max_prompt_bytes = 1000;
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  auto with = [](Json b, const std::string& k, Json v) {
+    b[k] = std::move(v);
+    return b;
+  };
+  const Json ok = Greedy("hello", 4);
+  ExpectError(Post(n, "/v1/completions", with(ok, "max_tokens", 0)), 400, "max_tokens");
+  ExpectError(Post(n, "/v1/completions", with(ok, "max_tokens", 100000)), 400, "max_tokens");
+  ExpectError(Post(n, "/v1/completions", with(ok, "temperature", "hot")), 400, "temperature");
+  ExpectError(Post(n, "/v1/completions", with(ok, "temperature", -1)), 400, "temperature");
+  ExpectError(Post(n, "/v1/completions", with(ok, "top_p", 0)), 400, "top_p");
+  ExpectError(Post(n, "/v1/completions", with(ok, "stop", Json::array({1}))), 400, "stop[0]");
+  ExpectError(Post(n, "/v1/completions", with(ok, "stop", Json::array({""}))), 400, "stop[0]");
+  ExpectError(Post(n, "/v1/completions", with(ok, "logit_bias", {{"x", 1}})), 400, "logit_bias");
+  ExpectError(Post(n, "/v1/completions", with(ok, "prompt", Json::array({"a", "b"}))), 400,
+              "prompt");
+  ExpectError(Post(n, "/v1/completions", with(ok, "prompt", Json::array({300}))), 400,
+              "prompt[0]");
+  ExpectError(Post(n, "/v1/completions", with(ok, "echo", true)), 400, "echo");
+  ExpectError(Post(n, "/v1/completions", with(ok, "best_of", 2)), 400, "best_of");
+  ExpectError(Post(n, "/v1/completions", with(ok, "model", "gpt-4")), 404, "model");
+  Json none = ok;
+  none.erase("prompt");
+  ExpectError(Post(n, "/v1/completions", none), 400, "prompt");
+  // The prompt limit names its flag; the body limit is 4 x it + 64 KiB.
+  const Json big = Post(n, "/v1/completions", with(ok, "prompt", std::string(1001, 'a')))
+                       .json()["error"];
+  EXPECT_NE(big["message"].get<std::string>().find("--max-prompt-bytes"), std::string::npos);
+  EXPECT_EQ(big["param"], "prompt");
+  Reply huge = Post(n, "/v1/completions", with(ok, "pad", std::string(70 << 10, 'a')));
+  const Json he = ExpectError(huge, 413, "body");
+  EXPECT_NE(he["message"].get<std::string>().find("--max-prompt-bytes"), std::string::npos);
+  // Not JSON.
+  auto raw = n.http->Post("/v1/completions", "{not json", "application/json");
+  ASSERT_TRUE(raw);
+  EXPECT_EQ(raw->status, 400);
+  // The server still serves after all that.
+  EXPECT_EQ(Post(n, "/v1/completions", ok).status, 200);
+}
+
+TEST(HttpTest, AuthWithTheServersTokens) {
+  const auto file = std::filesystem::temp_directory_path() /
+                    absl::StrCat("cortiq_http_test_", getpid(), ".tokens");
+  {
+    std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken
+                        << "\n";
+  }
+  ServerConfig c;
+  c.auth_tokens_file = file.string();
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  const Json body = Greedy("hi", 2);
+  const Json e = ExpectError(Post(n, "/v1/completions", body), 401, "");
+  EXPECT_EQ(e["type"], "authentication_error");
+  ExpectError(Post(n, "/v1/completions", body, {{"Authorization", "Bearer wrong-token-0123456"}}),
+              401, "");
+  ExpectError(Get(n, "/v1/models"), 401, "");
+  EXPECT_EQ(Get(n, "/health").status, 200);  // probes carry no token
+  Reply ok = Post(n, "/v1/completions", body,
+                  {{"Authorization", absl::StrCat("Bearer ", kClientToken)}});
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Get(n, "/v1/models", {{"Authorization", absl::StrCat("Bearer ", kAdminToken)}}).status,
+            200);
+  std::filesystem::remove(file);
+}
+
+TEST(HttpTest, DrainingAnswers503) {
+  HttpNode n = StartHttpNode();
+  ASSERT_TRUE(n.http);
+  n.server().context().draining.store(true);
+  ExpectError(Get(n, "/health"), 503, "");
+  const Json e = ExpectError(Post(n, "/v1/completions", Greedy("hi", 2)), 503, "");
+  EXPECT_EQ(e["type"], "service_unavailable");
+  EXPECT_EQ(n.server().store().num_sessions(), 0u);
+}
+
+TEST(HttpTest, AdmissionAnswers429) {
+  ServerConfig c;
+  c.max_sessions = 1;
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  // One kept session fills the cap: a one-shot HTTP request has no room.
+  testing::StreamOut kept = testing::KeptTurn(n.node, "", "hello");
+  ASSERT_TRUE(kept.status.ok()) << kept.status.error_message();
+  const Json e = ExpectError(Post(n, "/v1/completions", Greedy("hi", 2)), 429, "");
+  EXPECT_EQ(e["type"], "rate_limit_error");
+  EXPECT_NE(e["message"].get<std::string>().find("--max-sessions"), std::string::npos)
+      << e["message"];
+  EXPECT_EQ(n.server().store().num_sessions(), 1u);  // nothing created, nothing changed
+}
+
+// A socket to the HTTP port that sends one request and reads raw bytes.
+class RawHttp {
+ public:
+  explicit RawHttp(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok_ = fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    timeval tv{.tv_sec = 30, .tv_usec = 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~RawHttp() { Close(); }
+  bool ok() const { return ok_; }
+  bool Send(const std::string& path, const std::string& body) {
+    const std::string req = absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                                         "Content-Type: application/json\r\nContent-Length: ",
+                                         body.size(), "\r\n\r\n", body);
+    return write(fd_, req.data(), req.size()) == static_cast<ssize_t>(req.size());
+  }
+  // Reads until `needle` has arrived (or the 30 s receive timeout).
+  bool ReadUntil(const std::string& needle) {
+    char buf[4096];
+    while (got_.find(needle) == std::string::npos) {
+      const ssize_t n = read(fd_, buf, sizeof(buf));
+      if (n <= 0) return false;
+      got_.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+  std::string got_;
+};
+
+TEST(HttpTest, ClientGoneMidStreamReleasesTheSession) {
+  ServerConfig c;
+  c.queue_capacity = 4;  // the job pauses soon when nobody reads
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  Server& s = n.server();
+  Json b = Greedy("Call me Ishmael.", 2000);
+  b["stream"] = true;
+  RawHttp raw(s.http_port());
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send("/v1/completions", b.dump()));
+  ASSERT_TRUE(raw.ReadUntil("data: "));  // the stream has begun: the job runs
+  EXPECT_EQ(s.store().num_sessions(), 1u);
+  EXPECT_EQ(s.context().jobs_in_flight.count(), 1u);
+  raw.Close();
+  // The next write (or the liveness check while the job waits) fails: the
+  // job is cancelled, the engine lets go of it and frees its session.
+  ASSERT_TRUE(s.context().jobs_in_flight.WaitIdleUntil(std::chrono::steady_clock::now() +
+                                                       std::chrono::seconds(30)));
+  ASSERT_TRUE(s.context().streams_in_flight.WaitIdleUntil(std::chrono::steady_clock::now() +
+                                                          std::chrono::seconds(30)));
+  EXPECT_EQ(s.store().num_sessions(), 0u);
+  EXPECT_EQ(s.store().committed_bytes(), 0u);
+  EXPECT_EQ(s.store().releases()[static_cast<size_t>(session::ReleaseReason::kCancelled)], 1u);
+  // And the server serves the next request.
+  EXPECT_EQ(Post(n, "/v1/completions", Greedy("again", 3)).status, 200);
+}
+
+}  // namespace
+}  // namespace cortiq::server
