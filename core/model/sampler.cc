@@ -71,6 +71,35 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "repetition_penalty: must be finite and > 0 (1 = off), got ", repetition_penalty));
   }
+  if (!(presence_penalty >= -kMaxPenalty && presence_penalty <= kMaxPenalty)) {
+    return absl::InvalidArgumentError(absl::StrCat("presence_penalty: must be in [-", kMaxPenalty,
+                                                   ", ", kMaxPenalty, "], got ", presence_penalty));
+  }
+  if (!(frequency_penalty >= -kMaxPenalty && frequency_penalty <= kMaxPenalty)) {
+    return absl::InvalidArgumentError(absl::StrCat("frequency_penalty: must be in [-", kMaxPenalty,
+                                                   ", ", kMaxPenalty, "], got ",
+                                                   frequency_penalty));
+  }
+  if (logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias: ", logit_bias.size(),
+                                                   " entries, at most ", kMaxLogitBias));
+  }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto [id, bias] = logit_bias[i];
+    if (id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token id ", id, " is negative (ids are >= 0)"));
+    }
+    if (i > 0 && id <= logit_bias[i - 1].first) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias: token id ", id, id == logit_bias[i - 1].first ? " appears twice" : " out of order",
+          " (ids distinct, ascending)"));
+    }
+    if (!(bias >= -kMaxBias && bias <= kMaxBias)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias[", id, "]: bias must be in [-",
+                                                     kMaxBias, ", ", kMaxBias, "], got ", bias));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -192,20 +221,46 @@ void Sampler::EnsureScratch(size_t vocab) {
   w_.assign(vocab, 0.0f);
   idx_.assign(vocab, 0);
   seen_.assign(vocab, 0);
+  count_.assign(vocab, 0);
 }
 
 bool Sampler::Before(int32_t a, int32_t b) const {
   return x_[a] > x_[b] || (x_[a] == x_[b] && a < b);
 }
 
-int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+void Sampler::AdjustLogits(std::span<const int32_t> completion) {
+  const size_t n = x_.size();
+  auto in_vocab = [n](int32_t id) { return id >= 0 && static_cast<size_t>(id) < n; };
+  // 1. logit_bias.
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (in_vocab(id)) x_[id] += bias;
+  }
+  // 2. Presence / frequency penalties: count each id of the completion, then
+  //    adjust each distinct id once and clear its count (count_ is all-zero
+  //    between calls).
+  if (params_.presence_penalty == 0 && params_.frequency_penalty == 0) return;
+  for (int32_t id : completion) {
+    if (in_vocab(id)) ++count_[id];
+  }
+  for (int32_t id : completion) {
+    if (!in_vocab(id) || count_[id] == 0) continue;
+    x_[id] -= params_.frequency_penalty * static_cast<float>(count_[id]) + params_.presence_penalty;
+    count_[id] = 0;
+  }
+}
+
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history,
+                        std::span<const int32_t> completion, std::span<const int32_t> masked) {
   ++samples_drawn_;
   const size_t n = logits.size();
   if (n == 0) return -1;
   EnsureScratch(n);
   for (size_t i = 0; i < n; ++i) x_[i] = std::isnan(logits[i]) ? kNegInf : logits[i];
 
-  // 1. Repetition penalty, once per distinct id (seen_ is all-zero between calls).
+  // 1-2. logit_bias, presence / frequency penalties.
+  if (params_.AdjustsLogits()) AdjustLogits(completion);
+
+  // 3. Repetition penalty, once per distinct id (seen_ is all-zero between calls).
   if (params_.repetition_penalty != 1.0f) {
     const float p = params_.repetition_penalty;
     for (int32_t id : history) {
@@ -218,7 +273,12 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     }
   }
 
-  // 2. Argmax (lowest id on ties): the greedy answer, and the top of every
+  // 4. Masked ids.
+  for (int32_t id : masked) {
+    if (id >= 0 && static_cast<size_t>(id) < n) x_[id] = kNegInf;
+  }
+
+  // 5. Argmax (lowest id on ties): the greedy answer, and the top of every
   //    candidate order below.
   int32_t best = 0;
   for (size_t i = 1; i < n; ++i) {
@@ -226,14 +286,14 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   }
   if (params_.temperature == 0 || !std::isfinite(x_[best])) return best;
 
-  // 3. Temperature. Division by a positive number keeps the order; if it
+  // 6. Temperature. Division by a positive number keeps the order; if it
   //    overflows the top to +inf the distribution is a point mass anyway.
   const float t = params_.temperature;
   for (size_t i = 0; i < n; ++i) x_[i] /= t;
   const float maxx = x_[best];
   if (!std::isfinite(maxx)) return best;
 
-  // 4. Top-k: idx_[0, count) holds the candidates; idx_[0, sorted) of them are
+  // 7. Top-k: idx_[0, count) holds the candidates; idx_[0, sorted) of them are
   //    in final order (x descending, then id ascending).
   size_t count = n;
   size_t sorted = 0;
@@ -253,7 +313,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     total += w_[id];
   }
 
-  // 5. Top-p: sort only as far as the nucleus needs, in growing chunks.
+  // 8. Top-p: sort only as far as the nucleus needs, in growing chunks.
   if (params_.top_p < 1.0f) {
     const double target = static_cast<double>(params_.top_p) * total;
     double cum = 0;
@@ -278,7 +338,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     count = keep;
   }
 
-  // 6. Min-p: relative to the top token, whose weight is exactly 1.
+  // 9. Min-p: relative to the top token, whose weight is exactly 1.
   if (params_.min_p > 0.0f) {
     size_t out = 0;
     total = 0;
@@ -295,7 +355,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     for (size_t c = 0; c < count; ++c) total += w_[idx_[c]];
   }
 
-  // 7. Inverse CDF over the kept candidates, in their (deterministic) order.
+  // 10. Inverse CDF over the kept candidates, in their (deterministic) order.
   const double target = rng_.Uniform() * total;
   double cum = 0;
   int32_t last_positive = best;
@@ -310,10 +370,14 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
 }
 
 std::string Sampler::SerializeState() const {
+  // A sampler without the version-2 parameters is written as version 1,
+  // byte for byte what earlier builds wrote: its sessions still move to a
+  // node that reads only version 1 (a rolling upgrade).
+  const bool v2 = params_.AdjustsLogits();
   std::string out;
-  out.reserve(kStateBytes);
+  out.reserve(kStateBytesV1 + (v2 ? kStateV2FixedBytes + 8 * params_.logit_bias.size() : 0));
   out.append(kMagic, 4);
-  PutU32(out, kStateVersion);
+  PutU32(out, v2 ? 2 : 1);
   PutF32(out, params_.temperature);
   PutU32(out, static_cast<uint32_t>(params_.top_k));
   PutF32(out, params_.top_p);
@@ -322,6 +386,14 @@ std::string Sampler::SerializeState() const {
   PutU64(out, params_.seed);
   for (uint64_t w : rng_.state()) PutU64(out, w);
   PutU64(out, samples_drawn_);
+  if (!v2) return out;
+  PutF32(out, params_.presence_penalty);
+  PutF32(out, params_.frequency_penalty);
+  PutU32(out, static_cast<uint32_t>(params_.logit_bias.size()));
+  for (const auto& [id, bias] : params_.logit_bias) {
+    PutU32(out, static_cast<uint32_t>(id));
+    PutF32(out, bias);
+  }
   return out;
 }
 
@@ -330,14 +402,29 @@ absl::StatusOr<Sampler> Sampler::Deserialize(std::string_view blob) {
     return absl::DataLossError("sampler state: bad magic (not a sampler state)");
   }
   const uint32_t version = GetU32(blob, 4);
-  if (version != kStateVersion) {
+  if (version < 1 || version > kStateVersion) {
     return absl::FailedPreconditionError(absl::StrCat("sampler state: version ", version,
-                                                      " not supported (this build reads ",
+                                                      " not supported (this build reads 1..",
                                                       kStateVersion, ")"));
   }
-  if (blob.size() != kStateBytes) {
+  // The length the version (and a version-2 blob's count) implies.
+  size_t expected = kStateBytesV1;
+  size_t bias_count = 0;
+  if (version >= 2) {
+    expected += kStateV2FixedBytes;
+    if (blob.size() >= expected) {
+      bias_count = GetU32(blob, kStateBytesV1 + 8);
+      if (bias_count > kMaxLogitBias) {
+        return absl::DataLossError(absl::StrCat("sampler state: ", bias_count,
+                                                " logit_bias entries, at most ", kMaxLogitBias));
+      }
+      expected += 8 * bias_count;
+    }
+  }
+  if (blob.size() != expected) {
     return absl::DataLossError(absl::StrCat("sampler state: ", blob.size(), " bytes, expected ",
-                                            kStateBytes, " (truncated or corrupt)"));
+                                            expected, " for version ", version,
+                                            " (truncated or corrupt)"));
   }
   SamplingParams p;
   p.temperature = GetF32(blob, 8);
@@ -346,6 +433,15 @@ absl::StatusOr<Sampler> Sampler::Deserialize(std::string_view blob) {
   p.min_p = GetF32(blob, 20);
   p.repetition_penalty = GetF32(blob, 24);
   p.seed = GetU64(blob, 28);
+  if (version >= 2) {
+    p.presence_penalty = GetF32(blob, kStateBytesV1);
+    p.frequency_penalty = GetF32(blob, kStateBytesV1 + 4);
+    p.logit_bias.reserve(bias_count);
+    for (size_t i = 0; i < bias_count; ++i) {
+      const size_t off = kStateBytesV1 + kStateV2FixedBytes + 8 * i;
+      p.logit_bias.emplace_back(static_cast<int32_t>(GetU32(blob, off)), GetF32(blob, off + 4));
+    }
+  }
   if (absl::Status s = p.Validate(); !s.ok()) {
     return absl::DataLossError(absl::StrCat("sampler state: invalid parameters: ", s.message()));
   }

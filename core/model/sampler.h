@@ -1,20 +1,28 @@
-// Sampler: turns one step's logits into a token id -- greedy, temperature,
-// top-k, top-p, min-p, repetition penalty -- deterministically for a seed, with
-// its whole state (parameters, RNG words, sample count) serialisable so that a
+// Sampler: turns one step's logits into a token id -- logit bias, OpenAI's
+// presence / frequency penalties, repetition penalty, masked ids, greedy,
+// temperature, top-k, top-p, min-p -- deterministically for a seed, with its
+// whole state (parameters, RNG words, sample count) serialisable so that a
 // continued or migrated session samples exactly what it would have.
 //
-// Pipeline of Sample(), in this order (that of Hugging Face's warpers):
-//   1. repetition penalty on raw logits, once per distinct id in `history`
-//      (HF: logit > 0 -> logit / penalty, else logit * penalty);
-//   2. temperature == 0 -> greedy: argmax, lowest id on ties; no RNG draw;
-//   3. x = logit / temperature;
-//   4. top-k: keep the k largest (ties broken by lower id);
-//   5. top-p: keep the shortest prefix of the kept tokens, in descending order
+// Pipeline of Sample(), in this order (OpenAI's logit adjustments first, as
+// vLLM applies them, then Hugging Face's warpers); steps 1-4 apply in greedy
+// mode too:
+//   1. logit_bias: x[id] = logit[id] + bias, for each (id, bias) entry;
+//   2. presence / frequency penalties (OpenAI's definition) over the ids of
+//      `completion` (the tokens this call sampled so far), with c = count of
+//      id in it: x[id] -= frequency_penalty x c + presence_penalty x (c > 0);
+//   3. repetition penalty, once per distinct id in `history` (HF: x > 0 ->
+//      x / penalty, else x * penalty);
+//   4. masked ids (a call under its min_tokens: EOS and stop ids) -> -inf;
+//   5. temperature == 0 -> greedy: argmax, lowest id on ties; no RNG draw;
+//   6. x = x / temperature;
+//   7. top-k: keep the k largest (ties broken by lower id);
+//   8. top-p: keep the shortest prefix of the kept tokens, in descending order
 //      (ties by lower id), whose probability mass reaches top_p (always >= 1
 //      token);
-//   6. min-p: of those, keep tokens whose probability is >= min_p x the top
+//   9. min-p: of those, keep tokens whose probability is >= min_p x the top
 //      token's probability;
-//   7. draw u in [0, 1) (one RNG word) and pick by inverse CDF over the kept
+//  10. draw u in [0, 1) (one RNG word) and pick by inverse CDF over the kept
 //      tokens (unnormalised weights exp(x - max), summed in double).
 // Non-finite logits: NaN counts as -inf; if any logit is +inf the lowest such
 // id is returned; if every logit is -inf/NaN, id 0 is returned.
@@ -26,10 +34,11 @@
 // different ISAs) and on std::exp, so bit-identical *tokens* across machines
 // need bit-identical logits; on one build and CPU they are exact.
 //
-// Cost: O(vocab) per call plus O(k log k) for top-k and O(m log m) for top-p
-// where m is the number of tokens the nucleus needed. After the first call (or
-// a vocabulary size change) Sample allocates nothing: scratch buffers sized to
-// the vocabulary are reused.
+// Cost: O(vocab + history + completion + logit_bias + masked) per call plus
+// O(k log k) for top-k and O(m log m) for top-p where m is the number of
+// tokens the nucleus needed. After the first call (or a vocabulary size
+// change) Sample allocates nothing: scratch buffers sized to the vocabulary
+// are reused (the penalties' counts live in one, kept all-zero between calls).
 //
 // Thread-safety: a Sampler is mutable state owned by one session; not
 // thread-safe. Move-only (its scratch is vocab-sized).
@@ -54,6 +63,10 @@
 
 namespace cortiq::model {
 
+// Most logit_bias entries a SamplingParams may hold (OpenAI allows 300; the
+// HTTP front and gRPC share this bound: session::kMaxLogitBias).
+inline constexpr size_t kMaxLogitBias = 1024;
+
 struct SamplingParams {
   float temperature = 1.0f;         // >= 0, finite; 0 = greedy
   int32_t top_k = 0;                // >= 0; 0 = off
@@ -61,15 +74,26 @@ struct SamplingParams {
   float min_p = 0.0f;               // [0, 1]; 0 = off
   float repetition_penalty = 1.0f;  // > 0, finite; 1 = off
   uint64_t seed = 0;
-  // OpenAI's penalties over this call's completion tokens, [-2, 2]; 0 = off.
+  // OpenAI's penalties over this call's completion tokens, finite, in
+  // [-2, 2]; 0 = off.
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
-  // (token id, bias in [-100, 100]) added to the raw logits; ids distinct,
-  // ascending, each < the vocabulary size.
-  std::vector<std::pair<int32_t, float>> logit_bias;
+  // (token id, bias) added to the raw logits: at most kMaxLogitBias entries,
+  // ids >= 0, distinct and ascending, bias finite in [-100, 100]. Ids must be
+  // in the vocabulary; that is the request plan's check (the vocabulary is
+  // the model's) -- Sample ignores an id outside the logits.
+  std::vector<std::pair<int32_t, float>> logit_bias{};
 
-  // INVALID_ARGUMENT naming the field and its limit.
+  static constexpr float kMaxPenalty = 2.0f;
+  static constexpr float kMaxBias = 100.0f;
+
+  // INVALID_ARGUMENT naming the field and its limit (every field but the
+  // logit_bias ids' upper bound, see above).
   absl::Status Validate() const;
+  // Whether steps 1-2 of the pipeline do anything.
+  bool AdjustsLogits() const {
+    return presence_penalty != 0 || frequency_penalty != 0 || !logit_bias.empty();
+  }
   bool operator==(const SamplingParams&) const = default;
 };
 
@@ -122,9 +146,16 @@ class Sampler {
   Sampler(const Sampler&) = delete;
   Sampler& operator=(const Sampler&) = delete;
 
-  // One token id in [0, logits.size()), or -1 when logits is empty. History
-  // ids outside the vocabulary are ignored.
-  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
+  // One token id in [0, logits.size()), or -1 when logits is empty (see the
+  // banner for the pipeline). `history`: every token of the conversation
+  // (the repetition penalty's); `completion`: the tokens this call sampled
+  // so far, a suffix of history (the presence / frequency penalties');
+  // `masked`: ids that must not be sampled now (logit -> -inf: the engine's
+  // EOS and stop ids while a call is under its min_tokens). Ids outside the
+  // vocabulary are ignored; the spans are read during the call only. If
+  // every logit ends at -inf, id 0 is returned.
+  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history,
+                 std::span<const int32_t> completion = {}, std::span<const int32_t> masked = {});
 
   // A copy of this sampler with new parameters and the same random stream:
   // the RNG words and samples_drawn() carry over, so the copy draws exactly
@@ -139,9 +170,14 @@ class Sampler {
   uint64_t samples_drawn() const { return samples_drawn_; }
   const Rng& rng() const { return rng_; }
 
-  // Versioned little-endian blob (kStateBytes bytes):
+  // Versioned little-endian blob. Version 2 (kStateVersion) has a variable
+  // length: kStateBytesV1 + kStateV2FixedBytes + 8 x logit_bias entries, at
+  // most kMaxStateBytes. A sampler whose penalties and logit_bias are all
+  // off is written as version 1 (the first 76 bytes, version field 1),
+  // byte for byte what a version-1 build writes, so its session still moves
+  // to such a node:
   //   off  0  "CQSM"              magic
-  //   off  4  u32 version         (kStateVersion)
+  //   off  4  u32 version         (2)
   //   off  8  f32 temperature     (IEEE-754 bits)
   //   off 12  i32 top_k
   //   off 16  f32 top_p
@@ -150,18 +186,29 @@ class Sampler {
   //   off 28  u64 seed
   //   off 36  u64 rng[4]          xoshiro256** state
   //   off 68  u64 samples_drawn
+  //   off 76  f32 presence_penalty            (version 2 from here on)
+  //   off 80  f32 frequency_penalty
+  //   off 84  u32 count                       logit_bias entries, <= kMaxLogitBias
+  //   off 88  count x { i32 id, f32 bias }    ascending ids
+  // A version-1 blob is read as a sampler with penalties and bias off.
   // Scratch buffers are not state and are not serialised.
   std::string SerializeState() const;
-  // DATA_LOSS on a wrong length, bad magic, invalid parameters or the all-zero
-  // RNG state; FAILED_PRECONDITION on an unknown version.
+  // DATA_LOSS on a wrong length for the version and count, bad magic,
+  // invalid parameters or the all-zero RNG state; FAILED_PRECONDITION on an
+  // unknown version. O(blob).
   static absl::StatusOr<Sampler> Deserialize(std::string_view blob);
 
-  static constexpr uint32_t kStateVersion = 1;
-  static constexpr size_t kStateBytes = 76;
+  static constexpr uint32_t kStateVersion = 2;
+  static constexpr size_t kStateBytesV1 = 76;
+  static constexpr size_t kStateV2FixedBytes = 12;  // penalties + count
+  static constexpr size_t kMaxStateBytes =
+      kStateBytesV1 + kStateV2FixedBytes + 8 * kMaxLogitBias;
 
  private:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
   void EnsureScratch(size_t vocab);
+  // Pipeline steps 1-2 on x_: logit_bias, presence / frequency penalties.
+  void AdjustLogits(std::span<const int32_t> completion);
   // Index order used everywhere: larger x first, then lower id.
   bool Before(int32_t a, int32_t b) const;
 
@@ -174,6 +221,7 @@ class Sampler {
   std::vector<float> w_;       // (vocab) exp(x - max) for candidates
   std::vector<int32_t> idx_;   // (vocab) candidate ids
   std::vector<uint8_t> seen_;  // (vocab) repetition-penalty dedup marks, kept all-zero
+  std::vector<uint32_t> count_;  // (vocab) completion counts (penalties), kept all-zero
 };
 
 }  // namespace cortiq::model

@@ -46,13 +46,27 @@ size_t HeldSuffix(std::string_view text, const std::vector<std::string>& stops) 
 // ---------------------------------------------------------------------------
 // Job
 
-Job::Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request, size_t positions)
+Job::Job(Engine* engine, SessionStore::Lease lease, std::vector<SessionStore::Lease> forks,
+         GenerationRequest request, size_t positions)
     : engine_(engine),
       lease_(std::move(lease)),
       ending_(lease_.ending()),
       session_id_(lease_->id()),
       request_(std::move(request)),
-      positions_(positions) {}
+      positions_(positions) {
+  choices_.resize(forks.size() + 1);
+  choices_[0].session = lease_.get();
+  for (size_t c = 1; c < choices_.size(); ++c) {
+    choices_[c].fork = std::move(forks[c - 1]);
+    choices_[c].session = choices_[c].fork.get();
+  }
+}
+
+size_t Job::LiveChoices() const {
+  return static_cast<size_t>(std::count_if(choices_.begin(), choices_.end(), [](const Choice& c) {
+    return c.finish == FinishReason::kNone;
+  }));
+}
 
 bool Job::Pop(GenerationEvent* event) {
   bool was_full;
@@ -196,7 +210,8 @@ void Engine::Wake() {
 absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
                                                     GenerationRequest request) {
   if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
-  const PlanLimits limits{.max_tokens = max_context_, .max_context = max_context_};
+  const PlanLimits limits{
+      .max_tokens = max_context_, .max_context = max_context_, .max_n = options_.max_batch};
   const ExistingSession session{lease->tokens().size(), lease->config()};
   absl::StatusOr<RequestPlan> plan = PlanRequest(request, limits, model_.config(), session);
   if (!plan.ok()) return plan.status();
@@ -206,7 +221,26 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
 absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
                                                     GenerationRequest request,
                                                     const RequestPlan& plan) {
+  return Submit(std::move(lease), {}, std::move(request), plan);
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
+                                                    std::vector<SessionStore::Lease> forks,
+                                                    GenerationRequest request,
+                                                    const RequestPlan& plan) {
+  // The forks live for this call only: released whenever their lease
+  // returns, from here on (a refused Submit included).
+  for (SessionStore::Lease& f : forks) f.ReleaseOnReturn(ReleaseReason::kOneshot);
   if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
+  if (forks.size() + 1 != std::max<size_t>(request.n, 1)) {
+    return absl::InternalError(absl::StrCat("Submit: ", forks.size(), " forks for n = ",
+                                            request.n, " (n - 1 expected)"));
+  }
+  if (request.n > std::max<size_t>(options_.max_batch, 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("n: ", request.n,
+                                                   " choices cannot share a decode step of ",
+                                                   options_.max_batch, " rows (--max-batch)"));
+  }
   // Programmer invariants: the plan is this request's, on this session as
   // leased (the lease keeps its history still until the job ends).
   if (plan.prompt != request.prompt.size() || plan.max_tokens != request.max_tokens ||
@@ -217,14 +251,23 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
                      " positions) is not this request's (", lease->tokens().size(), " + ",
                      request.prompt.size(), " + ", request.max_tokens, ")"));
   }
-  std::shared_ptr<Job> job(new Job(this, std::move(lease), std::move(request), plan.total));
+  std::shared_ptr<Job> job(
+      new Job(this, std::move(lease), std::move(forks), std::move(request), plan.total));
+  job->min_tokens_masked_ = MinTokensMask(job->request_);
+  job->result_.choices.resize(job->choices_.size());
   job->submitted_ = Clock::now();
   // Past its deadline the job ends at the next step: a next call waits for it.
   job->lease_.EndsBy(job->request_.deadline);
   std::weak_ptr<Job> weak = job;
-  job->lease_.SetCanceller([weak] {
+  auto cancel = [weak] {
     if (auto j = weak.lock()) j->Cancel();
-  });
+  };
+  job->lease_.SetCanceller(cancel);
+  // Releasing a fork (an admin who found it in the list) ends the call too.
+  for (size_t c = 1; c < job->choices_.size(); ++c) {
+    job->choices_[c].fork.EndsBy(job->request_.deadline);
+    job->choices_[c].fork.SetCanceller(cancel);
+  }
   {
     std::unique_lock lock(mu_);
     if (stop_) return absl::UnavailableError("engine: shutting down");
@@ -247,8 +290,7 @@ bool Engine::Admit(Job& job) {
     FinishJob(job, FinishReason::kNone, st);
     return false;
   }
-  job.detok_ = std::make_unique<tokenizer::IncrementalDetokenizer>(tokenizer_);
-  if (!job.detok_->RestorePending(s.detok_pending()).ok()) job.detok_->Reset();
+  job.choices_[0].detok = NewDetokenizer(s);
   s.AppendPrompt(r.prompt);
   job.pending_.assign(s.tokens().begin() + static_cast<std::ptrdiff_t>(s.kv().position()),
                       s.tokens().end());
@@ -260,13 +302,66 @@ bool Engine::Admit(Job& job) {
   return true;
 }
 
+std::unique_ptr<tokenizer::IncrementalDetokenizer> Engine::NewDetokenizer(
+    const Session& session) const {
+  auto d = std::make_unique<tokenizer::IncrementalDetokenizer>(tokenizer_);
+  if (!d->RestorePending(session.detok_pending()).ok()) d->Reset();
+  return d;
+}
+
+void Engine::ForkChoices(Job& job) {
+  const Session& source = *job.lease_;
+  for (size_t c = 1; c < job.choices_.size(); ++c) {
+    Job::Choice& ch = job.choices_[c];
+    Session& fork = *ch.session;
+    // An explicit deep copy: the fork shares nothing mutable with choice 0.
+    fork.CopyStateFrom(source);
+    model::SamplingParams params = source.sampler()->params();
+    params.seed += c;
+    // The parameters were checked (the plan, and choice 0's sampler): a
+    // failure here is a bug, reported as the job's error.
+    if (absl::Status st = fork.ChooseSampler(params, /*seed_given=*/true); !st.ok()) {
+      FinishJob(job, FinishReason::kNone, absl::InternalError(st.message()));
+      return;
+    }
+    ch.detok = NewDetokenizer(fork);
+    fork.ReservePositions(job.positions_);
+    fork.PublishMemory();
+  }
+}
+
+void Engine::EndChoice(Job& job, size_t c, FinishReason reason) {
+  Job::Choice& ch = job.choices_[c];
+  ch.finish = reason;
+  if (!ch.fork) return;
+  ch.fork.ReleaseOnReturn(reason == FinishReason::kCancelled ? ReleaseReason::kCancelled
+                                                              : ReleaseReason::kOneshot);
+  ch.fork.Return();
+  ch.session = nullptr;
+}
+
+std::vector<int32_t> Engine::MinTokensMask(const GenerationRequest& request) const {
+  if (request.min_tokens == 0) return {};
+  std::vector<int32_t> ids = request.stop_token_ids;
+  if (!request.ignore_eos) ids.insert(ids.end(), eos_ids_.begin(), eos_ids_.end());
+  return ids;
+}
+
 void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
   if (job.phase_ == Job::Phase::kDone) return;
   job.phase_ = Job::Phase::kDone;
   const auto now = Clock::now();
   GenerationResult& res = job.result_;
   Session& s = *job.lease_;
-  if (job.detok_) s.KeepDetokPending(job.detok_->pending_bytes());
+  Job::Choice& first = job.choices_[0];
+  if (first.detok) s.KeepDetokPending(first.detok->pending_bytes());
+  // Choices still running end with the job's reason; a fork's session goes.
+  for (size_t c = 0; c < job.choices_.size(); ++c) {
+    if (job.choices_[c].finish == FinishReason::kNone) {
+      EndChoice(job, c, reason == FinishReason::kNone ? FinishReason::kCancelled : reason);
+    }
+    res.choices[c] = {job.choices_[c].finish, job.choices_[c].completion_tokens};
+  }
   // A kept session holds, after the call, what its tokens need: the rows
   // reserved for max_tokens and not used are given back (the store's
   // reservation ends with the lease). A one-shot session is freed whole.
@@ -279,6 +374,7 @@ void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
   res.session_tokens = s.tokens().size();
   res.memory = s.Memory();
   res.total_seconds = Seconds(now - job.submitted_);
+  res.finish_reason = reason;
   if (res.completion_tokens > 1) {
     const double dt = Seconds(job.last_token_ - job.first_token_);
     res.decode_tokens_per_second = dt > 0 ? (res.completion_tokens - 1) / dt : 0.0;
@@ -296,62 +392,76 @@ void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
   job.Finish(reason, std::move(status));
 }
 
-void Engine::OnLogits(Job& job, const float* logits) {
-  Session& s = *job.lease_;
+void Engine::OnLogits(Job& job, size_t c, const float* logits) {
+  Job::Choice& ch = job.choices_[c];
+  Session& s = *ch.session;
   const GenerationRequest& r = job.request_;
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   std::span<const float> row(logits, vocab);
-  const int32_t t = s.SampleNext(row);
+  const bool under_min = ch.completion_tokens < r.min_tokens;
+  const int32_t t =
+      s.SampleNext(row, ch.completion_tokens,
+                   under_min ? std::span<const int32_t>(job.min_tokens_masked_)
+                             : std::span<const int32_t>());
   GenerationEvent ev;
+  ev.index = static_cast<uint32_t>(c);
   ev.token_id = t;
   if (r.logprobs || r.top_logprobs > 0) {
     absl::StatusOr<model::Logprobs> lp =
         model::ComputeLogprobs(row, r.sampling.temperature, t, static_cast<int>(r.top_logprobs));
     if (lp.ok()) ev.logprobs = *std::move(lp);
   }
-  job.next_input_ = t;
+  ch.next_input = t;
+  ++ch.completion_tokens;
   ++job.result_.completion_tokens;
   const auto now = Clock::now();
   if (job.result_.completion_tokens == 1) {
     job.first_token_ = now;
     job.result_.ttft_seconds = Seconds(now - job.submitted_);
     if (options_.observer) options_.observer->OnFirstToken(job.result_.ttft_seconds);
-  } else if (options_.observer) {
-    options_.observer->OnInterToken(Seconds(now - job.last_token_));
+  } else if (ch.completion_tokens > 1 && options_.observer) {
+    options_.observer->OnInterToken(Seconds(now - ch.last_token));
   }
+  ch.last_token = now;
   job.last_token_ = now;
 
-  const bool eos =
-      !r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end();
-  if (!eos) job.held_ += job.detok_->Push(t);
+  // A stop id ends the choice like EOS does (its text is not streamed), with
+  // finish reason stop.
+  const bool stop_id =
+      std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), t) != r.stop_token_ids.end();
+  const bool eos = !stop_id && !r.ignore_eos &&
+                   std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end();
+  if (!eos && !stop_id) ch.held += ch.detok->Push(t);
   FinishReason finish = FinishReason::kNone;
   size_t stop_at = std::string::npos;
   for (const std::string& stop : r.stop) {
-    stop_at = std::min(stop_at, job.held_.find(stop));
+    stop_at = std::min(stop_at, ch.held.find(stop));
   }
   if (stop_at != std::string::npos) {
-    ev.text = job.held_.substr(0, stop_at);
-    job.held_.clear();
+    ev.text = ch.held.substr(0, stop_at);
+    ch.held.clear();
     finish = FinishReason::kStop;
-  } else if (eos || job.result_.completion_tokens >= r.max_tokens) {
-    ev.text = std::move(job.held_);
-    job.held_.clear();
-    // A session that ends with this call flushes a cut character (as U+FFFD);
-    // a kept one keeps the bytes for its next call.
-    if (r.release_at_end) ev.text += job.detok_->Flush();
-    finish = eos ? FinishReason::kEos : FinishReason::kLength;
+  } else if (eos || stop_id || ch.completion_tokens >= r.max_tokens) {
+    ev.text = std::move(ch.held);
+    ch.held.clear();
+    // A session that ends with this call (a one-shot session, a fork)
+    // flushes a cut character (as U+FFFD); a kept one keeps the bytes for
+    // its next call.
+    if (r.release_at_end || c > 0) ev.text += ch.detok->Flush();
+    finish = stop_id ? FinishReason::kStop : eos ? FinishReason::kEos : FinishReason::kLength;
   } else {
-    const size_t keep = HeldSuffix(job.held_, r.stop);
-    ev.text = job.held_.substr(0, job.held_.size() - keep);
-    job.held_.erase(0, job.held_.size() - keep);
+    const size_t keep = HeldSuffix(ch.held, r.stop);
+    ev.text = ch.held.substr(0, ch.held.size() - keep);
+    ch.held.erase(0, ch.held.size() - keep);
   }
   s.PublishMemory();
   job.Push(std::move(ev));
-  if (finish != FinishReason::kNone) {
-    FinishJob(job, finish, absl::OkStatus());
-  } else {
+  if (finish == FinishReason::kNone) {
     job.phase_ = Job::Phase::kDecode;
+    return;
   }
+  EndChoice(job, c, finish);
+  if (job.LiveChoices() == 0) FinishJob(job, job.choices_[0].finish, absl::OkStatus());
 }
 
 void Engine::RunPrefillChunk(Job& job) {
@@ -376,28 +486,39 @@ void Engine::RunPrefillChunk(Job& job) {
   }
   // The prompt is absorbed: O(1) layers seal now (their exact rows are freed).
   model_.SealO1(job.lease_.sequence());
-  OnLogits(job, logits_.data());
+  // Every choice samples its first token from these logits; the forks first
+  // receive choice 0's state as it stands now.
+  if (job.choices_.size() > 1) {
+    ForkChoices(job);
+    if (job.phase_ == Job::Phase::kDone) return;
+  }
+  for (size_t c = 0; c < job.choices_.size(); ++c) OnLogits(job, c, logits_.data());
 }
 
-void Engine::RunDecode(std::vector<Job*>& batch) {
+void Engine::RunDecode(std::vector<DecodeRow>& batch) {
   batch_tokens_.clear();
   batch_kvs_.clear();
-  for (Job* j : batch) {
-    batch_tokens_.push_back(j->next_input_);
-    batch_kvs_.push_back(&j->lease_.sequence());
+  for (const DecodeRow& row : batch) {
+    Job::Choice& ch = row.job->choices_[row.choice];
+    batch_tokens_.push_back(ch.next_input);
+    batch_kvs_.push_back(row.choice == 0 ? &row.job->lease_.sequence() : &ch.fork.sequence());
   }
   absl::Status st = model_.DecodeBatch(batch_tokens_, batch_kvs_, decode_scratch_, logits_.data());
   if (!st.ok()) {
     spdlog::error("engine: decode step failed for a batch of {}: {}", batch.size(), st.ToString());
-    for (Job* j : batch) FinishJob(*j, FinishReason::kNone, absl::InternalError(st.message()));
+    for (const DecodeRow& row : batch) {
+      FinishJob(*row.job, FinishReason::kNone, absl::InternalError(st.message()));
+    }
     return;
   }
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
-  for (size_t b = 0; b < batch.size(); ++b) OnLogits(*batch[b], logits_.data() + b * vocab);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    OnLogits(*batch[b].job, batch[b].choice, logits_.data() + b * vocab);
+  }
 }
 
 void Engine::Loop() {
-  std::vector<Job*> batch;
+  std::vector<DecodeRow> batch;
   batch.reserve(options_.max_batch);
   size_t rotate = 0;
   for (;;) {
@@ -432,15 +553,18 @@ void Engine::Loop() {
     if (stop) break;
 
     // One decode step for every job with room in its queue (rotating the
-    // start so a batch cap never starves the same jobs) ...
+    // start so a batch cap never starves the same jobs), all of a job's
+    // live choices in the same step ...
     batch.clear();
     Job* prefill = nullptr;
     const size_t n = jobs_.size();
     for (size_t i = 0; i < n; ++i) {
       Job& j = *jobs_[(i + rotate) % n];
-      if (j.phase_ == Job::Phase::kDecode && batch.size() < options_.max_batch &&
+      if (j.phase_ == Job::Phase::kDecode && batch.size() + j.LiveChoices() <= options_.max_batch &&
           j.QueueHasRoom()) {
-        batch.push_back(&j);
+        for (size_t c = 0; c < j.choices_.size(); ++c) {
+          if (j.choices_[c].finish == FinishReason::kNone) batch.push_back({&j, c});
+        }
       }
     }
     // ... and one prefill chunk of the oldest job absorbing its prompt.

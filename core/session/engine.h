@@ -99,7 +99,7 @@ class EngineObserver {
 };
 
 struct EngineOptions {
-  size_t max_batch = 32;          // decode rows per step (< kMatMulGemmMinBatch keeps batches bit-identical to single streams)
+  size_t max_batch = 32;          // decode rows per step (< kMatMulGemmMinBatch keeps batches bit-identical to single streams); a request's n choices share one step, so n <= max_batch
   size_t prefill_chunk = 256;     // prompt tokens per prefill call
   size_t queue_capacity = 64;     // events buffered per job before it pauses
   size_t max_context = 0;         // positions per session (0 = the model's max_position_embeddings)
@@ -134,7 +134,24 @@ class Job {
 
  private:
   friend class Engine;
-  Job(Engine* engine, SessionStore::Lease lease, GenerationRequest request, size_t positions);
+  Job(Engine* engine, SessionStore::Lease lease, std::vector<SessionStore::Lease> forks,
+      GenerationRequest request, size_t positions);
+
+  // One choice of the request (GenerationRequest::n): choice 0 runs on the
+  // job's session, choice i > 0 on fork i, a session of its own that
+  // receives a deep copy of choice 0's state after the prompt (ForkChoices).
+  struct Choice {
+    Session* session = nullptr;  // choice 0: *lease_; else *fork
+    SessionStore::Lease fork;    // choices > 0, until the choice ends (then released)
+    std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
+    std::string held;           // text held back (possible stop prefix)
+    int32_t next_input = -1;    // sampled token to feed in the next decode step
+    size_t completion_tokens = 0;
+    FinishReason finish = FinishReason::kNone;  // kNone while it runs
+    Clock::time_point last_token;
+  };
+  // The choices still sampling.
+  size_t LiveChoices() const;
 
   // engine side
   bool QueueHasRoom() const;
@@ -148,15 +165,16 @@ class Job {
   const std::string session_id_;
   GenerationRequest request_;
   const size_t positions_;  // RequestPlan::total: what the session's caches reserve
+  // Ids masked while a choice has sampled fewer than request_.min_tokens:
+  // the EOS ids (unless ignore_eos) and the stop ids. Empty without min_tokens.
+  std::vector<int32_t> min_tokens_masked_;
   std::atomic<bool> cancelled_{false};
 
   // engine-thread state
   enum class Phase : uint8_t { kPrefill, kDecode, kDone } phase_ = Phase::kPrefill;
   size_t prefill_done_ = 0;           // tokens of `pending_` absorbed
   std::vector<int32_t> pending_;      // tokens to absorb: history tail + prompt
-  std::unique_ptr<tokenizer::IncrementalDetokenizer> detok_;
-  std::string held_;                  // text held back (possible stop prefix)
-  int32_t next_input_ = -1;           // sampled token to feed in the next decode step
+  std::vector<Choice> choices_;       // request_.n of them, index order
   Clock::time_point submitted_, first_chunk_, first_token_, last_token_;
   GenerationResult result_;
 
@@ -184,6 +202,21 @@ class Engine {
   // another request or another history: a bug). UNAVAILABLE after Shutdown.
   absl::StatusOr<std::shared_ptr<Job>> Submit(SessionStore::Lease lease, GenerationRequest request,
                                               const RequestPlan& plan);
+  // The same for n > 1: `forks` are request.n - 1 fresh sessions the caller
+  // created in the store for this call (SessionStore::CreateMany, admitted
+  // with the plan's bytes each, same config). They are released at the end
+  // of their choice (reason oneshot, cancelled when the call was), or at
+  // once if Submit fails. After choice 0's prefill the engine deep-copies
+  // its whole state (attention state of every mode, history, held-back
+  // bytes) into each fork; choice i then samples with the sampler's seed + i
+  // (choice 0 exactly as an n = 1 request), its own detokenizer and stop
+  // hold-back, and every live choice decodes in the same batched step.
+  // Cancel, the deadline or a release of any of the sessions ends every
+  // choice. INTERNAL when forks.size() != request.n - 1; INVALID_ARGUMENT
+  // when request.n > options.max_batch (the choices could not share a step).
+  absl::StatusOr<std::shared_ptr<Job>> Submit(SessionStore::Lease lease,
+                                              std::vector<SessionStore::Lease> forks,
+                                              GenerationRequest request, const RequestPlan& plan);
   // For callers without a front end (tests, benchmarks, tools): plans the
   // request on the leased session against the engine's own limits
   // (max_tokens and the session's positions up to max_context()), then
@@ -209,12 +242,27 @@ class Engine {
   friend class Job;
   void Loop();
   void Wake();
+  // One decode row: a choice of a job.
+  struct DecodeRow {
+    Job* job;
+    size_t choice;
+  };
   bool Admit(Job& job);                    // prepares a new job; false: finished at once
-  void RunDecode(std::vector<Job*>& batch);
+  void RunDecode(std::vector<DecodeRow>& batch);
   void RunPrefillChunk(Job& job);
-  // Samples from logits, pushes the event, decides the finish.
-  void OnLogits(Job& job, const float* logits);
+  // After the prompt: deep-copies choice 0's state into every fork and
+  // gives each its sampler (seed + i) and detokenizer.
+  void ForkChoices(Job& job);
+  // Samples choice `c` from logits, pushes the event, decides its finish.
+  void OnLogits(Job& job, size_t c, const float* logits);
+  // Choice `c` ended with `reason`: a fork's session is released now.
+  void EndChoice(Job& job, size_t c, FinishReason reason);
+  // Ends every choice still running with `reason`, then the job.
   void FinishJob(Job& job, FinishReason reason, absl::Status status);
+  // A detokenizer continuing `session`'s held-back bytes.
+  std::unique_ptr<tokenizer::IncrementalDetokenizer> NewDetokenizer(const Session& session) const;
+  // The ids a request masks under its min_tokens (Job::min_tokens_masked_).
+  std::vector<int32_t> MinTokensMask(const GenerationRequest& request) const;
 
   const model::Transformer& model_;
   const tokenizer::Tokenizer& tokenizer_;

@@ -31,16 +31,34 @@ absl::Status CheckFields(const GenerationRequest& r, const PlanLimits& limits,
         absl::StrCat("max_tokens: ", r.max_tokens, " is outside [1, ", limits.max_tokens, "]"));
   }
   CORTIQ_RETURN_IF_ERROR(r.sampling.Validate());
+  // Validate checked the logit_bias ids are >= 0, distinct and ascending:
+  // the last is the largest.
+  if (!r.sampling.logit_bias.empty() && r.sampling.logit_bias.back().first >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias: token id ",
+                                                   r.sampling.logit_bias.back().first,
+                                                   " is outside the vocabulary [0, ", vocab, ")"));
+  }
+  if (r.stop_token_ids.size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stop_token_ids: ", r.stop_token_ids.size(), " ids, at most ", kMaxStopTokenIds));
+  }
+  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
+    if (r.stop_token_ids[i] < 0 || r.stop_token_ids[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "]: id ",
+                                                     r.stop_token_ids[i],
+                                                     " is outside the vocabulary [0, ", vocab,
+                                                     ")"));
+    }
+  }
+  if (r.min_tokens > r.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("min_tokens: ", r.min_tokens,
+                                                   " is above max_tokens ", r.max_tokens));
+  }
+  if (r.n < 1 || r.n > limits.max_n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: ", r.n, " is outside [1, ", limits.max_n, "] (--max-n)"));
+  }
   // Fields the engine does not act on yet: refused rather than ignored.
-  if (r.sampling.presence_penalty != 0 || r.sampling.frequency_penalty != 0) {
-    return absl::UnimplementedError("presence_penalty / frequency_penalty: not supported yet");
-  }
-  if (!r.sampling.logit_bias.empty()) {
-    return absl::UnimplementedError("logit_bias: not supported yet");
-  }
-  if (!r.stop_token_ids.empty()) return absl::UnimplementedError("stop_token_ids: not supported yet");
-  if (r.min_tokens != 0) return absl::UnimplementedError("min_tokens: not supported yet");
-  if (r.n != 1) return absl::UnimplementedError("n: only 1 is supported yet");
   if (r.reuse_prefix) return absl::UnimplementedError("reuse_prefix: not supported yet");
   if (r.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(

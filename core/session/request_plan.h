@@ -14,7 +14,10 @@
 //       O(1) m / window / sink and the QSA ratio / budget ≤ limits.max_context
 //       (CheckSessionConfig);
 //   prompt non-empty; prompt_tokens[i] ∈ [0, vocab_size);
-//   max_tokens ∈ [1, limits.max_tokens]; sampling (SamplingParams::Validate);
+//   max_tokens ∈ [1, limits.max_tokens]; sampling (SamplingParams::Validate:
+//   the penalties, logit_bias's size, order and biases), logit_bias ids in
+//   the vocabulary; at most kMaxStopTokenIds stop_token_ids, each in the
+//   vocabulary; min_tokens ≤ max_tokens; n ∈ [1, limits.max_n];
 //   top_logprobs ≤ kMaxTopLogprobs; at most kMaxStopSequences stop
 //   sequences, each 1 .. kMaxStopBytes bytes;
 //   history + prompt + max_tokens ≤ limits.max_context.
@@ -52,7 +55,7 @@ inline constexpr uint32_t kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxStopSequences = 16;
 inline constexpr size_t kMaxStopBytes = 256;
 inline constexpr size_t kMaxStopTokenIds = 16;
-inline constexpr size_t kMaxLogitBias = 1024;
+inline constexpr size_t kMaxLogitBias = model::kMaxLogitBias;  // 1024
 
 // What a caller asks the engine to do with a session. Checked by PlanRequest.
 struct GenerationRequest {
@@ -71,6 +74,8 @@ struct GenerationRequest {
   // min_tokens samples; 0 .. max_tokens.
   size_t min_tokens = 0;
   // Choices from one prefill (GenerateRequest.n): 1 .. PlanLimits::max_n.
+  // Choice i samples with seed + i on its own fork of the session (see
+  // Engine::Submit); choice 0 exactly as an n = 1 request would.
   size_t n = 1;
   // The prompt is the session's whole conversation (GenerateRequest.reuse_prefix):
   // the longest common prefix with its history is kept, only the rest prefilled.
@@ -85,7 +90,7 @@ struct GenerationRequest {
 struct PlanLimits {
   size_t max_tokens = 0;   // max_tokens ∈ [1, this] (--max-tokens)
   size_t max_context = 0;  // positions a session may hold (Engine::max_context())
-  size_t max_n = 1;        // choices per request (--max-n)
+  size_t max_n = 1;        // choices per request (--max-n); at most the engine's max_batch
 };
 
 // The session a continuation runs on, as it stands before the call

@@ -81,13 +81,23 @@ void Session::ReleaseUnusedPositions() {
   PublishMemory();
 }
 
-int32_t Session::SampleNext(std::span<const float> logits) {
-  const int32_t t = sampler_->Sample(logits, tokens_);
+int32_t Session::SampleNext(std::span<const float> logits, size_t completion,
+                            std::span<const int32_t> masked) {
+  const std::span<const int32_t> history(tokens_);
+  const int32_t t = sampler_->Sample(logits, history,
+                                     history.last(std::min(completion, history.size())), masked);
   tokens_.push_back(t);
   return t;
 }
 
 void Session::KeepDetokPending(std::string_view bytes) { detok_pending_.assign(bytes); }
+
+void Session::CopyStateFrom(const Session& source) {
+  kv_ = source.kv_.Copy();
+  tokens_ = source.tokens_;
+  detok_pending_ = source.detok_pending_;
+  PublishMemory();
+}
 
 absl::Status Session::RestoreHistory(std::vector<int32_t> tokens, size_t cached,
                                      std::string_view detok_pending) {

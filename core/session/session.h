@@ -139,14 +139,26 @@ class Session {
   // SequenceKv::ReleaseUnused), then publishes the smaller bytes.
   void ReleaseUnusedPositions();
   // Samples the next token from `logits` ([vocab]) with the session's
-  // sampler (its penalties see the history) and appends it to the history.
-  // Requires a sampler (ChooseSampler first). Allocates nothing once the
-  // sampler's scratch is sized and the history has room (the engine does not
-  // reserve it: amortised growth as before).
-  int32_t SampleNext(std::span<const float> logits);
+  // sampler and appends it to the history. The repetition penalty sees the
+  // whole history; the presence / frequency penalties its last `completion`
+  // tokens (those this call sampled, <= tokens().size()); `masked` ids are
+  // not sampled (Sampler::Sample). Requires a sampler (ChooseSampler
+  // first). Allocates nothing once the sampler's scratch is sized and the
+  // history has room (the engine does not reserve it: amortised growth as
+  // before).
+  int32_t SampleNext(std::span<const float> logits, size_t completion = 0,
+                     std::span<const int32_t> masked = {});
   // Keeps the detokenizer's held-back bytes (at most 3: a cut UTF-8
   // character) for the session's next call. At the end of a call.
   void KeepDetokPending(std::string_view bytes);
+  // Makes this session a fork of `source` (a request's choice > 0, whose
+  // session the engine creates empty): an explicit deep copy of its whole
+  // attention state (SequenceKv::Copy: rows, O(1) states, QSA indexer
+  // states, the window), history and held-back bytes, sharing nothing
+  // mutable with it. Not its id, tenant or sampler. Both sessions are
+  // leased by the caller; they must have the same config (a programmer
+  // invariant). Allocates the copy: O(source's bytes).
+  void CopyStateFrom(const Session& source);
 
   // ---- state built outside the engine: the owner of an uninstalled session
   // (the wire import), or the lease holder (tools and tests that synthesise

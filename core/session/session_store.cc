@@ -111,11 +111,13 @@ size_t SessionStore::CommittedLocked() const {
   return total;
 }
 
-absl::Status SessionStore::AdmitLocked(size_t bytes, std::string_view what) const {
-  if (sessions_.size() >= options_.max_sessions) {
+absl::Status SessionStore::AdmitLocked(size_t bytes, std::string_view what,
+                                       size_t sessions) const {
+  if (sessions_.size() + sessions > options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "session cap reached: ", sessions_.size(), " live sessions, --max-sessions ",
-        options_.max_sessions, "; release sessions or retry later"));
+        "session cap reached: ", sessions_.size(), " live sessions",
+        sessions > 1 ? absl::StrCat(" (this request needs ", sessions, ")") : std::string(),
+        ", --max-sessions ", options_.max_sessions, "; release sessions or retry later"));
   }
   const size_t budget = options_.memory_budget_bytes;
   if (budget > 0) {
@@ -149,6 +151,40 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transforme
                                                          const RequestPlan& plan,
                                                          std::string tenant) {
   return Create(model, plan.config, plan.projected.total(), std::move(tenant));
+}
+
+absl::StatusOr<std::vector<SessionStore::Lease>> SessionStore::CreateMany(
+    const model::Transformer& model, const RequestPlan& plan, size_t count, std::string tenant) {
+  const size_t each = plan.projected.total();
+  std::unique_lock lock(mu_);
+  CORTIQ_RETURN_IF_ERROR(AdmitLocked(
+      each * count,
+      count == 1 ? std::string("this request projects")
+                 : absl::StrCat("this request's ", count, " sessions (n) of ", each,
+                                " bytes each project"),
+      count));
+  // Every session is made before any is installed: an error leaves nothing.
+  std::vector<std::unique_ptr<Session>> made;
+  made.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    std::string id = NewId();
+    while (std::any_of(made.begin(), made.end(), [&](const auto& m) { return m->id() == id; })) {
+      id = NewId();
+    }
+    absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(id, model, plan.config);
+    if (!s.ok()) return s.status();
+    (*s)->set_tenant(tenant);
+    made.push_back(*std::move(s));
+  }
+  std::vector<Lease> leases;
+  leases.reserve(count);
+  for (auto& m : made) {
+    Entry& e = sessions_[m->id()];
+    e.session = std::move(m);
+    e.reservation = each;
+    leases.push_back(LeaseLocked(e));
+  }
+  return leases;
 }
 
 namespace {

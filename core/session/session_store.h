@@ -135,6 +135,16 @@ class SessionStore {
   // a plan for a new session (PlanRequest with a SessionConfig) was made for.
   absl::StatusOr<Lease> Create(const model::Transformer& model, const RequestPlan& plan,
                                std::string tenant = {});
+  // `count` new sessions for `plan` (a request with n = count choices, or
+  // the count - 1 forks of a continued session), admitted together: the cap
+  // counts them all and the budget count x plan.projected.total() bytes,
+  // each session reserving its plan's bytes. All or nothing:
+  // RESOURCE_EXHAUSTED (nothing created, nothing changed, numbers in the
+  // message) when they do not fit; INVALID_ARGUMENT from Session::Create.
+  // Requires count >= 1. O(count + sessions).
+  absl::StatusOr<std::vector<Lease>> CreateMany(const model::Transformer& model,
+                                                const RequestPlan& plan, size_t count,
+                                                std::string tenant = {});
   // Installs a session built outside the store (an import) and leases it;
   // it keeps its own tenant (Session::set_tenant). RESOURCE_EXHAUSTED (the
   // session is destroyed, nothing installed) when the cap is reached or its
@@ -343,9 +353,10 @@ class SessionStore {
 
   std::string NewId();  // 32 hex digits from a CSPRNG-seeded 128-bit draw; mu_ held
   size_t CommittedLocked() const;
-  // RESOURCE_EXHAUSTED (with the numbers) unless one more session holding
-  // `bytes` fits the cap and the budget; `what` names the bytes in the message.
-  absl::Status AdmitLocked(size_t bytes, std::string_view what) const;
+  // RESOURCE_EXHAUSTED (with the numbers) unless `sessions` more sessions
+  // holding `bytes` in all fit the cap and the budget; `what` names the
+  // bytes in the message.
+  absl::Status AdmitLocked(size_t bytes, std::string_view what, size_t sessions = 1) const;
   // The entry of `id` when `tenant` sees it, else end(): the one place the
   // tenant filter is applied.
   std::map<std::string, Entry>::iterator FindLocked(const std::string& id,

@@ -602,6 +602,13 @@ void SessionWireSink::State::SectionHeaderDone() {
                                   "): length ", len, " runs past the end of the stream"));
     return;
   }
+  // The sampler section is kept whole in memory: its length is bounded by
+  // what a sampler state can be (a present byte + the largest blob).
+  if (count == 2 && type == kSectionSampler && len > 1 + model::Sampler::kMaxStateBytes) {
+    broken = Corrupt(absl::StrCat("section 2 (sampler): length ", len, ", at most ",
+                                  1 + model::Sampler::kMaxStateBytes));
+    return;
+  }
   start = offset - fixed.size();
   crc = util::Crc32c(fixed);
   fixed.clear();

@@ -1,12 +1,15 @@
-// Sampler: greedy, top-k, top-p, min-p, repetition penalty, determinism,
-// state serialisation, distribution (fixed seeds: nothing here can flake),
-// logprobs, validation, and no per-call allocation.
+// Sampler: greedy, top-k, top-p, min-p, repetition penalty, logit_bias,
+// presence / frequency penalties and masked ids (against a reference written
+// here), determinism, state serialisation (versions 1 and 2), distribution
+// (fixed seeds: nothing here can flake), logprobs, validation, and no
+// per-call allocation.
 #include "core/model/sampler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -113,6 +116,17 @@ TEST(SamplingParamsTest, ValidateNamesTheField) {
       {with([](SamplingParams& p) { p.min_p = 1.5f; }), "min_p"},
       {with([](SamplingParams& p) { p.repetition_penalty = 0.0f; }), "repetition_penalty"},
       {with([](SamplingParams& p) { p.repetition_penalty = kInf; }), "repetition_penalty"},
+      {with([](SamplingParams& p) { p.presence_penalty = 2.01f; }), "presence_penalty"},
+      {with([](SamplingParams& p) { p.presence_penalty = -kInf; }), "presence_penalty"},
+      {with([](SamplingParams& p) { p.presence_penalty = std::nanf(""); }), "presence_penalty"},
+      {with([](SamplingParams& p) { p.frequency_penalty = -2.5f; }), "frequency_penalty"},
+      {with([](SamplingParams& p) { p.frequency_penalty = std::nanf(""); }), "frequency_penalty"},
+      {with([](SamplingParams& p) { p.logit_bias = {{-1, 1.0f}}; }), "logit_bias"},
+      {with([](SamplingParams& p) { p.logit_bias = {{3, 1.0f}, {3, 2.0f}}; }), "logit_bias"},
+      {with([](SamplingParams& p) { p.logit_bias = {{4, 1.0f}, {3, 2.0f}}; }), "logit_bias"},
+      {with([](SamplingParams& p) { p.logit_bias = {{3, 100.5f}}; }), "logit_bias[3]"},
+      {with([](SamplingParams& p) { p.logit_bias = {{3, std::nanf("")}}; }), "logit_bias[3]"},
+      {with([](SamplingParams& p) { p.logit_bias.resize(kMaxLogitBias + 1); }), "at most 1024"},
   };
   for (const Case& c : cases) {
     absl::Status s = c.p.Validate();
@@ -126,6 +140,14 @@ TEST(SamplingParamsTest, ValidateNamesTheField) {
   edge.temperature = 0;
   edge.top_p = 1;
   edge.min_p = 1;
+  edge.presence_penalty = -2;
+  edge.frequency_penalty = 2;
+  edge.logit_bias = {{0, -100.0f}, {7, 100.0f}};
+  EXPECT_TRUE(edge.Validate().ok());
+  for (size_t i = 0; i < kMaxLogitBias; ++i) {
+    edge.logit_bias.resize(kMaxLogitBias);
+    edge.logit_bias[i] = {static_cast<int32_t>(i), 1.0f};
+  }
   EXPECT_TRUE(edge.Validate().ok());
 }
 
@@ -280,7 +302,7 @@ TEST(SamplerTest, SerializeMidSequenceContinuesIdentically) {
     got.push_back(first.Sample(logits, got));
   }
   const std::string blob = first.SerializeState();
-  EXPECT_EQ(blob.size(), Sampler::kStateBytes);
+  EXPECT_EQ(blob.size(), Sampler::kStateBytesV1);  // no version-2 parameters
   auto resumed = Sampler::Deserialize(blob);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->params(), kRich);
@@ -351,12 +373,155 @@ TEST(SamplerTest, SerializedLayoutIsLittleEndianAndVersioned) {
   Sampler s = Make(kRich);
   const std::string b = s.SerializeState();
   EXPECT_EQ(b.substr(0, 4), "CQSM");
-  EXPECT_EQ(static_cast<uint8_t>(b[4]), Sampler::kStateVersion);
+  // No version-2 parameter: written as version 1, 76 bytes.
+  EXPECT_EQ(static_cast<uint8_t>(b[4]), 1);
   EXPECT_EQ(b[5], 0);
+  EXPECT_EQ(b.size(), 76u);
   // top_k = 50 at offset 12; seed 12345 = 0x3039 at offset 28.
   EXPECT_EQ(static_cast<uint8_t>(b[12]), 50);
   EXPECT_EQ(static_cast<uint8_t>(b[28]), 0x39);
   EXPECT_EQ(static_cast<uint8_t>(b[29]), 0x30);
+
+  SamplingParams p = kRich;
+  p.presence_penalty = 0.5f;   // 0x3f000000
+  p.frequency_penalty = -1.0f;  // 0xbf800000
+  p.logit_bias = {{7, 2.0f}, {300, -100.0f}};
+  const std::string v2 = Make(p).SerializeState();
+  EXPECT_EQ(static_cast<uint8_t>(v2[4]), Sampler::kStateVersion);
+  EXPECT_EQ(Sampler::kStateVersion, 2u);
+  ASSERT_EQ(v2.size(), 76u + 12u + 2u * 8u);
+  EXPECT_EQ(v2.substr(0, 4), b.substr(0, 4));
+  EXPECT_EQ(v2.substr(8, 68), b.substr(8, 68));  // the version-1 fields, unchanged
+  auto u32 = [&](size_t off) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(v2[off + i])) << (8 * i);
+    return v;
+  };
+  EXPECT_EQ(u32(76), 0x3f000000u);
+  EXPECT_EQ(u32(80), 0xbf800000u);
+  EXPECT_EQ(u32(84), 2u);
+  EXPECT_EQ(u32(88), 7u);
+  EXPECT_EQ(u32(92), 0x40000000u);  // 2.0f
+  EXPECT_EQ(u32(96), 300u);
+  EXPECT_EQ(u32(100), 0xc2c80000u);  // -100.0f
+}
+
+// A version-1 blob written by hand, byte by byte (what a version-1 build
+// exported), reads as a sampler with the penalties and bias off, and
+// continues its stream exactly.
+TEST(SamplerTest, Version1BlobStillDeserializes) {
+  Sampler ref = Make(kRich);
+  const std::vector<int32_t> head = RunSteps(ref, 25);
+  std::string v1 = "CQSM";
+  auto put = [&](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) v1.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  auto bits = [](float f) { return uint64_t{std::bit_cast<uint32_t>(f)}; };
+  put(1, 4);
+  put(bits(kRich.temperature), 4);
+  put(static_cast<uint32_t>(kRich.top_k), 4);
+  put(bits(kRich.top_p), 4);
+  put(bits(kRich.min_p), 4);
+  put(bits(kRich.repetition_penalty), 4);
+  put(kRich.seed, 8);
+  for (uint64_t w : ref.rng().state()) put(w, 8);
+  put(ref.samples_drawn(), 8);
+  ASSERT_EQ(v1.size(), Sampler::kStateBytesV1);
+  auto s = Sampler::Deserialize(v1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->params(), kRich);
+  EXPECT_EQ(s->params().presence_penalty, 0.0f);
+  EXPECT_EQ(s->params().frequency_penalty, 0.0f);
+  EXPECT_TRUE(s->params().logit_bias.empty());
+  EXPECT_EQ(s->SerializeState(), v1);  // still written as version 1
+  std::vector<int32_t> a = head, b = head;
+  for (int i = 25; i < 60; ++i) {
+    std::vector<float> logits = RandomLogits(300, 1000 + i);
+    a.push_back(ref.Sample(logits, a));
+    b.push_back(s->Sample(logits, b));
+  }
+  EXPECT_EQ(a, b);
+  // A version-1 blob must be exactly 76 bytes.
+  EXPECT_EQ(Sampler::Deserialize(v1 + std::string(12, '\0')).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// Version 2 carries the penalties and the bias: a sampler resumed from its
+// blob mid-call samples exactly what the original would have.
+TEST(SamplerTest, Version2RoundTripContinuesWithThePenalties) {
+  SamplingParams p = kRich;
+  p.presence_penalty = 0.7f;
+  p.frequency_penalty = 1.3f;
+  p.logit_bias = {{3, 5.0f}, {17, -3.5f}, {250, 2.25f}};
+  auto run = [&](Sampler& s, std::vector<int32_t>& out, int from, int to) {
+    for (int i = from; i < to; ++i) {
+      std::vector<float> logits = RandomLogits(300, 2000 + i);
+      out.push_back(s.Sample(logits, out, out));
+    }
+  };
+  Sampler whole = Make(p);
+  std::vector<int32_t> want;
+  run(whole, want, 0, 80);
+  Sampler first = Make(p);
+  std::vector<int32_t> got;
+  run(first, got, 0, 30);
+  const std::string blob = first.SerializeState();
+  EXPECT_EQ(blob.size(), Sampler::kStateBytesV1 + Sampler::kStateV2FixedBytes + 3 * 8);
+  auto resumed = Sampler::Deserialize(blob);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->params(), p);
+  EXPECT_EQ(resumed->SerializeState(), blob);
+  run(*resumed, got, 30, 80);
+  EXPECT_EQ(got, want);
+  // The penalties did something: without them the stream differs.
+  Sampler plain = Make(kRich);
+  std::vector<int32_t> other;
+  run(plain, other, 0, 80);
+  EXPECT_NE(other, want);
+
+  // The largest blob: kMaxLogitBias entries.
+  SamplingParams full = kRich;
+  for (size_t i = 0; i < kMaxLogitBias; ++i) {
+    full.logit_bias.emplace_back(static_cast<int32_t>(3 * i), static_cast<float>(i % 200) - 100);
+  }
+  const std::string big = Make(full).SerializeState();
+  EXPECT_EQ(big.size(), Sampler::kMaxStateBytes);
+  auto back = Sampler::Deserialize(big);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->params(), full);
+}
+
+TEST(SamplerTest, DeserializeRejectsBadVersion2Input) {
+  SamplingParams p = kRich;
+  p.presence_penalty = 0.5f;
+  p.logit_bias = {{3, 5.0f}, {17, -3.5f}};
+  const std::string good = Make(p).SerializeState();
+  ASSERT_EQ(good.size(), 76u + 12u + 16u);
+  auto code = [](const std::string& b) { return Sampler::Deserialize(b).status().code(); };
+  EXPECT_EQ(code(good.substr(0, 76)), absl::StatusCode::kDataLoss);  // v2 without its fields
+  EXPECT_EQ(code(good.substr(0, 87)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(code(good.substr(0, good.size() - 1)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(code(good + "12345678"), absl::StatusCode::kDataLoss);
+  std::string count = good;
+  count[84] = 3;  // says three entries, holds two
+  EXPECT_EQ(code(count), absl::StatusCode::kDataLoss);
+  count[84] = 0;
+  count[85] = 0x10;  // 4096 entries: more than kMaxLogitBias, refused before any read
+  auto huge = Sampler::Deserialize(count);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("at most 1024"));
+  std::string order = good;
+  order[88] = 17;  // ids 17, 17: not distinct
+  auto dup = Sampler::Deserialize(order);
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("logit_bias"));
+  std::string penalty = good;
+  penalty[79] = 0x7f;  // presence_penalty's top byte -> a huge value
+  EXPECT_EQ(code(penalty), absl::StatusCode::kDataLoss);
+  std::string bias = good;
+  bias[95] = static_cast<char>(0x7f);  // the first bias -> NaN / huge
+  bias[94] = static_cast<char>(0xff);
+  EXPECT_EQ(code(bias), absl::StatusCode::kDataLoss);
 }
 
 TEST(SamplerTest, DeserializeRejectsBadInput) {
@@ -375,10 +540,12 @@ TEST(SamplerTest, DeserializeRejectsBadInput) {
   EXPECT_EQ(Sampler::Deserialize(bad_magic).status().code(), absl::StatusCode::kDataLoss);
 
   std::string future = good;
-  future[4] = 2;
+  future[4] = 3;
   auto v = Sampler::Deserialize(future);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(v.status().message()), HasSubstr("version 2"));
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("version 3"));
+  future[4] = 0;
+  EXPECT_EQ(Sampler::Deserialize(future).status().code(), absl::StatusCode::kFailedPrecondition);
 
   std::string bad_param = good;
   bad_param[19] = static_cast<char>(0xff);  // top_p's top byte -> NaN
@@ -501,6 +668,145 @@ TEST(SamplerTest, MatchesNaiveReferenceOnLargeVocabulary) {
   }
 }
 
+// ---- logit_bias, presence / frequency penalties, masked ids ----
+
+// The definitions, written out independently of the sampler: OpenAI's
+// logit_bias (added) and penalties (x -= f * count + p * (count > 0)) over the
+// completion, then HF's repetition penalty once per distinct history id, then
+// the masked ids at -inf.
+std::vector<float> ReferenceAdjusted(const std::vector<float>& logits, const SamplingParams& p,
+                                     const std::vector<int32_t>& history,
+                                     const std::vector<int32_t>& completion,
+                                     const std::vector<int32_t>& masked) {
+  const int32_t n = static_cast<int32_t>(logits.size());
+  std::vector<float> x = logits;
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < n) x[id] = x[id] + bias;
+  }
+  std::map<int32_t, int> count;
+  for (int32_t id : completion) {
+    if (id >= 0 && id < n) ++count[id];
+  }
+  for (const auto& [id, c] : count) {
+    x[id] = x[id] - (p.frequency_penalty * static_cast<float>(c) +
+                     p.presence_penalty * (c > 0 ? 1.0f : 0.0f));
+  }
+  std::set<int32_t> distinct;
+  for (int32_t id : history) {
+    if (id >= 0 && id < n) distinct.insert(id);
+  }
+  for (int32_t id : distinct) {
+    x[id] = x[id] > 0 ? x[id] / p.repetition_penalty : x[id] * p.repetition_penalty;
+  }
+  for (int32_t id : masked) {
+    if (id >= 0 && id < n) x[id] = -kInf;
+  }
+  return x;
+}
+
+int32_t ReferenceGreedy(const std::vector<float>& x) {
+  int32_t best = 0;  // the first maximum: lowest id on ties
+  for (int32_t i = 1; i < static_cast<int32_t>(x.size()); ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+// Random controls for one case: a completion with repeats (and ids outside
+// the vocabulary), a bias over a few ids, penalties of either sign, masked ids.
+struct Controls {
+  SamplingParams params;
+  std::vector<int32_t> history, completion, masked;
+};
+
+Controls RandomControls(uint64_t seed, size_t vocab, float temperature) {
+  Rng r(seed);
+  auto pick = [&](size_t k) { return static_cast<int32_t>(r.Next() % k); };
+  auto uniform = [&](double lo, double hi) { return static_cast<float>(lo + (hi - lo) * r.Uniform()); };
+  Controls c;
+  c.params.temperature = temperature;
+  c.params.seed = seed;
+  c.params.top_k = seed % 3 == 0 ? 40 : 0;
+  c.params.top_p = seed % 4 == 1 ? 0.9f : 1.0f;
+  c.params.min_p = seed % 5 == 2 ? 0.01f : 0.0f;
+  c.params.repetition_penalty = seed % 2 == 0 ? 1.15f : 1.0f;
+  c.params.presence_penalty = uniform(-2, 2);
+  c.params.frequency_penalty = uniform(-2, 2);
+  std::map<int32_t, float> bias;
+  for (int i = pick(12); i > 0; --i) bias[pick(vocab)] = uniform(-100, 100);
+  c.params.logit_bias.assign(bias.begin(), bias.end());
+  for (int i = 0, len = 5 + pick(30); i < len; ++i) c.history.push_back(pick(vocab));
+  // The completion draws from few ids so that counts exceed one.
+  for (int i = 0, len = pick(40); i < len; ++i) c.completion.push_back(pick(vocab / 10 + 1));
+  if (seed % 7 == 0) c.completion.push_back(static_cast<int32_t>(vocab) + 3);
+  c.history.insert(c.history.end(), c.completion.begin(), c.completion.end());
+  for (int i = pick(5); i > 0; --i) c.masked.push_back(pick(vocab));
+  return c;
+}
+
+TEST(SamplerTest, GreedyAdjustmentsMatchTheDefinitions) {
+  for (uint64_t seed = 1; seed <= 400; ++seed) {
+    const size_t vocab = 50 + seed % 300;
+    const Controls c = RandomControls(seed, vocab, /*temperature=*/0);
+    std::vector<float> logits = RandomLogits(vocab, 9000 + seed);
+    Sampler s = Make(c.params);
+    ASSERT_EQ(s.Sample(logits, c.history, c.completion, c.masked),
+              ReferenceGreedy(ReferenceAdjusted(logits, c.params, c.history, c.completion,
+                                                c.masked)))
+        << "seed " << seed;
+  }
+}
+
+TEST(SamplerTest, SampledAdjustmentsMatchTheDefinitions) {
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    const size_t vocab = 50 + seed % 300;
+    const Controls c = RandomControls(seed, vocab, 0.5f + static_cast<float>(seed % 4) * 0.4f);
+    SamplingParams plain = c.params;  // the warpers alone, for Reference
+    plain.presence_penalty = plain.frequency_penalty = 0;
+    plain.logit_bias.clear();
+    Sampler s = Make(c.params);
+    Rng ref_rng(seed);
+    for (int step = 0; step < 5; ++step) {
+      std::vector<float> logits = RandomLogits(vocab, 7000 + 10 * seed + step);
+      const std::vector<float> x =
+          ReferenceAdjusted(logits, c.params, c.history, c.completion, c.masked);
+      ASSERT_EQ(s.Sample(logits, c.history, c.completion, c.masked), Reference(x, plain, ref_rng))
+          << "seed " << seed << " step " << step;
+    }
+  }
+}
+
+TEST(SamplerTest, AdjustmentsByHand) {
+  const std::vector<float> logits = {1.0f, 0.9f, 0.8f, 0.0f};
+  // logit_bias moves the argmax.
+  Sampler bias = Make({.temperature = 0, .logit_bias = {{2, 0.5f}}});
+  EXPECT_EQ(bias.Sample(logits, {}), 2);
+  // Frequency: 1.0 - 0.06 x 2 = 0.88 < 0.9; presence counts once: 1.0 - 0.05 = 0.95.
+  Sampler freq = Make({.temperature = 0, .frequency_penalty = 0.06f});
+  EXPECT_EQ(freq.Sample(logits, {}, std::vector<int32_t>{0, 0}), 1);
+  EXPECT_EQ(freq.Sample(logits, {}, std::vector<int32_t>{0}), 0);  // 0.94 > 0.9
+  Sampler pres = Make({.temperature = 0, .presence_penalty = 0.05f});
+  EXPECT_EQ(pres.Sample(logits, {}, std::vector<int32_t>{0, 0, 0, 0}), 0);  // 0.95
+  // Only the completion counts, not the history before it.
+  EXPECT_EQ(freq.Sample(logits, std::vector<int32_t>{0, 0, 0}, {}), 0);
+  // A negative penalty encourages repetition.
+  Sampler neg = Make({.temperature = 0, .presence_penalty = -1.0f});
+  EXPECT_EQ(neg.Sample(logits, {}, std::vector<int32_t>{3}), 0);  // 0.0 + 1.0 ties 1.0: lowest id
+  EXPECT_EQ(neg.Sample(logits, {}, std::vector<int32_t>{2}), 2);  // 1.8
+  // Masked ids are never chosen, in greedy and sampled mode.
+  Sampler g = Make({.temperature = 0});
+  EXPECT_EQ(g.Sample(logits, {}, {}, std::vector<int32_t>{0, 1}), 2);
+  Sampler t = Make({.temperature = 1.0f, .seed = 3});
+  const std::vector<int32_t> masked = {0, 2};
+  for (int i = 0; i < 500; ++i) {
+    const int32_t id = t.Sample(logits, {}, {}, masked);
+    ASSERT_TRUE(id == 1 || id == 3) << id;
+  }
+  // A bias of +100 on a masked id does not bring it back.
+  Sampler bm = Make({.temperature = 0, .logit_bias = {{3, 100.0f}}});
+  EXPECT_EQ(bm.Sample(logits, {}, {}, std::vector<int32_t>{3}), 0);
+}
+
 TEST(SamplerTest, NoHeapAllocationAfterFirstCall) {
   Sampler s = Make(kRich);
   std::vector<float> logits = RandomLogits(50000, 3);
@@ -511,10 +817,18 @@ TEST(SamplerTest, NoHeapAllocationAfterFirstCall) {
   nucleus.top_p = 0.999f;  // needs many chunks of the partial sort
   Sampler t = Make(nucleus);
   t.Sample(logits, history);
+  SamplingParams adjusted = kRich;
+  adjusted.presence_penalty = 0.5f;
+  adjusted.frequency_penalty = 0.25f;
+  adjusted.logit_bias = {{2, 3.0f}, {40, -1.0f}};
+  Sampler u = Make(adjusted);
+  const std::vector<int32_t> masked = {2, 9};
+  u.Sample(logits, history, history, masked);
   const int64_t before = g_allocations.load();
   for (int i = 0; i < 20; ++i) {
     s.Sample(logits, history);
     t.Sample(logits, history);
+    u.Sample(logits, history, history, masked);
   }
   EXPECT_EQ(g_allocations.load(), before);
 }

@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
+#include <map>
 #include <thread>
 
 #include "core/model/transformer.h"
@@ -381,6 +384,410 @@ TEST_F(EngineTest, O1AndQsaSessionsGenerateAndReportTheirKinds) {
   EXPECT_GT(b.result.memory[MemoryKind::kQsa], 0u);
   EXPECT_EQ(store.MemoryByKindTotal().total(),
             a.result.memory.total() + b.result.memory.total());
+}
+
+// ---------------------------------------------------------------------------
+// The OpenAI-style controls: logit_bias, presence / frequency penalties,
+// stop_token_ids, min_tokens — against a greedy decode loop written here.
+
+// Greedy by hand: prefill `prompt` on a fresh exact sequence, then `steps`
+// times adjust(logits, completion so far), argmax (lowest id on ties), feed.
+// Stops early when stop(id) says so (the id is kept).
+std::vector<int32_t> HandGreedy(
+    const model::Transformer& model, const std::vector<int32_t>& prompt, size_t steps,
+    const std::function<void(std::vector<float>&, const std::vector<int32_t>&)>& adjust,
+    const std::function<bool(int32_t)>& stop = [](int32_t) { return false; }) {
+  model::SequenceKv kv(model.config(), kv::KvMode::kF32);
+  model::ForwardScratch scratch;
+  std::vector<float> logits(model.config().vocab_size);
+  EXPECT_TRUE(model.Prefill(prompt, kv, scratch, logits.data()).ok());
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < steps; ++i) {
+    adjust(logits, out);
+    const int32_t t = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(t);
+    if (stop(t)) break;
+    model::SequenceKv* p = &kv;
+    EXPECT_TRUE(model.DecodeBatch(std::span<const int32_t>(&t, 1), std::span(&p, 1), scratch,
+                                  logits.data())
+                    .ok());
+  }
+  return out;
+}
+
+// OpenAI's definitions over the completion only: a prompt full of repeats
+// is not penalised (the engine passes the call's own tokens, not the history).
+TEST_F(EngineTest, PenaltiesAndLogitBiasFollowTheirDefinitionsOverTheCompletion) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  std::vector<int32_t> prompt = testing::TestIds(12, model_->config().vocab_size, 21);
+  for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), prompt.begin(), prompt.begin() + 12);
+  GenerationRequest r = Greedy(prompt, 24);
+  r.sampling.presence_penalty = 1.5f;
+  r.sampling.frequency_penalty = 2.0f;
+  r.sampling.logit_bias = {{prompt[0], 0.5f}, {prompt[1], -0.25f}};
+  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
+  ASSERT_NE(prompt[0], prompt[1]);
+  const auto want = HandGreedy(*model_, prompt, 24, [&](std::vector<float>& x, const auto& done) {
+    for (const auto& [id, bias] : r.sampling.logit_bias) x[id] += bias;
+    std::map<int32_t, int> count;
+    for (int32_t id : done) ++count[id];
+    for (const auto& [id, c] : count) {
+      x[id] -= r.sampling.frequency_penalty * static_cast<float>(c) + r.sampling.presence_penalty;
+    }
+  });
+  Output got = Drain(*Start(*engine, store, r));
+  EXPECT_EQ(got.ids, want);
+  // And they changed something: without them the loop repeats itself more.
+  Output plain = Drain(*Start(*engine, store, Greedy(prompt, 24)));
+  EXPECT_NE(plain.ids, got.ids);
+}
+
+// A stop id ends the call with finish reason stop; its text is not streamed.
+TEST_F(EngineTest, AStopTokenIdEndsTheChoiceWithStop) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  const auto prompt = testing::TestIds(30, model_->config().vocab_size, 11);
+  // Seeded sampling: a varied stream, the same on every run.
+  GenerationRequest sampled = Greedy(prompt, 30);
+  sampled.sampling.temperature = 2.0f;
+  sampled.sampling.seed = 5;
+  Output free_run = Drain(*Start(*engine, store, sampled));
+  ASSERT_EQ(free_run.ids.size(), 30u);
+  // The first id that differs from the first: it ends the call there.
+  const size_t at = std::find_if(free_run.ids.begin(), free_run.ids.end(),
+                                 [&](int32_t id) { return id != free_run.ids[0]; }) -
+                    free_run.ids.begin();
+  ASSERT_LT(at, 30u);
+  const int32_t stop = free_run.ids[at];
+  GenerationRequest r = sampled;
+  r.stop_token_ids = {static_cast<int32_t>(model_->config().vocab_size - 1), stop};
+  std::vector<GenerationEvent> events;
+  auto job = Start(*engine, store, r);
+  GenerationEvent ev;
+  while (job->WaitPop(&ev)) events.push_back(ev);
+  ASSERT_EQ(events.size(), at + 1);
+  EXPECT_EQ(events.back().token_id, stop);
+  EXPECT_EQ(events.back().text, "");
+  EXPECT_EQ(job->result().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(job->result().completion_tokens, at + 1);
+  std::string text, want;
+  for (const auto& e : events) text += e.text;
+  sampled.max_tokens = at;
+  Output prefix = Drain(*Start(*engine, store, sampled));
+  EXPECT_EQ(text, prefix.text);  // everything before the stop id, nothing of it
+  // The stop id is in the session's history (as EOS would be).
+  EXPECT_EQ(job->result().session_tokens, prompt.size() + at + 1);
+}
+
+// min_tokens masks EOS and the stop ids for the call's first samples: with a
+// +100 bias on EOS (and on a stop id) the model wants to end at once.
+TEST_F(EngineTest, MinTokensMasksEosAndStopIds) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  const auto prompt = testing::TestIds(16, model_->config().vocab_size, 31);
+  ASSERT_FALSE(model_->config().eos_token_ids.empty());
+  const int32_t eos_id = model_->config().eos_token_ids[0];
+  for (size_t min_tokens : {size_t{0}, size_t{1}, size_t{5}}) {
+    GenerationRequest r = Greedy(prompt, 20);
+    r.ignore_eos = false;
+    r.min_tokens = min_tokens;
+    r.sampling.logit_bias = {{eos_id, 100.0f}};
+    Output o = Drain(*Start(*engine, store, r));
+    EXPECT_EQ(o.result.finish_reason, FinishReason::kEos) << min_tokens;
+    ASSERT_EQ(o.ids.size(), min_tokens + 1) << min_tokens;
+    EXPECT_EQ(o.ids.back(), eos_id);
+    const auto want = HandGreedy(
+        *model_, prompt, min_tokens + 1, [&](std::vector<float>& x, const auto& done) {
+          x[eos_id] += 100.0f;
+          if (done.size() < min_tokens) x[eos_id] = -std::numeric_limits<float>::infinity();
+        });
+    EXPECT_EQ(o.ids, want) << min_tokens;
+  }
+  // A stop id under min_tokens: masked too, then it ends the call (stop).
+  const int32_t stop = 'q';
+  GenerationRequest r = Greedy(prompt, 20);
+  r.min_tokens = 3;
+  r.stop_token_ids = {stop};
+  r.sampling.logit_bias = {{stop, 100.0f}};
+  Output o = Drain(*Start(*engine, store, r));
+  EXPECT_EQ(o.result.finish_reason, FinishReason::kStop);
+  ASSERT_EQ(o.ids.size(), 4u);
+  EXPECT_EQ(std::count(o.ids.begin(), o.ids.end(), stop), 1);
+  // ignore_eos: EOS is neither masked nor an end; min_tokens = max_tokens.
+  r = Greedy(prompt, 6);
+  r.min_tokens = 6;
+  r.sampling.logit_bias = {{eos_id, 100.0f}};
+  o = Drain(*Start(*engine, store, r));
+  EXPECT_EQ(o.result.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(o.ids, std::vector<int32_t>(6, eos_id));
+}
+
+// ---------------------------------------------------------------------------
+// n > 1: one prefill, then forks — against n = 1 runs, in every attention mode.
+
+// The session configs of every mode, sized for the tiny model (2 layers) and
+// a 120-token prompt: O(1) seals, QSA selects past its inert bound (64), the
+// window drops rows.
+std::vector<std::pair<std::string, SessionConfig>> EveryMode(const model::ModelConfig& m) {
+  std::vector<std::pair<std::string, SessionConfig>> modes;
+  modes.emplace_back("exact f32", SessionConfig{});
+  SessionConfig int8;
+  int8.kv_mode = kv::KvMode::kInt8;
+  modes.emplace_back("exact int8", int8);
+  SessionConfig o1;
+  o1.attention = AttentionMode::kO1;
+  o1.o1.layers = {1};
+  o1.o1.m = 8;
+  o1.o1.w = 16;
+  o1.o1.sink = 2;
+  modes.emplace_back("o1", o1);
+  SessionConfig qsa;
+  qsa.attention = AttentionMode::kQsa;
+  qsa.qsa = *model::MakeQsaConfig("all", 16, 4, m.num_hidden_layers);
+  modes.emplace_back("qsa", qsa);
+  SessionConfig window;
+  window.attention = AttentionMode::kWindow;
+  window.window = *attention::MakeWindowConfig("all", 2, 8, m.num_hidden_layers);
+  modes.emplace_back("window", window);
+  return modes;
+}
+
+// What the gRPC service does for n choices: one plan, then n sessions
+// created together (a new session) or the n - 1 forks next to the leased
+// one (a continuation), then Submit with the forks.
+absl::StatusOr<std::shared_ptr<Job>> SubmitN(const model::Transformer& model, Engine& engine,
+                                             SessionStore& store, const GenerationRequest& r,
+                                             const SessionConfig& config,
+                                             const std::string& session_id = {}) {
+  const PlanLimits limits{
+      .max_tokens = engine.max_context(), .max_context = engine.max_context(), .max_n = 8};
+  SessionStore::Lease lease;
+  std::vector<SessionStore::Lease> forks;
+  absl::StatusOr<RequestPlan> plan;
+  if (session_id.empty()) {
+    plan = PlanRequest(r, limits, model.config(), config);
+    if (!plan.ok()) return plan.status();
+    auto leases = store.CreateMany(model, *plan, r.n);
+    if (!leases.ok()) return leases.status();
+    lease = std::move((*leases)[0]);
+    for (size_t i = 1; i < leases->size(); ++i) forks.push_back(std::move((*leases)[i]));
+  } else {
+    auto existing = store.Peek(session_id);
+    if (!existing.ok()) return existing.status();
+    plan = PlanRequest(r, limits, model.config(), *existing);
+    if (!plan.ok()) return plan.status();
+    auto acquired = store.Acquire(session_id, *plan);
+    if (!acquired.ok()) return acquired.status();
+    lease = *std::move(acquired);
+    if (r.n > 1) {
+      auto leases = store.CreateMany(model, *plan, r.n - 1);
+      if (!leases.ok()) return leases.status();
+      forks = *std::move(leases);
+    }
+  }
+  return engine.Submit(std::move(lease), std::move(forks), r, *plan);
+}
+
+// Every choice's events, by GenerationEvent::index.
+std::vector<Output> DrainChoices(Job& job, size_t n) {
+  std::vector<Output> out(n);
+  GenerationEvent ev;
+  while (job.WaitPop(&ev)) {
+    EXPECT_LT(ev.index, n);
+    if (ev.index >= n) continue;
+    out[ev.index].ids.push_back(ev.token_id);
+    out[ev.index].text += ev.text;
+  }
+  for (Output& o : out) o.result = job.result();
+  return out;
+}
+
+TEST_F(EngineTest, NChoicesEqualNSeparateRunsInEveryMode) {
+  const auto prompt = testing::TestIds(120, model_->config().vocab_size, 41);
+  auto engine = MakeEngine();
+  for (const auto& [name, config] : EveryMode(model_->config())) {
+    SCOPED_TRACE(name);
+    SessionStore store({});
+    // Greedy: every choice is the n = 1 output.
+    GenerationRequest greedy = Greedy(prompt, 10);
+    greedy.release_at_end = true;
+    const Output alone = Drain(*Start(*engine, store, greedy, config));
+    greedy.n = 3;
+    auto job = SubmitN(*model_, *engine, store, greedy, config);
+    ASSERT_TRUE(job.ok()) << job.status();
+    std::vector<Output> choices = DrainChoices(**job, 3);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(choices[i].ids, alone.ids) << "choice " << i;
+      EXPECT_EQ(choices[i].text, alone.text) << "choice " << i;
+    }
+    const GenerationResult& res = (*job)->result();
+    EXPECT_TRUE(res.status.ok()) << res.status;
+    ASSERT_EQ(res.choices.size(), 3u);
+    for (const ChoiceResult& c : res.choices) {
+      EXPECT_EQ(c.finish_reason, FinishReason::kLength);
+      EXPECT_EQ(c.completion_tokens, 10u);
+    }
+    EXPECT_EQ(res.completion_tokens, 30u);
+    EXPECT_EQ(res.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(res.session_tokens, alone.result.session_tokens);
+
+    // Sampled: choice i is the n = 1 run with seed + i; a stop id ends
+    // each choice on its own.
+    GenerationRequest sampled = Greedy(prompt, 12);
+    sampled.release_at_end = true;
+    sampled.sampling.temperature = 40.0f;  // the random model's logits are steep
+    sampled.sampling.seed = 100;
+    sampled.sampling.presence_penalty = 0.5f;
+    sampled.stop_token_ids = {'e'};
+    std::vector<Output> singles;
+    for (uint64_t i = 0; i < 4; ++i) {
+      GenerationRequest one = sampled;
+      one.sampling.seed = 100 + i;
+      singles.push_back(Drain(*Start(*engine, store, one, config)));
+    }
+    sampled.n = 4;
+    auto sjob = SubmitN(*model_, *engine, store, sampled, config);
+    ASSERT_TRUE(sjob.ok()) << sjob.status();
+    std::vector<Output> got = DrainChoices(**sjob, 4);
+    size_t total = 0;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(got[i].ids, singles[i].ids) << "choice " << i;
+      EXPECT_EQ(got[i].text, singles[i].text) << "choice " << i;
+      EXPECT_EQ((*sjob)->result().choices[i].finish_reason, singles[i].result.finish_reason);
+      EXPECT_EQ((*sjob)->result().choices[i].completion_tokens, singles[i].ids.size());
+      total += singles[i].ids.size();
+    }
+    EXPECT_EQ((*sjob)->result().completion_tokens, total);
+    EXPECT_NE(got[0].ids, got[1].ids);  // the seeds differ
+    // Every session was one-shot: nothing is left, every byte came back.
+    EXPECT_EQ(store.num_sessions(), 0u);
+    EXPECT_EQ(store.MemoryByKindTotal().total(), 0u);
+    EXPECT_EQ(store.committed_bytes(), 0u);
+  }
+}
+
+// A kept session continued with n = 2: choice 0 extends it exactly as an
+// n = 1 call would; the fork goes at the end of the call (reason oneshot)
+// and the store holds the kept session's bytes alone.
+TEST_F(EngineTest, NChoicesOnAContinuedSessionKeepOnlyChoiceZero) {
+  const auto prompt = testing::TestIds(70, model_->config().vocab_size, 43);
+  auto engine = MakeEngine();
+  for (const auto& [name, config] : EveryMode(model_->config())) {
+    SCOPED_TRACE(name);
+    SessionStore store({});
+    std::vector<std::string> ids;
+    for (int k = 0; k < 2; ++k) {
+      auto lease = store.Create(*model_, config, 0);
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      ids.push_back((*lease)->id());
+      lease->Return();
+      GenerationRequest first = Greedy(prompt, 5);
+      first.sampling.temperature = 0.9f;
+      first.sampling.seed = 3;
+      Drain(*Start(*engine, store, first, config, ids.back()));
+    }
+    GenerationRequest more = Greedy({7, 8, 9}, 6);
+    more.sampling.temperature = 0.9f;
+    more.seed_given = false;  // choice 0 continues the session's RNG
+    const Output alone = Drain(*Start(*engine, store, more, config, ids[0]));
+    const auto baseline = store.releases();
+    more.n = 2;
+    auto job = SubmitN(*model_, *engine, store, more, config, ids[1]);
+    ASSERT_TRUE(job.ok()) << job.status();
+    std::vector<Output> got = DrainChoices(**job, 2);
+    EXPECT_EQ(got[0].ids, alone.ids);
+    EXPECT_EQ(got[1].ids.size(), 6u);
+    EXPECT_EQ(store.num_sessions(), 2u);  // the two kept sessions, no fork
+    const auto after = store.releases();
+    EXPECT_EQ(after[size_t(ReleaseReason::kOneshot)] - baseline[size_t(ReleaseReason::kOneshot)],
+              1u);
+    auto a = store.Get(ids[0]), b = store.Get(ids[1]);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(b->tokens, a->tokens);
+    EXPECT_EQ(b->memory.bytes, a->memory.bytes);
+    EXPECT_EQ(store.MemoryByKindTotal().total(), a->memory.total() + b->memory.total());
+    EXPECT_EQ(store.committed_bytes(), store.MemoryByKindTotal().total());
+  }
+}
+
+// n copies that do not fit the budget: RESOURCE_EXHAUSTED before anything
+// is created or leased; a budget for exactly n copies runs.
+TEST_F(EngineTest, ABudgetTooSmallForNCopiesRefusesAndChangesNothing) {
+  auto engine = MakeEngine();
+  GenerationRequest r = Greedy(testing::TestIds(30, model_->config().vocab_size, 44), 8);
+  r.n = 3;
+  r.release_at_end = true;
+  const PlanLimits limits{.max_tokens = 100, .max_context = engine->max_context(), .max_n = 8};
+  auto plan = PlanRequest(r, limits, model_->config(), SessionConfig{});
+  ASSERT_TRUE(plan.ok());
+  const size_t each = plan->projected.total();
+  {
+    SessionStore store({.memory_budget_bytes = 3 * each - 1});
+    auto job = SubmitN(*model_, *engine, store, r, {});
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kResourceExhausted) << job.status();
+    EXPECT_NE(job.status().message().find("3 sessions (n)"), std::string::npos) << job.status();
+    EXPECT_EQ(store.num_sessions(), 0u);
+    EXPECT_EQ(store.committed_bytes(), 0u);
+    // A continuation: choice 0 leased, the forks do not fit; the session
+    // comes back as it was.
+    SessionStore kept({.memory_budget_bytes = 2 * each});
+    auto lease = kept.Create(*model_, SessionConfig{}, 0);
+    ASSERT_TRUE(lease.ok());
+    const std::string id = (*lease)->id();
+    lease->Return();
+    auto refused = SubmitN(*model_, *engine, kept, r, {}, id);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+    EXPECT_EQ(kept.num_sessions(), 1u);
+    EXPECT_EQ(kept.num_leased(), 0u);
+    EXPECT_EQ(kept.Get(id)->tokens, 0u);
+    EXPECT_EQ(kept.committed_bytes(), 0u);
+  }
+  SessionStore cap({.max_sessions = 2});
+  auto capped = SubmitN(*model_, *engine, cap, r, {});
+  EXPECT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cap.num_sessions(), 0u);
+  SessionStore exact({.memory_budget_bytes = 3 * each});
+  auto job = SubmitN(*model_, *engine, exact, r, {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(DrainChoices(**job, 3)[2].ids.size(), 8u);
+  EXPECT_EQ(exact.num_sessions(), 0u);
+}
+
+// Cancel (and a release of choice 0's session) ends every choice; the forks
+// are released with reason cancelled.
+TEST_F(EngineTest, CancelEndsEveryChoice) {
+  auto engine = MakeEngine();
+  SessionStore store({});
+  GenerationRequest r = Greedy(testing::TestIds(10, model_->config().vocab_size, 45), 4000);
+  r.n = 3;
+  r.release_at_end = true;
+  auto job = SubmitN(*model_, *engine, store, r, {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  GenerationEvent ev;
+  ASSERT_TRUE((*job)->WaitPop(&ev));
+  (*job)->Cancel();
+  while ((*job)->WaitPop(&ev)) {
+  }
+  const GenerationResult& res = (*job)->result();
+  EXPECT_EQ(res.finish_reason, FinishReason::kCancelled);
+  for (const ChoiceResult& c : res.choices) EXPECT_EQ(c.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(store.num_sessions(), 0u);
+  EXPECT_EQ(store.releases()[size_t(ReleaseReason::kCancelled)], 3u);
+
+  // Releasing choice 0's session mid-call ends the forks too.
+  r.release_at_end = false;
+  auto kept = SubmitN(*model_, *engine, store, r, {});
+  ASSERT_TRUE(kept.ok());
+  ASSERT_TRUE((*kept)->WaitPop(&ev));
+  EXPECT_TRUE(store.Release((*kept)->session_id()).released);
+  while ((*kept)->WaitPop(&ev)) {
+  }
+  for (const ChoiceResult& c : (*kept)->result().choices) {
+    EXPECT_EQ(c.finish_reason, FinishReason::kCancelled);
+  }
+  EXPECT_EQ(store.num_sessions(), 0u);
+  EXPECT_EQ(store.MemoryByKindTotal().total(), 0u);
 }
 
 }  // namespace

@@ -52,7 +52,7 @@ class PlanTest : public ::testing::Test {
   }
 
   model::ModelConfig model_;
-  const PlanLimits limits_{.max_tokens = kMaxTokens, .max_context = kContext};
+  const PlanLimits limits_{.max_tokens = kMaxTokens, .max_context = kContext, .max_n = 4};
   const GenerationRequest ok_ = Request({1, 2}, 10);
 };
 
@@ -109,6 +109,57 @@ TEST_F(PlanTest, Sampling) {
   r = ok_;
   r.sampling.top_p = 1.5f;
   ExpectRefused(Plan(r), {"top_p"});
+}
+
+TEST_F(PlanTest, PenaltiesAndLogitBias) {
+  const int32_t vocab = static_cast<int32_t>(model_.vocab_size);
+  GenerationRequest r = ok_;
+  r.sampling.presence_penalty = 2.0f;
+  r.sampling.frequency_penalty = -2.0f;
+  r.sampling.logit_bias = {{0, -100.0f}, {vocab - 1, 100.0f}};
+  EXPECT_TRUE(Plan(r).ok());
+  r.sampling.presence_penalty = 2.5f;
+  ExpectRefused(Plan(r), {"presence_penalty", "[-2, 2]", "2.5"});
+  r.sampling.presence_penalty = 0;
+  r.sampling.frequency_penalty = std::nanf("");
+  ExpectRefused(Plan(r), {"frequency_penalty", "[-2, 2]"});
+  r.sampling.frequency_penalty = 0;
+  r.sampling.logit_bias = {{vocab, 1.0f}};
+  ExpectRefused(Plan(r), {"logit_bias: token id 259", "vocabulary [0, 259)"});
+  r.sampling.logit_bias = {{-1, 1.0f}};
+  ExpectRefused(Plan(r), {"logit_bias: token id -1"});
+  r.sampling.logit_bias = {{5, 100.5f}};
+  ExpectRefused(Plan(r), {"logit_bias[5]", "[-100, 100]"});
+  r.sampling.logit_bias = {{5, 1.0f}, {5, 2.0f}};
+  ExpectRefused(Plan(r), {"logit_bias: token id 5 appears twice"});
+  r.sampling.logit_bias.assign(kMaxLogitBias + 1, {0, 0.0f});
+  for (size_t i = 0; i < r.sampling.logit_bias.size(); ++i) {
+    r.sampling.logit_bias[i].first = static_cast<int32_t>(i);
+  }
+  ExpectRefused(Plan(r), {"logit_bias: 1025 entries, at most 1024"});
+}
+
+TEST_F(PlanTest, StopTokenIdsMinTokensAndN) {
+  const int32_t vocab = static_cast<int32_t>(model_.vocab_size);
+  GenerationRequest r = ok_;
+  r.stop_token_ids.assign(kMaxStopTokenIds, vocab - 1);
+  r.min_tokens = r.max_tokens;
+  r.n = limits_.max_n;
+  EXPECT_TRUE(Plan(r).ok());
+  r.stop_token_ids.push_back(0);
+  ExpectRefused(Plan(r), {"stop_token_ids: 17 ids, at most 16"});
+  r.stop_token_ids = {3, vocab};
+  ExpectRefused(Plan(r), {"stop_token_ids[1]: id 259", "[0, 259)"});
+  r.stop_token_ids = {-1};
+  ExpectRefused(Plan(r), {"stop_token_ids[0]: id -1"});
+  r.stop_token_ids.clear();
+  r.min_tokens = r.max_tokens + 1;
+  ExpectRefused(Plan(r), {"min_tokens: 11 is above max_tokens 10"});
+  r.min_tokens = 0;
+  r.n = 0;
+  ExpectRefused(Plan(r), {"n: 0", "[1, 4]", "--max-n"});
+  r.n = limits_.max_n + 1;
+  ExpectRefused(Plan(r), {"n: 5", "[1, 4]"});
 }
 
 TEST_F(PlanTest, TopLogprobs) {

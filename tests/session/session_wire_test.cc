@@ -146,6 +146,62 @@ TEST_F(SessionWireTest, RoundTripIsByteExactAndContinuesIdentically) {
   }
 }
 
+// A session whose sampler holds the penalties and a logit_bias (a version-2
+// sampler blob) travels exactly: the re-export is byte-identical and the
+// same continuation samples the same tokens on both nodes.
+TEST_F(SessionWireTest, TheVersion2SamplerTravelsWithItsPenalties) {
+  SessionStore store({}), other({});
+  auto lease = store.Create(*model_, Mode(0), 0);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const std::string id = (*lease)->id();
+  lease->Return();
+  GenerationRequest r = Req(testing::TestIds(40, 259, 6), 10, /*sampled=*/true);
+  r.seed_given = true;
+  r.sampling.presence_penalty = 0.8f;
+  r.sampling.frequency_penalty = -0.5f;
+  r.sampling.logit_bias = {{3, 4.0f}, {200, -2.0f}};
+  Run(store, id, r);
+  auto wire = Export(store, id);
+  ASSERT_TRUE(wire.ok()) << wire.status();
+  const std::string blob_v2 = "CQSM\x02";
+  EXPECT_NE(wire->find(blob_v2), std::string::npos) << "a version-2 sampler blob";
+  auto imported = ImportSessionWire(*wire, *model_, kFingerprint, SessionStore::RandomId());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  ASSERT_TRUE((*imported)->sampler().has_value());
+  EXPECT_EQ((*imported)->sampler()->params(), r.sampling);
+  auto installed = other.Install(*std::move(imported));
+  ASSERT_TRUE(installed.ok()) << installed.status();
+  installed->Return();
+  auto again = Export(other, id);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(*again == *wire) << "re-export differs";
+  // Continue with the session's sampler (no seed, same parameters).
+  GenerationRequest more = r;
+  more.prompt = testing::TestIds(5, 259, 8);
+  more.seed_given = false;
+  EXPECT_EQ(Run(store, id, more), Run(other, id, more));
+
+  // A sampler section claiming more than a sampler state can be is refused
+  // at its header (nothing of it is buffered).
+  size_t off = 24;
+  for (int section = 0; section < 2; ++section) {
+    uint64_t len;
+    std::memcpy(&len, wire->data() + off + 8, 8);
+    off += 16 + len + 4;
+  }
+  uint32_t type;
+  std::memcpy(&type, wire->data() + off, 4);
+  ASSERT_EQ(type, 3u);  // the sampler section
+  std::string bad = *wire;
+  const uint64_t huge = 1 << 20;
+  std::memcpy(bad.data() + off + 8, &huge, 8);
+  auto refused = ImportSessionWire(bad, *model_, kFingerprint, "x");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  EXPECT_NE(refused.status().message().find("(sampler): length 1048576, at most 8281"),
+            std::string::npos)
+      << refused.status();
+}
+
 // Version 4 carries the session's identity: the id and the tenant travel,
 // and an import into a store that holds the id is ALREADY_EXISTS. Version 3
 // carries none: the import takes the id it is given and no tenant.
