@@ -59,7 +59,7 @@ void AssistantOutputParser::Emit(AssistantDelta& out, std::string_view text) {
 
 bool AssistantOutputParser::ParseCall(std::string_view body, ToolCall* call) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(absl::string_view(body.data(), body.size()));
-  nlohmann::json j = nlohmann::json::parse(trimmed.begin(), trimmed.end(), nullptr,
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(trimmed.begin(), trimmed.end(), nullptr,
                                            /*allow_exceptions=*/false);
   if (!j.is_object()) return false;
   auto name = j.find("name");
@@ -68,7 +68,7 @@ bool AssistantOutputParser::ParseCall(std::string_view body, ToolCall* call) {
   std::string arguments = "{}";
   if (args != j.end()) {
     if (args->is_object()) {
-      arguments = args->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      arguments = args->dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     } else if (args->is_string()) {
       arguments = args->get<std::string>();
     } else {

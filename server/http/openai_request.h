@@ -28,7 +28,7 @@
 
 namespace cortiq::server::http {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;  // member order is part of a rendered prompt (tool schemas)
 
 // How the answer is shaped.
 struct OutputOptions {

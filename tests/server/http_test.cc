@@ -402,5 +402,51 @@ TEST(HttpTest, ClientGoneMidStreamReleasesTheSession) {
   EXPECT_EQ(Post(n, "/v1/completions", Greedy("again", 3)).status, 200);
 }
 
+// TLS with the server's --tls-cert / --tls-key: the HTTP front speaks HTTPS
+// (a client trusting the certificate gets answers; plain HTTP gets none).
+TEST(HttpTest, ServesTlsWithTheServersCertificate) {
+  if (std::system("openssl version >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "the openssl command is missing: this test makes its certificate with it";
+  }
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           absl::StrCat("cortiq_http_tls_", getpid()))
+                              .string();
+  std::filesystem::create_directories(dir);
+  const std::string cmd =
+      "cd '" + dir +
+      "' && openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 "
+      "-addext subjectAltName=IP:127.0.0.1 -keyout key.pem -out cert.pem >openssl.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  ServerConfig c;
+  c.tls_cert = dir + "/cert.pem";
+  c.tls_key = dir + "/key.pem";
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.node.server);
+  httplib::SSLClient tls("127.0.0.1", n.server().http_port());
+  tls.set_ca_cert_path((dir + "/cert.pem").c_str());
+  tls.enable_server_certificate_verification(true);
+  auto r = tls.Post("/v1/completions", Greedy("hi", 3).dump(), "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["usage"]["completion_tokens"], 3);
+  // Plain HTTP to the TLS port is not served.
+  httplib::Client plain("127.0.0.1", n.server().http_port());
+  plain.set_read_timeout(5, 0);
+  auto p = plain.Get("/health");
+  EXPECT_TRUE(!p || p->status != 200);
+  // A certificate that is not one stops the server (gRPC refuses it first).
+  ServerConfig bad;
+  bad.model_dir = DefaultModelDir();
+  bad.listen = "127.0.0.1:0";
+  bad.metrics_listen = "off";
+  bad.http_listen = "127.0.0.1:0";
+  bad.threads = 1;
+  bad.tls_cert = dir + "/openssl.log";
+  bad.tls_key = dir + "/key.pem";
+  absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(bad);
+  EXPECT_FALSE(s.ok());
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace cortiq::server
