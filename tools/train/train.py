@@ -362,6 +362,12 @@ def load_model(model_dir):
     return m.eval()
 
 
+# The plain ChatML chat template (core/chat/chat_template.cc ChatMlTemplate(),
+# byte for byte; tests/chat/chat_template_test.cc checks), so that a retrained
+# model keeps a chat template. One line: the test reads it as a JSON string.
+CHATML_TEMPLATE = "{%- for message in messages %}\n    {{- '<|im_start|>' + message.role + '\\n' }}\n    {%- if message.content is string %}\n        {{- message.content }}\n    {%- elif message.content is iterable %}\n        {%- for part in message.content %}\n            {%- if part.type == 'text' %}\n                {{- part.text }}\n            {%- endif %}\n        {%- endfor %}\n    {%- endif %}\n    {{- '<|im_end|>\\n' }}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"
+
+
 def save_artefact(out, model, cfg, dtype, readme):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -374,7 +380,8 @@ def save_artefact(out, model, cfg, dtype, readme):
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
                    "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-                   "model_max_length": cfg["max_position_embeddings"]}, f, indent=2)
+                   "model_max_length": cfg["max_position_embeddings"],
+                   "chat_template": CHATML_TEMPLATE}, f, indent=2)
         f.write("\n")
     td = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
     sd = {k: v.to(td) for k, v in model.state_dict().items()}
@@ -449,6 +456,9 @@ useful language model.
 - Tokenizer (`tokenizer.json`, Qwen3's BPE/ByteLevel layout with no merges):
   ids 0..255 are the raw bytes, 256 `<|endoftext|>`, 257 `<|im_start|>`,
   258 `<|im_end|>`; vocab 259.
+- Chat template (`tokenizer_config.json` `chat_template`): plain ChatML
+  (`<|im_start|>` role, newline, content, `<|im_end|>`), the same text as
+  `ChatMlTemplate()` in `core/chat/chat_template.h`.
 
 ## Held-out loss
 
