@@ -174,7 +174,8 @@ absl::Status Server::Init() {
     CORTIQ_ASSIGN_OR_RETURN(metrics_server_, MetricsServer::Start(c.metrics_listen, *metrics_));
   }
   if (!c.http_listen.empty() && c.http_listen != "off") {
-    CORTIQ_ASSIGN_OR_RETURN(http_, http::HttpServer::Start(ctx_.get(), http::ChatRenderer{}));
+    CORTIQ_ASSIGN_OR_RETURN(http::ChatRenderer chat, http::LoadChatRenderer(c));
+    CORTIQ_ASSIGN_OR_RETURN(http_, http::HttpServer::Start(ctx_.get(), std::move(chat)));
   }
   reaper_ = std::thread([this] { ReaperLoop(); });
   return absl::OkStatus();

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "core/chat/chat_template.h"
 #include "absl/strings/str_cat.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
@@ -520,6 +522,15 @@ absl::Status HttpServer::Impl::Prepare(const Json& body, const httplib::Request&
     CORTIQ_ASSIGN_OR_RETURN(std::string text, chat_.render(c));
     CORTIQ_RETURN_IF_ERROR(CheckPromptBytes(*ctx_, "messages", text.size()));
     g.prompt = ctx_->tokenizer->Encode(text, /*parse_special=*/true);
+    // A ChatML turn ends at <|im_end|> (Qwen's generation_config lists it
+    // among the end-of-sequence ids; a model whose config.json does not
+    // would otherwise run on past its turn): a stop id, not streamed.
+    if (auto im_end = ctx_->tokenizer->im_end_id();
+        im_end && text.find("<|im_end|>") != std::string::npos &&
+        std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), *im_end) ==
+            g.stop_token_ids.end()) {
+      g.stop_token_ids.push_back(*im_end);
+    }
     p->parse.tools = c.parse_tools;
     p->parse.reasoning = chat_.thinks && c.thinking;
     // The generation prompt may already open the think block (Qwen3).
@@ -634,6 +645,49 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   if (!r.status.ok()) return fail(r.status);
   res.set_content(builder.Body(r), kJsonType);
   call->Done(200, "");
+}
+
+absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config) {
+  const std::filesystem::path model_config =
+      std::filesystem::path(config.model_dir) / "tokenizer_config.json";
+  absl::StatusOr<chat::ChatTemplate> model_template = chat::ChatTemplate::FromTokenizerConfig(model_config);
+  if (!model_template.ok() && !absl::IsNotFound(model_template.status())) {
+    return model_template.status();
+  }
+  std::string text;  // the template's source (or where it lives), to see whether it thinks
+  std::optional<chat::ChatTemplate> t;
+  if (!config.chat_template.empty()) {
+    CORTIQ_ASSIGN_OR_RETURN(text, ReadFlagFile(config.chat_template, "--chat-template"));
+    absl::StatusOr<chat::ChatTemplate> parsed = chat::ChatTemplate::Parse(
+        text, model_template.ok() ? model_template->bos_token() : "",
+        model_template.ok() ? model_template->eos_token() : "");
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--chat-template ", config.chat_template, ": ", parsed.status().message()));
+    }
+    t = *std::move(parsed);
+  } else if (model_template.ok()) {
+    CORTIQ_ASSIGN_OR_RETURN(text, ReadFlagFile(model_config.string(), "--model"));
+    t = *std::move(model_template);
+  } else {
+    text = std::string(chat::ChatMlTemplate());
+    CORTIQ_ASSIGN_OR_RETURN(t, chat::ChatTemplate::Parse(chat::ChatMlTemplate(), "", "<|im_end|>"));
+  }
+  ChatRenderer r;
+  r.thinks = text.find("<think>") != std::string::npos;
+  r.render = [t = *std::move(t)](const ChatRequest& c) -> absl::StatusOr<std::string> {
+    chat::ChatTemplate::Inputs in;
+    in.messages = c.messages;
+    in.tools = c.tools;
+    in.add_generation_prompt = c.add_generation_prompt;
+    in.extra = c.template_kwargs;
+    absl::StatusOr<std::string> out = t.Render(in);
+    // The template's refusals (raise_exception, a limit) are about the
+    // conversation the request sent.
+    if (!out.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", out.status().message()));
+    return out;
+  };
+  return r;
 }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(ServiceContext* ctx,

@@ -51,6 +51,14 @@ struct ChatRenderer {
   bool thinks = false;  // the template writes <think> blocks (Qwen3)
 };
 
+// The chat endpoint's template: --chat-template FILE (rendered with the
+// model's bos / eos tokens from tokenizer_config.json), else the model's own
+// (tokenizer_config.json's "chat_template"), else ChatML
+// (chat::ChatMlTemplate). `thinks` when the template's text writes <think>.
+// INVALID_ARGUMENT naming --chat-template or the file for a template the
+// Jinja subset cannot render (at start-up, not at the first request).
+absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config);
+
 class HttpServer {
  public:
   // Binds ctx->config->http_listen (HOST:PORT, [V6]:PORT; port 0 = any free
