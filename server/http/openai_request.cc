@@ -263,9 +263,9 @@ absl::StatusOr<CompletionPrompt> ParseCompletionPrompt(const Json& body) {
 namespace {
 
 // A message's content as the template sees it: a string (text parts
-// joined), or null.
+// joined).
 absl::StatusOr<Json> Content(const Json& content, std::string_view field) {
-  if (content.is_null() || content.is_string()) return content;
+  if (content.is_string()) return content;
   if (!content.is_array()) return FieldError(field, "must be a string or a list of parts");
   std::string text;
   for (size_t j = 0; j < content.size(); ++j) {
@@ -297,10 +297,13 @@ absl::StatusOr<Json> Message(const Json& m, size_t i) {
   }
   Json out = m;  // unknown members pass to the template as they came
   out["role"] = r;
+  // A null (or absent) content — an assistant's pure tool call — is the
+  // empty string, as vLLM renders it: templates test it with `in` and
+  // string filters, which fail on none.
   auto content = m.find("content");
-  if (content == m.end()) {
+  if (content == m.end() || content->is_null()) {
     if (r != "assistant") return FieldError(field + ".content", "required");
-    out["content"] = nullptr;
+    out["content"] = "";
   } else {
     CORTIQ_ASSIGN_OR_RETURN(out["content"], Content(*content, field + ".content"));
   }

@@ -70,7 +70,7 @@ absl::StatusOr<CompletionPrompt> ParseCompletionPrompt(const Json& body);
 
 // What a chat template renders, and how the output is read back.
 struct ChatRequest {
-  Json messages = Json::array();  // contents as strings (text parts joined)
+  Json messages = Json::array();  // contents as strings (text parts joined; null → "")
   Json tools;                     // null: none (or tool_choice "none")
   bool add_generation_prompt = true;
   Json template_kwargs = Json::object();  // chat_template_kwargs
@@ -78,7 +78,7 @@ struct ChatRequest {
   bool thinking = true;      // chat_template_kwargs.enable_thinking (default true)
 };
 // messages (system / developer / user / assistant / tool; content a string,
-// null, or a list of {"type":"text"} parts; assistant tool_calls; tool
+// null (an assistant's; rendered as ""), or a list of {"type":"text"} parts; assistant tool_calls; tool
 // messages with tool_call_id), tools, tool_choice ("none" | "auto";
 // "required" / a named function refused), response_format ({"type":"text"};
 // json_object / json_schema refused), chat_template_kwargs,

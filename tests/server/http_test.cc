@@ -402,6 +402,135 @@ TEST(HttpTest, ClientGoneMidStreamReleasesTheSession) {
   EXPECT_EQ(Post(n, "/v1/completions", Greedy("again", 3)).status, 200);
 }
 
+Json Chat(const std::string& user, int max_tokens) {
+  return {{"model", "cortiq-byte-4m"},
+          {"messages", Json::array({{{"role", "system"}, {"content", "You are Ahab."}},
+                                    {{"role", "user"}, {"content", user}}})},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true}};
+}
+
+TEST(HttpTest, ChatCompletionWholeAndStreamed) {
+  HttpNode n = StartHttpNode();
+  ASSERT_TRUE(n.http);
+  Json b = Chat("Where is the whale?", 10);
+  b["logprobs"] = true;
+  b["top_logprobs"] = 2;
+  Reply r = Post(n, "/v1/chat/completions", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = r.json();
+  EXPECT_TRUE(j["id"].get<std::string>().starts_with("chatcmpl-"));
+  EXPECT_EQ(j["object"], "chat.completion");
+  const Json& choice = j["choices"][0];
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  const std::string content = choice["message"]["content"];
+  EXPECT_FALSE(choice["message"].contains("tool_calls"));
+  // The ChatML prompt of the embedded model: every message framed.
+  const std::string prompt =
+      "<|im_start|>system\nYou are Ahab.<|im_end|>\n<|im_start|>user\nWhere is the "
+      "whale?<|im_end|>\n<|im_start|>assistant\n";
+  // Byte-level: one token per byte, one per special marker (3 starts, 2 ends).
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size() - 3 * (std::string("<|im_start|>").size() - 1) -
+                                             2 * (std::string("<|im_end|>").size() - 1));
+  // Chat logprobs: content[{token, logprob, bytes, top_logprobs}].
+  const Json& lp = choice["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), 10u);
+  std::string joined;
+  for (const Json& t : lp) {
+    joined += t["token"].get<std::string>();
+    ASSERT_EQ(t["bytes"].size(), t["token"].get<std::string>().size());
+    EXPECT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_EQ(t["top_logprobs"][0]["logprob"], t["logprob"]);  // greedy: the top one
+  }
+  EXPECT_EQ(joined, content);
+  // The same request over gRPC with the rendered prompt gives the same text.
+  v1::GenerateRequest g;
+  g.set_prompt(prompt);
+  g.set_max_tokens(10);
+  g.set_ignore_eos(true);
+  g.mutable_sampling()->set_temperature(0);
+  g.add_stop_token_ids(258);  // <|im_end|>, as the chat endpoint adds it
+  testing::StreamOut grpc_out = testing::RunGenerate(*n.node.stub, g);
+  ASSERT_TRUE(grpc_out.status.ok()) << grpc_out.status.error_message();
+  std::string grpc_text;
+  for (int32_t id : grpc_out.ids) grpc_text += static_cast<char>(id);
+  EXPECT_EQ(content, grpc_text);
+
+  // Streamed: a role delta first, content deltas, a finish chunk, [DONE].
+  Json s = Chat("Where is the whale?", 10);
+  s["stream"] = true;
+  Reply sr = Post(n, "/v1/chat/completions", s);
+  ASSERT_EQ(sr.status, 200) << sr.body;
+  const std::vector<std::string> data = SseData(sr.body);
+  ASSERT_GE(data.size(), 3u);
+  const Json first = Json::parse(data[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string streamed;
+  for (size_t i = 1; i + 1 < data.size(); ++i) {
+    const Json c = Json::parse(data[i]);
+    EXPECT_FALSE(c.contains("usage"));  // no include_usage
+    const Json& d = c["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
+  EXPECT_EQ(Json::parse(data[data.size() - 2])["choices"][0]["finish_reason"], "length");
+}
+
+TEST(HttpTest, ChatToolsAndThinkingThroughTheTemplate) {
+  ServerConfig c;
+  c.chat_template = std::string(CORTIQ_SOURCE_DIR) + "/tests/chat/data/qwen3_chat_template.jinja";
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  const Json tools = Json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "get_weather"},
+          {"description", "The weather in a city"},
+          {"parameters",
+           {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+  auto prompt_tokens = [&](Json b) {
+    b["max_tokens"] = 1;
+    Reply r = Post(n, "/v1/chat/completions", b);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json()["usage"]["prompt_tokens"].get<int64_t>();
+  };
+  const Json plain = Chat("Weather in Paris?", 1);
+  Json with_tools = plain;
+  with_tools["tools"] = tools;
+  Json tools_none = with_tools;
+  tools_none["tool_choice"] = "none";
+  Json no_think = plain;
+  no_think["chat_template_kwargs"] = {{"enable_thinking", false}};
+  const int64_t base = prompt_tokens(plain);
+  // The tool schemas are rendered into the prompt (Qwen3's <tools> block) ...
+  EXPECT_GT(prompt_tokens(with_tools), base + 100);
+  // ... and not with tool_choice "none".
+  EXPECT_EQ(prompt_tokens(tools_none), base);
+  // enable_thinking false: the template writes an empty think block.
+  EXPECT_EQ(prompt_tokens(no_think),
+            base + static_cast<int64_t>(std::string("<think>\n\n</think>\n\n").size()));
+  // A tool-call history with a tool result renders.
+  Json history = with_tools;
+  history["messages"].push_back(
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        Json::array({{{"id", "call_1"},
+                      {"type", "function"},
+                      {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}})}});
+  history["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
+  EXPECT_GT(prompt_tokens(history), prompt_tokens(with_tools));
+  // Qwen3's template refuses a conversation without a user query: 400 naming messages.
+  Json only_system = plain;
+  only_system["messages"] = Json::array({{{"role", "system"}, {"content", "x"}}});
+  only_system["max_tokens"] = 1;
+  Reply refused = Post(n, "/v1/chat/completions", only_system);
+  const Json e = ExpectError(refused, 400, "messages");
+  EXPECT_NE(e["message"].get<std::string>().find("No user query"), std::string::npos) << e;
+}
+
 // TLS with the server's --tls-cert / --tls-key: the HTTP front speaks HTTPS
 // (a client trusting the certificate gets answers; plain HTTP gets none).
 TEST(HttpTest, ServesTlsWithTheServersCertificate) {
