@@ -522,13 +522,38 @@ TEST(HttpTest, ChatToolsAndThinkingThroughTheTemplate) {
                       {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}})}});
   history["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
   EXPECT_GT(prompt_tokens(history), prompt_tokens(with_tools));
-  // Qwen3's template refuses a conversation without a user query: 400 naming messages.
-  Json only_system = plain;
-  only_system["messages"] = Json::array({{{"role", "system"}, {"content", "x"}}});
-  only_system["max_tokens"] = 1;
-  Reply refused = Post(n, "/v1/chat/completions", only_system);
-  const Json e = ExpectError(refused, 400, "messages");
-  EXPECT_NE(e["message"].get<std::string>().find("No user query"), std::string::npos) << e;
+}
+
+// A template's raise_exception is the request's fault: 400 naming messages.
+TEST(HttpTest, TemplateRefusalIs400) {
+  const auto file = std::filesystem::temp_directory_path() /
+                    absl::StrCat("cortiq_http_template_", getpid(), ".jinja");
+  {
+    std::ofstream(file) << "{%- if messages[0].role != 'user' %}{{ raise_exception('first "
+                           "message must be from the user') }}{%- endif %}"
+                           "{{ messages[0].content }}";
+  }
+  ServerConfig c;
+  c.chat_template = file.string();
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  const Json e = ExpectError(Post(n, "/v1/chat/completions", Chat("hi", 1)), 400, "messages");
+  EXPECT_NE(e["message"].get<std::string>().find("must be from the user"), std::string::npos) << e;
+  Json user_first = Chat("hi", 1);
+  user_first["messages"].erase(0);
+  EXPECT_EQ(Post(n, "/v1/chat/completions", user_first).status, 200);
+  std::filesystem::remove(file);
+  // A template the subset cannot parse stops the server, naming the flag.
+  ServerConfig bad;
+  bad.model_dir = DefaultModelDir();
+  bad.listen = "127.0.0.1:0";
+  bad.metrics_listen = "off";
+  bad.http_listen = "127.0.0.1:0";
+  bad.threads = 1;
+  bad.chat_template = file.string() + ".missing";
+  absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(bad);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("--chat-template"), std::string::npos) << s.status();
 }
 
 // TLS with the server's --tls-cert / --tls-key: the HTTP front speaks HTTPS
