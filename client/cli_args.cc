@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/util/flags.h"
 #include "core/util/status_macros.h"
 
@@ -29,7 +30,9 @@ commands:
   generate [FLAGS] PROMPT      stream a generation (PROMPT `-` reads stdin)
       --max-tokens N (64)  --session ID  --keep  --json  --tokens 1,2,3
       --temperature F  --top-k N  --top-p F  --min-p F  --repetition-penalty F  --seed N
-      --stop S (repeatable)  --logprobs  --top-logprobs N  --ignore-eos
+      --presence-penalty F  --frequency-penalty F  --logit-bias ID=BIAS[,ID=BIAS...]
+      --stop S (repeatable)  --stop-token-id ID (repeatable)  --min-tokens N  -n/--n N
+      --logprobs  --top-logprobs N  --ignore-eos
       session flags (a new session only)
   sessions                     table of live sessions
   session show ID              one session as JSON
@@ -227,7 +230,10 @@ absl::StatusOr<GenerateArgs> ParseGenerateArgs(const std::vector<std::string>& a
   GenerateArgs g;
   v1::GenerateRequest& r = g.request;
   uint32_t max_tokens = 64;
-  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<float> temperature, top_p, min_p, repetition_penalty, presence_penalty,
+      frequency_penalty;
+  std::vector<std::string> logit_bias, stop_token_ids;
+  uint32_t min_tokens = 0, n = 1;
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
@@ -246,6 +252,12 @@ absl::StatusOr<GenerateArgs> ParseGenerateArgs(const std::vector<std::string>& a
           NumberFlag("min-p", &min_p),
           NumberFlag("repetition-penalty", &repetition_penalty),
           IntFlag("seed", &seed),
+          NumberFlag("presence-penalty", &presence_penalty),  // ranges: the server's
+          NumberFlag("frequency-penalty", &frequency_penalty),
+          util::RepeatedStringFlag("logit-bias", &logit_bias),
+          util::RepeatedStringFlag("stop-token-id", &stop_token_ids),
+          IntFlag("min-tokens", &min_tokens),
+          IntFlag("n", &n, {.min = 1}),
           util::RepeatedStringFlag("stop", &stop),
           SwitchFlag("logprobs", &logprobs),
           IntFlag("top-logprobs", &top_logprobs),
@@ -255,7 +267,25 @@ absl::StatusOr<GenerateArgs> ParseGenerateArgs(const std::vector<std::string>& a
       },
       SessionFlags(&session),
   });
-  CORTIQ_ASSIGN_OR_RETURN(util::ParsedArgs parsed, ParseCommandFlags("generate", args, flags));
+  // `--n` is OpenAI's name for the choices; the shared parser spells a
+  // one-letter flag `-n` only, so the long form is mapped here (before `--`).
+  std::vector<std::string> spelled;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {
+      spelled.insert(spelled.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+    if (args[i] == "--n") {
+      spelled.push_back("-n");
+    } else if (args[i].starts_with("--n=")) {
+      spelled.push_back("-n");
+      spelled.push_back(args[i].substr(4));
+    } else {
+      spelled.push_back(args[i]);
+    }
+  }
+  CORTIQ_ASSIGN_OR_RETURN(util::ParsedArgs parsed,
+                          ParseCommandFlags("generate", spelled, flags));
 
   r.set_max_tokens(max_tokens);
   // Sampling fields are sent only when given.
@@ -265,6 +295,31 @@ absl::StatusOr<GenerateArgs> ParseGenerateArgs(const std::vector<std::string>& a
   if (min_p) r.mutable_sampling()->set_min_p(*min_p);
   if (repetition_penalty) r.mutable_sampling()->set_repetition_penalty(*repetition_penalty);
   if (seed) r.mutable_sampling()->set_seed(*seed);
+  if (presence_penalty) r.mutable_sampling()->set_presence_penalty(*presence_penalty);
+  if (frequency_penalty) r.mutable_sampling()->set_frequency_penalty(*frequency_penalty);
+  for (const std::string& list : logit_bias) {
+    for (absl::string_view piece : absl::StrSplit(list, ',')) {
+      const std::string_view item(piece.data(), piece.size());
+      const size_t eq = item.find('=');
+      if (eq == std::string_view::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--logit-bias: '", piece, "' is not ID=BIAS (e.g. 50256=-100)"));
+      }
+      CORTIQ_ASSIGN_OR_RETURN(int32_t id, util::ParseIntFlag<int32_t>(
+                                              "--logit-bias", item.substr(0, eq), {.min = 0}));
+      CORTIQ_ASSIGN_OR_RETURN(float bias,
+                              util::ParseNumberFlag<float>("--logit-bias", item.substr(eq + 1)));
+      (*r.mutable_sampling()->mutable_logit_bias())[id] = bias;
+    }
+  }
+  for (const std::string& list : stop_token_ids) {
+    CORTIQ_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                            util::ParseIntListFlag<int32_t>("--stop-token-id", list, "id",
+                                                            {.min = 0}));
+    r.mutable_stop_token_ids()->Add(ids.begin(), ids.end());
+  }
+  r.set_min_tokens(min_tokens);
+  if (n > 1) r.set_n(n);
   for (std::string& s : stop) r.add_stop(std::move(s));
   r.set_keep_session(keep);
   // The alternatives come with the chosen token's log-probability.

@@ -6,6 +6,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <fstream>
 #include <future>
 #include <iterator>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
 
 namespace cortiq::client {
 
@@ -187,29 +189,43 @@ absl::StatusOr<Response> Client::Unary(Call call) const {
 absl::StatusOr<v1::GenerateSummary> Client::Generate(
     const v1::GenerateRequest& request,
     const std::function<void(const v1::GeneratedToken&)>& on_token, CancelToken* cancel) const {
+  CORTIQ_ASSIGN_OR_RETURN(std::vector<v1::GenerateSummary> summaries,
+                          GenerateChoices(request, on_token, cancel));
+  return std::move(summaries.front());
+}
+
+absl::StatusOr<std::vector<v1::GenerateSummary>> Client::GenerateChoices(
+    const v1::GenerateRequest& request,
+    const std::function<void(const v1::GeneratedToken&)>& on_token, CancelToken* cancel) const {
   grpc::ClientContext context;
   Configure(context);
   CancelScope scope(cancel, &context);
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub_->Generate(&context, request);
   v1::GenerateResponse response;
-  std::optional<v1::GenerateSummary> summary;
-  bool message_after_summary = false;
+  std::vector<v1::GenerateSummary> summaries;
+  bool out_of_order = false;
   while (reader->Read(&response)) {
-    if (summary.has_value()) {
-      message_after_summary = true;  // read on: Finish needs a drained stream
-    } else if (response.has_token()) {
-      if (on_token) on_token(response.token());
+    if (response.has_token()) {
+      // Read on after a bad message: Finish needs a drained stream.
+      out_of_order = out_of_order || !summaries.empty();
+      if (on_token && !out_of_order) on_token(response.token());
     } else if (response.has_summary()) {
-      summary = std::move(*response.mutable_summary());
+      out_of_order = out_of_order || response.summary().index() != summaries.size();
+      summaries.push_back(std::move(*response.mutable_summary()));
     }
     // A message with neither field (a newer server's event) is skipped.
   }
   grpc::Status status = reader->Finish();
   if (!status.ok()) return FromGrpcStatus(status);
-  if (message_after_summary) return absl::InternalError("stream continued after its summary");
-  if (!summary.has_value()) return absl::InternalError("stream ended without a summary");
-  return *std::move(summary);
+  const size_t n = std::max<uint32_t>(request.n(), 1);
+  if (summaries.empty()) return absl::InternalError("stream ended without a summary");
+  if (out_of_order || summaries.size() != n) {
+    return absl::InternalError(absl::StrCat("stream continued after its summary, or sent ",
+                                            summaries.size(), " summaries for n = ", n,
+                                            " out of index order"));
+  }
+  return summaries;
 }
 
 absl::StatusOr<v1::SessionInfo> Client::CreateSession(

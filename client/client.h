@@ -102,6 +102,15 @@ class Client {
       const cortiq::v1::GenerateRequest& request,
       const std::function<void(const cortiq::v1::GeneratedToken&)>& on_token,
       CancelToken* cancel = nullptr) const;
+  // Generate for a request with n > 1 choices (GeneratedToken.index says
+  // whose a token is): every choice's summary, index order — what the
+  // server sends as the stream's last messages. INTERNAL when a token
+  // follows a summary, or the summaries are not one per choice in order.
+  // Generate(request) is GenerateChoices(request)[0].
+  absl::StatusOr<std::vector<cortiq::v1::GenerateSummary>> GenerateChoices(
+      const cortiq::v1::GenerateRequest& request,
+      const std::function<void(const cortiq::v1::GeneratedToken&)>& on_token,
+      CancelToken* cancel = nullptr) const;
 
   absl::StatusOr<cortiq::v1::SessionInfo> CreateSession(
       const cortiq::v1::CreateSessionRequest& request) const;

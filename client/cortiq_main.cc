@@ -9,6 +9,7 @@
 // printed as `error: CODE: message`), 2 usage error.
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -114,6 +115,10 @@ int RunGenerate(const CommandLine& cl) {
   if (!client.ok()) return RuntimeError(client.status());
 
   const bool json = args->json;
+  // n > 1 in text mode: the choices' tokens interleave on the stream, so
+  // each choice's text is kept and printed whole, in index order, at the end.
+  const bool many = args->request.n() > 1;
+  std::vector<std::string> texts(std::max<uint32_t>(args->request.n(), 1));
   bool printed_text = false;
   absl::Status print_status;
   auto on_token = [&](const v1::GeneratedToken& token) {
@@ -127,36 +132,50 @@ int RunGenerate(const CommandLine& cl) {
       }
       std::fwrite(line->data(), 1, line->size(), stdout);
       std::fputc('\n', stdout);
+    } else if (many) {
+      if (token.index() < texts.size()) texts[token.index()] += token.text();
+      return;
     } else {
       std::fwrite(token.text().data(), 1, token.text().size(), stdout);
       printed_text = printed_text || !token.text().empty();
     }
     std::fflush(stdout);
   };
-  absl::StatusOr<v1::GenerateSummary> summary = (*client)->Generate(args->request, on_token);
-  if (!summary.ok()) {
+  absl::StatusOr<std::vector<v1::GenerateSummary>> summaries =
+      (*client)->GenerateChoices(args->request, on_token);
+  if (!summaries.ok()) {
     if (printed_text) std::fputc('\n', stdout);
     std::fflush(stdout);
-    return RuntimeError(summary.status());
+    return RuntimeError(summaries.status());
   }
   if (!print_status.ok()) return RuntimeError(print_status);
 
   if (json) {
-    v1::GenerateResponse response;
-    *response.mutable_summary() = *summary;
-    absl::StatusOr<std::string> line = ToJson(response);
-    if (!line.ok()) return RuntimeError(line.status());
-    std::cout << *line << std::endl;
+    for (const v1::GenerateSummary& summary : *summaries) {
+      v1::GenerateResponse response;
+      *response.mutable_summary() = summary;
+      absl::StatusOr<std::string> line = ToJson(response);
+      if (!line.ok()) return RuntimeError(line.status());
+      std::cout << *line << std::endl;
+    }
     return kExitOk;
   }
-  std::cout << std::endl;
-  std::cerr << absl::StrFormat(
-      "finish=%s prompt_tokens=%u completion_tokens=%u ttft_ms=%.1f tokens_per_s=%.1f\n",
-      ShortEnumName(v1::FinishReason_Name(summary->finish_reason()), "FINISH_REASON_"),
-      summary->usage().prompt_tokens(), summary->usage().completion_tokens(),
-      summary->timings().time_to_first_token_seconds() * 1000.0,
-      summary->timings().decode_tokens_per_second());
-  if (summary->session_kept()) std::cerr << "session: " << summary->session_id() << "\n";
+  if (many) {
+    for (size_t i = 0; i < texts.size(); ++i) std::cout << "[choice " << i << "]\n" << texts[i] << "\n";
+  } else {
+    std::cout << std::endl;
+  }
+  for (const v1::GenerateSummary& summary : *summaries) {
+    std::cerr << absl::StrFormat(
+        "%sfinish=%s prompt_tokens=%u completion_tokens=%u ttft_ms=%.1f tokens_per_s=%.1f\n",
+        many ? absl::StrCat("choice=", summary.index(), " ") : std::string(),
+        ShortEnumName(v1::FinishReason_Name(summary.finish_reason()), "FINISH_REASON_"),
+        summary.usage().prompt_tokens(), summary.usage().completion_tokens(),
+        summary.timings().time_to_first_token_seconds() * 1000.0,
+        summary.timings().decode_tokens_per_second());
+  }
+  const v1::GenerateSummary& first = summaries->front();
+  if (first.session_kept()) std::cerr << "session: " << first.session_id() << "\n";
   return kExitOk;
 }
 

@@ -129,6 +129,8 @@ std::string ServerUsage() {
   --window-layers SPEC  --window-sink N  --window-size N
                           sink + window parameters (default all, 4, 128; f32 rows only)
   --max-tokens N          upper bound of GenerateRequest.max_tokens (default 4096)
+  --max-n N               upper bound of GenerateRequest.n, choices per request
+                          (default 8, at most --max-batch)
   --max-context N         positions per session (default: the model's max_position_embeddings)
   --max-prompt-bytes B    prompt size limit (default 1M)
   --max-message-bytes B   gRPC receive limit (default 8M)
@@ -201,6 +203,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   c.http_listen = "127.0.0.1:8080";  // the binary serves HTTP unless told not to
   *help = false;
   std::string token_file, peer_token_file;
+  std::optional<size_t> max_n;  // --max-n, resolved against --max-batch below
   const std::vector<util::Flag> flags = {
       StringFlag("model", &c.model_dir),
       StringFlag("listen", &c.listen),
@@ -224,6 +227,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       IntFlag("window-sink", &c.window_sink),
       IntFlag("window-size", &c.window_size, {.min = 1}),
       IntFlag("max-tokens", &c.max_tokens_limit, {.min = 1}),
+      IntFlag("max-n", &max_n, {.min = 1}),
       IntFlag("max-context", &c.max_context),
       util::BytesFlag("max-prompt-bytes", &c.max_prompt_bytes),
       util::BytesFlag("max-message-bytes", &c.max_message_bytes),
@@ -311,6 +315,12 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   if (c.http_timeout.count() <= 0) {
     return absl::InvalidArgumentError("--http-timeout: must be positive (seconds)");
   }
+  if (max_n && *max_n > c.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-n: ", *max_n, " is above --max-batch ", c.max_batch,
+                     " (a request's choices decode in one step)"));
+  }
+  c.max_n = max_n.value_or(std::min(c.max_n, c.max_batch));
   if (c.import_idle_timeout.count() <= 0) {
     return absl::InvalidArgumentError("--import-idle-timeout: must be positive (seconds)");
   }

@@ -41,6 +41,10 @@ struct ServerConfig {
   std::optional<size_t> window_sink;          // --window-sink (default 4)
   std::optional<size_t> window_size;          // --window-size (default 128)
   size_t max_tokens_limit = 4096;             // GenerateRequest.max_tokens bound
+  // GenerateRequest.n bound (--max-n): a request's choices share one decode
+  // step, so at most max_batch; the default 8 is lowered to a smaller
+  // --max-batch, an explicit larger --max-n is a usage error.
+  size_t max_n = 8;
   size_t max_context = 0;                     // 0 = the model's max_position_embeddings
   size_t max_prompt_bytes = 1 << 20;          // prompt text / tokens bound (INVALID_ARGUMENT)
   size_t max_message_bytes = 8 << 20;         // gRPC receive limit (RESOURCE_EXHAUSTED)

@@ -33,10 +33,14 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
   // changes nothing. Admission reserves the plan's bytes; the engine
   // trusts it.
   const session::PlanLimits limits{.max_tokens = ctx.config->max_tokens_limit,
-                                   .max_context = ctx.engine->max_context()};
+                                   .max_context = ctx.engine->max_context(),
+                                   .max_n = ctx.config->max_n};
   const auto& mcfg = ctx.model->config();
   session::RequestPlan plan;
   session::SessionStore::Lease lease;
+  // n > 1: the other choices' sessions, created here before anything runs,
+  // each admitted with the plan's bytes (all or nothing).
+  std::vector<session::SessionStore::Lease> forks;
   if (!target.session_id.empty()) {
     CORTIQ_RETURN_IF_ERROR(CheckSessionId(target.session_id));
     // Peek and Acquire block this thread (on a condition variable) only
@@ -51,16 +55,24 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
     CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, existing));
     CORTIQ_ASSIGN_OR_RETURN(
         lease, ctx.store->Acquire(target.session_id, plan, g.deadline, caller.sessions()));
+    if (g.n > 1) {
+      // Refused: the acquired lease returns unused, nothing changed.
+      CORTIQ_ASSIGN_OR_RETURN(forks, ctx.store->CreateMany(*ctx.model, plan, g.n - 1, caller.tenant));
+    }
   } else {
     CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
                             ResolveSessionConfig(target.session_config, ctx));
     CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, config));
-    CORTIQ_ASSIGN_OR_RETURN(lease, ctx.store->Create(*ctx.model, plan, caller.tenant));
+    CORTIQ_ASSIGN_OR_RETURN(std::vector<session::SessionStore::Lease> leases,
+                            ctx.store->CreateMany(*ctx.model, plan, g.n, caller.tenant));
+    lease = std::move(leases[0]);
+    forks.assign(std::make_move_iterator(leases.begin() + 1), std::make_move_iterator(leases.end()));
     g.release_at_end = !target.keep_session;
   }
   SubmittedGeneration out;
   out.session_id = lease->id();
-  CORTIQ_ASSIGN_OR_RETURN(out.job, ctx.engine->Submit(std::move(lease), std::move(g), plan));
+  CORTIQ_ASSIGN_OR_RETURN(out.job, ctx.engine->Submit(std::move(lease), std::move(forks),
+                                                      std::move(g), plan));
   return out;
 }
 

@@ -182,6 +182,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     if (job_->Pop(&ev)) {
       msg_.Clear();
       v1::GeneratedToken* t = msg_.mutable_token();
+      t->set_index(ev.index);
       t->set_token_id(ev.token_id);
       t->set_text(std::move(ev.text));
       if (ev.logprobs) {
@@ -212,11 +213,36 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       FinishLocked(ToGrpcStatus(r.status));
       return;
     }
+    // One summary per choice, index order, the stream's last messages (n =
+    // 1: exactly one, as ever); the last is written with the finish.
+    const bool last = summaries_sent_ + 1 >= r.choices.size();
+    const grpc::Status st = SerializeSummary(r, summaries_sent_++);
+    if (!st.ok()) {
+      FinishLocked(st);
+      return;
+    }
+    util::TsanRelease(this);
+    if (!last) {
+      writing_ = true;
+      StartWrite(&wire_);
+      return;
+    }
+    finished_ = true;
+    final_code_ = grpc::StatusCode::OK;
+    StartWriteAndFinish(&wire_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  // The summary of choice `index` into wire_. With n > 1 its finish_reason
+  // and completion_tokens are the choice's; the rest is the call's.
+  grpc::Status SerializeSummary(const session::GenerationResult& r, size_t index) {
     msg_.Clear();
     v1::GenerateSummary* s = msg_.mutable_summary();
-    s->set_finish_reason(ToProto(r.finish_reason));
+    const bool many = r.choices.size() > 1;
+    s->set_index(static_cast<uint32_t>(index));
+    s->set_finish_reason(ToProto(many ? r.choices[index].finish_reason : r.finish_reason));
     s->mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(r.prompt_tokens));
-    s->mutable_usage()->set_completion_tokens(static_cast<uint32_t>(r.completion_tokens));
+    s->mutable_usage()->set_completion_tokens(static_cast<uint32_t>(
+        many ? r.choices[index].completion_tokens : r.completion_tokens));
     s->mutable_usage()->set_session_tokens(r.session_tokens);
     s->mutable_timings()->set_queue_seconds(r.queue_seconds);
     s->mutable_timings()->set_time_to_first_token_seconds(r.ttft_seconds);
@@ -225,15 +251,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     s->set_session_id(session_id_);
     s->set_session_kept(ctx_->store->Get(session_id_).has_value());
     ToProto(r.memory, s->mutable_memory());
-    const grpc::Status st = SerializeMessage();
-    if (!st.ok()) {
-      FinishLocked(st);
-      return;
-    }
-    finished_ = true;
-    final_code_ = grpc::StatusCode::OK;
-    util::TsanRelease(this);
-    StartWriteAndFinish(&wire_, grpc::WriteOptions(), grpc::Status::OK);
+    return SerializeMessage();
   }
 
   // msg_ into wire_, the bytes StartWrite sends (the previous write is done:
@@ -264,6 +282,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   std::shared_ptr<util::InFlight::Token> job_in_flight_;
   std::string session_id_;
   size_t prompt_tokens_ = 0;
+  size_t summaries_sent_ = 0;  // GenerateSummary messages written (one per choice)
   std::string finish_reason_;  // empty until the job is drained
 
   std::mutex mu_;

@@ -208,6 +208,47 @@ TEST(GenerateArgsTest, SamplingFieldsSetOnlyWhenGiven) {
   EXPECT_FALSE(g->request.sampling().has_top_k());
 }
 
+TEST(GenerateArgsTest, OpenAiStyleControls) {
+  auto g = ParseGenerateArgs({"--presence-penalty", "0.5", "--frequency-penalty=-1.5",
+                              "--logit-bias", "50=-100,7=2.5", "--logit-bias=9=1",
+                              "--stop-token-id", "3", "--stop-token-id=4,5", "--min-tokens",
+                              "6", "--n", "3", "hi"});
+  ASSERT_TRUE(ParseGenerateArgs({"-n", "2", "hi"}).ok());
+  ASSERT_TRUE(g.ok()) << g.status();
+  const v1::GenerateRequest& r = g->request;
+  EXPECT_FLOAT_EQ(r.sampling().presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling().frequency_penalty(), -1.5f);
+  ASSERT_EQ(r.sampling().logit_bias().size(), 3u);
+  EXPECT_FLOAT_EQ(r.sampling().logit_bias().at(50), -100.0f);
+  EXPECT_FLOAT_EQ(r.sampling().logit_bias().at(7), 2.5f);
+  EXPECT_FLOAT_EQ(r.sampling().logit_bias().at(9), 1.0f);
+  EXPECT_THAT(r.stop_token_ids(), ElementsAre(3, 4, 5));
+  EXPECT_EQ(r.min_tokens(), 6u);
+  EXPECT_EQ(r.n(), 3u);
+  // Unset: not sent.
+  g = ParseGenerateArgs({"hi"});
+  ASSERT_TRUE(g.ok());
+  EXPECT_FALSE(g->request.sampling().has_presence_penalty());
+  EXPECT_FALSE(g->request.sampling().has_frequency_penalty());
+  EXPECT_EQ(g->request.n(), 0u);
+  EXPECT_EQ(g->request.min_tokens(), 0u);
+
+  ExpectUsageError(ParseGenerateArgs({"--presence-penalty", "x", "hi"}), "--presence-penalty");
+  ExpectUsageError(ParseGenerateArgs({"--frequency-penalty", "", "hi"}), "--frequency-penalty");
+  ExpectUsageError(ParseGenerateArgs({"--logit-bias", "50", "hi"}), "--logit-bias");
+  ExpectUsageError(ParseGenerateArgs({"--logit-bias", "-1=2", "hi"}), "--logit-bias");
+  ExpectUsageError(ParseGenerateArgs({"--logit-bias", "5=abc", "hi"}), "--logit-bias");
+  ExpectUsageError(ParseGenerateArgs({"--logit-bias", "5=1,", "hi"}), "--logit-bias");
+  ExpectUsageError(ParseGenerateArgs({"--stop-token-id", "-2", "hi"}), "--stop-token-id");
+  ExpectUsageError(ParseGenerateArgs({"--stop-token-id", "a", "hi"}), "--stop-token-id");
+  ExpectUsageError(ParseGenerateArgs({"--min-tokens", "-1", "hi"}), "--min-tokens");
+  ExpectUsageError(ParseGenerateArgs({"--n=0", "hi"}), "-n: must be at least 1");
+  // After `--` it is the prompt.
+  auto prompt = ParseGenerateArgs({"--", "--n"});
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_EQ(prompt->request.prompt(), "--n");
+}
+
 TEST(GenerateArgsTest, TopLogprobsImpliesLogprobs) {
   absl::StatusOr<GenerateArgs> g = ParseGenerateArgs({"--top-logprobs", "5", "hi"});
   ASSERT_TRUE(g.ok());

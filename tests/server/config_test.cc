@@ -103,6 +103,7 @@ Fields FieldsOf(const ServerConfig& c) {
       {"window-sink", Text(c.window_sink)},
       {"window-size", Text(c.window_size)},
       {"max-tokens", Text(c.max_tokens_limit)},
+      {"max-n", Text(c.max_n)},
       {"max-context", Text(c.max_context)},
       {"max-prompt-bytes", Text(c.max_prompt_bytes)},
       {"max-message-bytes", Text(c.max_message_bytes)},
@@ -164,6 +165,7 @@ TEST_F(ConfigTest, Defaults) {
       {"window-sink", "-"},
       {"window-size", "-"},
       {"max-tokens", "4096"},
+      {"max-n", "8"},
       {"max-context", "0"},
       {"max-prompt-bytes", std::to_string(size_t{1} << 20)},
       {"max-message-bytes", std::to_string(size_t{8} << 20)},
@@ -234,6 +236,7 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"max-concurrent-imports", "9", "9"},
       {"import-idle-timeout", "0.5", "500ms"},
       {"max-batch", "4", "4"},
+      {"max-n", "3", "3"},
       {"prefill-chunk", "128", "128"},
       {"queue-capacity", "16", "16"},
       {"grace", "30", "30000ms"},
@@ -305,6 +308,8 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--threads", "-1"}, "--threads: must not be negative");
   ExpectUsageError({"--max-sessions", "0"}, "--max-sessions: must be at least 1");
   ExpectUsageError({"--max-batch=0"}, "--max-batch: must be at least 1");
+  ExpectUsageError({"--max-n=0"}, "--max-n: must be at least 1");
+  ExpectUsageError({"--max-batch=4", "--max-n=5"}, "--max-n: 5 is above --max-batch 4");
   ExpectUsageError({"--prefill-chunk", "0"}, "--prefill-chunk: must be at least 1");
   ExpectUsageError({"--queue-capacity", "0"}, "--queue-capacity: must be at least 1");
   ExpectUsageError({"--max-tokens", "0"}, "--max-tokens: must be at least 1 (got \"0\")");
