@@ -211,6 +211,48 @@ TEST(HttpTest, CompletionMatchesGrpcAndStreams) {
   EXPECT_EQ(st["choices"][0]["text"], text.substr(0, text.find(text.substr(3, 2))));
 }
 
+// n choices from one request: indexed 0..n-1, choice i is the n = 1 answer
+// with seed + i (the engine's contract), streamed chunks carry their index.
+TEST(HttpTest, SeveralChoices) {
+  HttpNode n = StartHttpNode();
+  ASSERT_TRUE(n.http);
+  auto sampled = [](int choices, int seed) {
+    Json b = Greedy("It was the best", 8);
+    b["temperature"] = 1.0;
+    b["seed"] = seed;
+    b["n"] = choices;
+    b["presence_penalty"] = 0.5;  // the sampling controls ride along
+    b["logit_bias"] = {{"65", 1.0}};
+    return b;
+  };
+  const Json two = Post(n, "/v1/completions", sampled(2, 7)).json();
+  ASSERT_EQ(two["choices"].size(), 2u) << two;
+  EXPECT_EQ(two["choices"][0]["index"], 0);
+  EXPECT_EQ(two["choices"][1]["index"], 1);
+  EXPECT_EQ(two["usage"]["completion_tokens"], 16);
+  const Json seven = Post(n, "/v1/completions", sampled(1, 7)).json();
+  const Json eight = Post(n, "/v1/completions", sampled(1, 8)).json();
+  EXPECT_EQ(two["choices"][0]["text"], seven["choices"][0]["text"]);
+  EXPECT_EQ(two["choices"][1]["text"], eight["choices"][0]["text"]);
+  Json streamed = sampled(2, 7);
+  streamed["stream"] = true;
+  std::string text[2];
+  int finished = 0;
+  const std::vector<std::string> data = SseData(Post(n, "/v1/completions", streamed).body);
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    const Json c = Json::parse(data[i]);
+    const Json& ch = c["choices"][0];
+    text[ch["index"].get<int>()] += ch["text"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) ++finished;
+  }
+  EXPECT_EQ(text[0], two["choices"][0]["text"]);
+  EXPECT_EQ(text[1], two["choices"][1]["text"]);
+  EXPECT_EQ(finished, 2);
+  // Beyond --max-n: 400 naming n.
+  ExpectError(Post(n, "/v1/completions", sampled(100, 7)), 400, "n");
+  EXPECT_EQ(n.server().store().num_sessions(), 0u);  // every fork released
+}
+
 TEST(HttpTest, LegacyLogprobs) {
   HttpNode n = StartHttpNode();
   ASSERT_TRUE(n.http);
