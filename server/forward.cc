@@ -162,7 +162,7 @@ class UnaryRelay final : public ForwardPending, public std::enable_shared_from_t
       self = std::move(self_);
       if (replied_) return;  // cancelled before the owner was known
       if (target.channel) {
-        up = PrepareUnary(method_, deadline_, request_, metadata_);
+        up = PrepareUnary(method_, deadline_, request_, target.metadata.value_or(metadata_));
         running_ = up;  // a cancel from now on cancels it
       } else {
         replied_ = true;
@@ -468,7 +468,9 @@ class StreamRelay final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, pub
     attempts_.push_back(std::make_unique<Attempt>(this));
     Attempt* a = attempts_.back().get();
     a->context.set_deadline(deadline_);
-    for (const auto& [key, value] : metadata_) a->context.AddMetadata(key, value);
+    for (const auto& [key, value] : target.metadata.value_or(metadata_)) {
+      a->context.AddMetadata(key, value);
+    }
     grpc::GenericStub stub(target.channel);
     stub.PrepareBidiStreamingCall(&a->context, method_, grpc::StubOptions(), a);
     current_ = a;

@@ -83,6 +83,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -105,6 +106,10 @@ inline constexpr std::string_view kForwardedByMetadata = "x-cortiq-forwarded-by"
 struct ForwardTarget {
   std::shared_ptr<grpc::Channel> channel;
   std::string address;
+  // When set, the attempt to this target carries these instead of
+  // ForwardOptions::metadata (e.g. the caller's own credentials and the hop
+  // limit, for a call relayed to this very node: forwarding.h).
+  std::optional<std::vector<std::pair<std::string, std::string>>> metadata{};
 };
 
 // Counters of the relays that share it (ForwardOptions::stats); atomics,

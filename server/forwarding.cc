@@ -52,14 +52,16 @@ bool StaleOwner(const grpc::Status& status) {
 class OwnerCall : public std::enable_shared_from_this<OwnerCall> {
  public:
   OwnerCall(ServiceContext* ctx, grpc::CallbackServerContext* call, std::string_view rpc,
-            std::string id, const Caller& caller, std::function<void()> nowhere)
+            std::string id, const Caller& caller, std::function<void()> nowhere,
+            bool serve_here_if_nowhere = false)
       : ctx_(ctx),
         rpc_(rpc),
         id_(std::move(id)),
         deadline_(call->deadline()),
         metadata_(OnBehalfMetadata(*ctx, call, caller)),
         hops_(CallHops(call)),
-        nowhere_(std::move(nowhere)) {}
+        nowhere_(std::move(nowhere)),
+        here_metadata_(serve_here_if_nowhere ? HereMetadata(call) : std::nullopt) {}
 
   // The options every attempt's relay gets: the metadata, one more hop, and
   // the retry hook.
@@ -143,7 +145,42 @@ class OwnerCall : public std::enable_shared_from_this<OwnerCall> {
       pending_->Fail(grpc::Status::OK);
       return;
     }
+    if (status.code() == absl::StatusCode::kNotFound && here_metadata_) {
+      ServeHere(status);
+      return;
+    }
     pending_->Fail(ToGrpcStatus(status));
+  }
+
+  // No node holds the session and the call creates it: relayed to this
+  // node, which serves it itself (the hop limit) as the caller's own call.
+  void ServeHere(const absl::Status& nowhere) {
+    std::shared_ptr<grpc::Channel> self = ctx_->self_channel.load();
+    if (!self) {  // not serving yet, or stopping
+      pending_->Fail(ToGrpcStatus(nowhere));
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      owner_ = ctx_->node_name;
+      known_ = false;  // its answer is final: no retry
+    }
+    pending_->Begin(ForwardTarget{self, ctx_->node_name, here_metadata_});
+  }
+
+  // What the call relayed to this node carries: the caller's own
+  // credentials (as it sent them: its token, or a peer's token with the
+  // caller it acts for), its trace context, and the hop limit.
+  static std::optional<std::vector<std::pair<std::string, std::string>>> HereMetadata(
+      const grpc::CallbackServerContext* call) {
+    std::vector<std::pair<std::string, std::string>> md;
+    for (std::string_view key : {std::string_view("authorization"),
+                                 std::string_view(kOnBehalfOfHeader),
+                                 std::string_view("traceparent")}) {
+      if (auto value = ClientMetadata(call, key)) md.emplace_back(key, *value);
+    }
+    md.emplace_back(kHopsHeader, std::to_string(kMaxForwardHops));
+    return md;
   }
 
   ServiceContext* const ctx_;
@@ -153,6 +190,9 @@ class OwnerCall : public std::enable_shared_from_this<OwnerCall> {
   const std::vector<std::pair<std::string, std::string>> metadata_;
   const int hops_;
   const std::function<void()> nowhere_;
+  // Set for a call that creates its session when no node holds it: the
+  // metadata of its relay to this node (ServeHere).
+  const std::optional<std::vector<std::pair<std::string, std::string>>> here_metadata_;
   ForwardPending* pending_ = nullptr;
 
   mutable std::mutex mu_;
@@ -197,9 +237,11 @@ grpc::ServerUnaryReactor* ForwardUnaryToOwner(ServiceContext* ctx,
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ForwardStreamToOwner(
     ServiceContext* ctx, grpc::CallbackServerContext* call, const grpc::ByteBuffer& request,
-    std::string_view rpc, const std::string& id, const Caller& caller) {
+    std::string_view rpc, const std::string& id, const Caller& caller,
+    bool serve_here_if_nowhere) {
   auto log = std::make_shared<CallLog>(ctx, call, rpc);
-  auto owner_call = std::make_shared<OwnerCall>(ctx, call, rpc, id, caller, nullptr);
+  auto owner_call =
+      std::make_shared<OwnerCall>(ctx, call, rpc, id, caller, nullptr, serve_here_if_nowhere);
   auto [reactor, pending] = ForwardStreamLater(
       MethodPath(rpc), call, request, owner_call->Options(),
       [log, owner_call, id](const grpc::Status& status, uint64_t messages) {

@@ -11,6 +11,17 @@
 // peers) and relay the call there (server/forward.h): same bytes, same
 // status, deadline and cancellation passed through.
 //
+// create_if_missing (Generate): a session that no peer holds — every peer
+// answered the lookup NOT_FOUND — is created on this node, not NOT_FOUND:
+// the relay's attempt goes to this node itself (ServiceContext::
+// self_channel) with the caller's own credentials and the hop limit, so
+// this node serves it as a local call and creates the session. A session
+// a peer holds is forwarded as any other; silent peers (UNAVAILABLE) are
+// not taken for absent: the session may be on one of them. Two nodes
+// asked at once for the same new id may each create it (the lookup is not
+// a lock); and an id another tenant holds on a peer is not seen by the
+// lookup, so this node creates its own session under it.
+//
 // The forwarded call carries the peer token as its bearer token, the
 // caller's tenant and role (x-cortiq-on-behalf-of: the owner applies the
 // same permissions and tenant filter), the hop count plus one and the
@@ -56,10 +67,24 @@ grpc::ServerUnaryReactor* ForwardUnaryToOwner(ServiceContext* ctx,
                                               std::function<void()> nowhere = nullptr);
 
 // The reactor that relays the server-streaming call `rpc` (Generate,
-// ExportSession) with request bytes `request` to the owner of `id`.
+// ExportSession) with request bytes `request` to the owner of `id`. With
+// `serve_here_if_nowhere` (a Generate with create_if_missing), a lookup
+// that finds `id` nowhere relays the call to this node instead (see the
+// banner).
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ForwardStreamToOwner(
     ServiceContext* ctx, grpc::CallbackServerContext* call, const grpc::ByteBuffer& request,
-    std::string_view rpc, const std::string& id, const Caller& caller);
+    std::string_view rpc, const std::string& id, const Caller& caller,
+    bool serve_here_if_nowhere = false);
+
+// Whether a request asks for its session to be created when no node holds
+// it (GenerateRequest.create_if_missing); false for other requests.
+inline bool CreatesIfMissing(const v1::GenerateRequest& request) {
+  return request.create_if_missing();
+}
+template <typename Request>
+bool CreatesIfMissing(const Request&) {
+  return false;
+}
 
 // For a server-streaming call of the raw API (Generate, ExportSession):
 // the relay to the owner when the request names a session another node
@@ -77,7 +102,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* MaybeForwardStream(ServiceContext* c
   if (request.session_id().empty()) return nullptr;
   absl::StatusOr<Caller> caller = Authorize(*ctx, call, rpc);
   if (!caller.ok() || !ShouldForward(*ctx, call, request.session_id(), *caller)) return nullptr;
-  return ForwardStreamToOwner(ctx, call, bytes, rpc, request.session_id(), *caller);
+  return ForwardStreamToOwner(ctx, call, bytes, rpc, request.session_id(), *caller,
+                              CreatesIfMissing(request));
 }
 
 // ListSessions with cluster = true: this node's sessions (`local`, already

@@ -40,6 +40,10 @@ struct GenerationTarget {
   std::string session_id;            // "" = a new session
   v1::SessionConfig session_config;  // a new session's (unset fields: the server's defaults)
   bool keep_session = false;         // a new session outlives the call
+  // session_id names a session to create when there is none (kept after the
+  // call, of session_config, the caller's tenant): GenerateRequest.
+  // create_if_missing, an HTTP conversation's first turn.
+  bool create_if_missing = false;
 };
 
 struct SubmittedGeneration {
@@ -55,9 +59,12 @@ absl::Status CheckPromptBytes(const ServiceContext& ctx, std::string_view field,
 absl::Status CheckPromptIds(const ServiceContext& ctx, std::string_view field, size_t ids);
 
 // UNAVAILABLE while draining; then plans `g` (session::PlanRequest against
-// --max-tokens and the engine's context), leases the session `target` names
-// (Peek → plan → Acquire, in `caller`'s tenant) or creates one (the resolved
-// session config; one-shot unless keep_session), and submits. Every error
+// --max-tokens, --max-n and the engine's context), leases the session
+// `target` names (Peek — PeekForReuse for reuse_prefix — → plan → Acquire,
+// in `caller`'s tenant; with create_if_missing, a missing one is created
+// under that id, and one created meanwhile continued, once) or creates one
+// (the resolved session config; one-shot unless keep_session), creates the
+// n - 1 forks of n > 1 (all or nothing), and submits. Every error
 // of the plan, the store and the engine as they give it (INVALID_ARGUMENT,
 // UNIMPLEMENTED, NOT_FOUND, ABORTED, RESOURCE_EXHAUSTED, UNAVAILABLE).
 absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,

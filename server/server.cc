@@ -169,6 +169,7 @@ absl::Status Server::Init() {
   auto* health = grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
+  ctx_->self_channel.store(grpc_server_->InProcessChannel(grpc::ChannelArguments()));
 
   if (metrics_on) {
     CORTIQ_ASSIGN_OR_RETURN(metrics_server_, MetricsServer::Start(c.metrics_listen, *metrics_));
@@ -354,6 +355,7 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     if (http_) http_->Stop();
     background_->Shutdown();
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ctx_->self_channel.store(nullptr);  // no channel to a stopped server outlives it
   }
   if (engine_) engine_->Shutdown();
   {

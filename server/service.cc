@@ -85,6 +85,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     {
       std::lock_guard lock(mu_);
       writing_ = false;
+      if (summary_written_) {  // the summary went (or the client is gone): the end
+        Finish(grpc::Status::OK);
+        return;
+      }
       if (!ok) {  // the stream is broken (client gone): stop generating
         job_->Cancel();
         FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
@@ -165,7 +169,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
                             SubmitGeneration(*ctx_, caller, std::move(g),
                                              {.session_id = req.session_id(),
                                               .session_config = req.session_config(),
-                                              .keep_session = req.keep_session()}));
+                                              .keep_session = req.keep_session(),
+                                              .create_if_missing = req.create_if_missing()}));
     session_id_ = std::move(s.session_id);
     job_ = std::move(s.job);
     return absl::OkStatus();
@@ -229,7 +234,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     }
     finished_ = true;
     final_code_ = grpc::StatusCode::OK;
-    StartWriteAndFinish(&wire_, grpc::WriteOptions(), grpc::Status::OK);
+    // The last summary, then the status once its write is done — not one
+    // StartWriteAndFinish: over gRPC 1.51's in-process transport (the
+    // create_if_missing relay to this node, forwarding.h) a write-and-finish
+    // lost the last message to the relay reading it and left this call
+    // unfinished, holding up the server's shutdown.
+    summary_written_ = true;
+    StartWrite(&wire_);
   }
 
   // The summary of choice `index` into wire_. With n > 1 its finish_reason
@@ -244,6 +255,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     s->mutable_usage()->set_completion_tokens(static_cast<uint32_t>(
         many ? r.choices[index].completion_tokens : r.completion_tokens));
     s->mutable_usage()->set_session_tokens(r.session_tokens);
+    s->mutable_usage()->set_cached_tokens(static_cast<uint32_t>(r.cached_tokens));
     s->mutable_timings()->set_queue_seconds(r.queue_seconds);
     s->mutable_timings()->set_time_to_first_token_seconds(r.ttft_seconds);
     s->mutable_timings()->set_decode_tokens_per_second(r.decode_tokens_per_second);
@@ -287,6 +299,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
   std::mutex mu_;
   bool writing_ = false;
+  bool summary_written_ = false;  // the last write: OnWriteDone finishes the call
   bool finished_ = false;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
   std::string final_message_;

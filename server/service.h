@@ -70,6 +70,10 @@ struct ServiceContext {
   Metrics* metrics = nullptr;              // may be null (metrics off)
   SessionRouter* router = nullptr;         // where other nodes' sessions live (session_router.h)
   PeerDialer* peers = nullptr;             // every channel to another node (peer_dialer.h)
+  // An in-process channel to this server, set once it serves (null before
+  // and after Shutdown): a Generate with create_if_missing that no peer can
+  // serve is relayed here at the hop limit, and served here (forwarding.h).
+  std::atomic<std::shared_ptr<grpc::Channel>> self_channel;
   std::string model_name;                  // directory basename
   std::string node_name;                   // --node-name or DefaultNodeName: x-cortiq-node
   std::string fingerprint;                 // hex of wire_fingerprint

@@ -40,12 +40,17 @@ void SequenceKv::ReleaseUnused() {
   for (auto& l : layers_) l->ReleaseUnused();
 }
 
-absl::Status SequenceKv::TruncateLast(size_t n) {
+absl::Status SequenceKv::CanTruncate(size_t n) const {
   if (n > position()) {
     return absl::InvalidArgumentError(
         absl::StrCat("truncate: ", n, " positions requested, the sequence holds ", position()));
   }
   for (const auto& l : layers_) CORTIQ_RETURN_IF_ERROR(l->CanTruncate(n));
+  return absl::OkStatus();
+}
+
+absl::Status SequenceKv::TruncateLast(size_t n) {
+  CORTIQ_RETURN_IF_ERROR(CanTruncate(n));
   for (auto& l : layers_) l->TruncateLast(n);
   return absl::OkStatus();
 }

@@ -62,6 +62,9 @@ class SequenceKv {
   // the layer, when any layer cannot roll back (sealed O(1), a window that
   // dropped rows, a QSA state behind its rows).
   absl::Status TruncateLast(size_t n);
+  // Whether TruncateLast(n) would succeed: its errors, nothing changed.
+  // O(layers).
+  absl::Status CanTruncate(size_t n) const;
   // Frees every byte of every layer (MemoryBytes() == 0); the configuration
   // stays (a released sequence starts over at position 0). Idempotent.
   void Release();

@@ -41,6 +41,27 @@ size_t HeldSuffix(std::string_view text, const std::vector<std::string>& stops) 
   return best;
 }
 
+// Engine::Submit's programmer invariant: `plan` is PlanRequest's for this
+// request on this session as leased.
+absl::Status CheckPlanIsTheRequests(const Session& s, const GenerationRequest& r,
+                                    const RequestPlan& plan) {
+  const size_t kept = plan.reuse.has_value() ? plan.reuse->kept : 0;
+  const bool reuse_ok =
+      r.reuse_prefix ? plan.reuse.has_value() && *plan.reuse == s.PlanReuse(r.prompt)
+                     : !plan.reuse.has_value();
+  const size_t history = r.reuse_prefix ? kept : s.tokens().size();
+  if (reuse_ok && kept <= r.prompt.size() && plan.prompt == r.prompt.size() - kept &&
+      plan.max_tokens == r.max_tokens && plan.history == history &&
+      plan.total == plan.history + plan.prompt + plan.max_tokens) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat(
+      "Submit: the plan (", plan.history, " + ", plan.prompt, " + ", plan.max_tokens,
+      " positions", plan.reuse.has_value() ? ", reusing a prefix" : "",
+      ") is not this request's (", s.tokens().size(), " + ", r.prompt.size(), " + ",
+      r.max_tokens, r.reuse_prefix ? ", reuse_prefix" : "", ")"));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -212,7 +233,8 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
   if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
   const PlanLimits limits{
       .max_tokens = max_context_, .max_context = max_context_, .max_n = options_.max_batch};
-  const ExistingSession session{lease->tokens().size(), lease->config()};
+  ExistingSession session{.history = lease->tokens().size(), .config = lease->config()};
+  if (request.reuse_prefix) session.reuse = lease->PlanReuse(request.prompt);
   absl::StatusOr<RequestPlan> plan = PlanRequest(request, limits, model_.config(), session);
   if (!plan.ok()) return plan.status();
   return Submit(std::move(lease), std::move(request), *plan);
@@ -243,16 +265,10 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
   }
   // Programmer invariants: the plan is this request's, on this session as
   // leased (the lease keeps its history still until the job ends).
-  if (plan.prompt != request.prompt.size() || plan.max_tokens != request.max_tokens ||
-      plan.history != lease->tokens().size() ||
-      plan.total != plan.history + plan.prompt + plan.max_tokens) {
-    return absl::InternalError(
-        absl::StrCat("Submit: the plan (", plan.history, " + ", plan.prompt, " + ", plan.max_tokens,
-                     " positions) is not this request's (", lease->tokens().size(), " + ",
-                     request.prompt.size(), " + ", request.max_tokens, ")"));
-  }
+  if (absl::Status st = CheckPlanIsTheRequests(*lease, request, plan); !st.ok()) return st;
   std::shared_ptr<Job> job(
       new Job(this, std::move(lease), std::move(forks), std::move(request), plan.total));
+  job->reuse_ = plan.reuse;
   job->min_tokens_masked_ = MinTokensMask(job->request_);
   job->result_.choices.resize(job->choices_.size());
   job->submitted_ = Clock::now();
@@ -290,8 +306,12 @@ bool Engine::Admit(Job& job) {
     FinishJob(job, FinishReason::kNone, st);
     return false;
   }
+  if (job.reuse_.has_value()) {
+    AdmitReuse(job);  // before the detokenizer: a rollback drops held-back bytes
+  } else {
+    s.AppendPrompt(r.prompt);
+  }
   job.choices_[0].detok = NewDetokenizer(s);
-  s.AppendPrompt(r.prompt);
   job.pending_.assign(s.tokens().begin() + static_cast<std::ptrdiff_t>(s.kv().position()),
                       s.tokens().end());
   // One reservation for the whole call (the plan's positions): no
@@ -345,6 +365,14 @@ std::vector<int32_t> Engine::MinTokensMask(const GenerationRequest& request) con
   std::vector<int32_t> ids = request.stop_token_ids;
   if (!request.ignore_eos) ids.insert(ids.end(), eos_ids_.begin(), eos_ids_.end());
   return ids;
+}
+
+void Engine::AdmitReuse(Job& job) {
+  Session& s = *job.lease_;
+  const PrefixReuse& reuse = *job.reuse_;
+  s.RewindForReuse(reuse);
+  s.AppendPrompt(std::span<const int32_t>(job.request_.prompt).subspan(reuse.kept));
+  job.result_.cached_tokens = reuse.cached;
 }
 
 void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {

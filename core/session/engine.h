@@ -168,6 +168,7 @@ class Job {
   // Ids masked while a choice has sampled fewer than request_.min_tokens:
   // the EOS ids (unless ignore_eos) and the stop ids. Empty without min_tokens.
   std::vector<int32_t> min_tokens_masked_;
+  std::optional<PrefixReuse> reuse_;  // RequestPlan::reuse: applied at admission
   std::atomic<bool> cancelled_{false};
 
   // engine-thread state
@@ -199,7 +200,13 @@ class Engine {
   // engine until the job finishes; the lease returns when both the engine and
   // the consumer have dropped the job. `plan` is PlanRequest's for this
   // request on this session: not checked again (INTERNAL when it was made for
-  // another request or another history: a bug). UNAVAILABLE after Shutdown.
+  // another request or another history — for reuse_prefix, when its reuse is
+  // not Session::PlanReuse's now: a bug). UNAVAILABLE after Shutdown.
+  //
+  // reuse_prefix: at admission the session keeps plan.reuse->kept tokens of
+  // its history (rolled back, or started over: Session::RewindForReuse) and
+  // absorbs the rest of the prompt; GenerationResult::cached_tokens is
+  // plan.reuse->cached, prompt_tokens the whole prompt.
   absl::StatusOr<std::shared_ptr<Job>> Submit(SessionStore::Lease lease, GenerationRequest request,
                                               const RequestPlan& plan);
   // The same for n > 1: `forks` are request.n - 1 fresh sessions the caller
@@ -248,6 +255,10 @@ class Engine {
     size_t choice;
   };
   bool Admit(Job& job);                    // prepares a new job; false: finished at once
+  // Admission's step for a reuse_prefix job: rolls the session back to what
+  // the plan keeps (or starts it over) and appends the rest of the
+  // conversation; the prompt tokens not prefilled are its cached_tokens.
+  void AdmitReuse(Job& job);
   void RunDecode(std::vector<DecodeRow>& batch);
   void RunPrefillChunk(Job& job);
   // After the prompt: deep-copies choice 0's state into every fork and

@@ -58,8 +58,6 @@ absl::Status CheckFields(const GenerationRequest& r, const PlanLimits& limits,
     return absl::InvalidArgumentError(
         absl::StrCat("n: ", r.n, " is outside [1, ", limits.max_n, "] (--max-n)"));
   }
-  // Fields the engine does not act on yet: refused rather than ignored.
-  if (r.reuse_prefix) return absl::UnimplementedError("reuse_prefix: not supported yet");
   if (r.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs: ", r.top_logprobs, " is outside [0, ", kMaxTopLogprobs, "]"));
@@ -77,15 +75,17 @@ absl::Status CheckFields(const GenerationRequest& r, const PlanLimits& limits,
   return absl::OkStatus();
 }
 
-// Checks the fields and the context, then projects: the part both overloads share.
+// Checks the fields and the context, then projects: the part both overloads
+// share. `history` tokens of the session stay; the prompt's first
+// `prompt_kept` tokens are among them (reuse_prefix), the rest is appended.
 absl::StatusOr<RequestPlan> Plan(const GenerationRequest& r, const PlanLimits& limits,
                                  const model::ModelConfig& model, const SessionConfig& config,
-                                 size_t history) {
+                                 size_t history, size_t prompt_kept = 0) {
   CORTIQ_RETURN_IF_ERROR(CheckFields(r, limits, model));
   RequestPlan plan;
   plan.config = config;
   plan.history = history;
-  plan.prompt = r.prompt.size();
+  plan.prompt = r.prompt.size() - prompt_kept;
   plan.max_tokens = r.max_tokens;
   plan.total = history + plan.prompt + plan.max_tokens;
   if (plan.total > limits.max_context) {
@@ -112,13 +112,28 @@ absl::StatusOr<RequestPlan> PlanRequest(const GenerationRequest& request, const 
                                         const model::ModelConfig& model,
                                         const SessionConfig& config) {
   CORTIQ_RETURN_IF_ERROR(CheckSessionConfig(config, limits.max_context));
-  return Plan(request, limits, model, config, /*history=*/0);
+  CORTIQ_ASSIGN_OR_RETURN(RequestPlan plan, Plan(request, limits, model, config, /*history=*/0));
+  if (request.reuse_prefix) plan.reuse = PrefixReuse{};  // nothing to keep, nothing cached
+  return plan;
 }
 
 absl::StatusOr<RequestPlan> PlanRequest(const GenerationRequest& request, const PlanLimits& limits,
                                         const model::ModelConfig& model,
                                         const ExistingSession& session) {
-  return Plan(request, limits, model, session.config, session.history);
+  if (!request.reuse_prefix) return Plan(request, limits, model, session.config, session.history);
+  if (!session.reuse.has_value()) {
+    return absl::InternalError(
+        "reuse_prefix: the session was peeked without the conversation (SessionStore::"
+        "PeekForReuse)");
+  }
+  const PrefixReuse& reuse = *session.reuse;
+  // An empty prompt fails CheckFields first; kept < prompt.size() otherwise.
+  const size_t kept = std::min(reuse.kept, request.prompt.size());
+  CORTIQ_ASSIGN_OR_RETURN(RequestPlan plan,
+                          Plan(request, limits, model, session.config, kept, kept));
+  plan.reuse = reuse;
+  plan.lease_serial = session.lease_serial;
+  return plan;
 }
 
 absl::Status CheckSessionConfig(const SessionConfig& c, size_t max_context) {

@@ -20,7 +20,8 @@
 //   vocabulary; min_tokens ≤ max_tokens; n ∈ [1, limits.max_n];
 //   top_logprobs ≤ kMaxTopLogprobs; at most kMaxStopSequences stop
 //   sequences, each 1 .. kMaxStopBytes bytes;
-//   history + prompt + max_tokens ≤ limits.max_context.
+//   history + prompt + max_tokens ≤ limits.max_context (with reuse_prefix:
+//   the whole conversation + max_tokens, whatever the session held).
 // Not checked here, and by whom: prompt text size (--max-prompt-bytes), prompt
 // vs prompt_tokens, session id syntax, unknown enum values, O(1) layer specs
 // and rectifier names, and the QSA minimums (model::MakeQsaConfig, when the
@@ -40,6 +41,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,24 +96,39 @@ struct PlanLimits {
 };
 
 // The session a continuation runs on, as it stands before the call
-// (SessionStore::Peek).
+// (SessionStore::Peek; SessionStore::PeekForReuse for a reuse_prefix call).
 struct ExistingSession {
   size_t history = 0;    // tokens of its history
   SessionConfig config;  // fixed when it was created
+  // reuse_prefix only: what the call keeps of the history (Session::
+  // PlanReuse with the request's prompt), and the session's lease serial
+  // then (SessionStore::Acquire(id, plan) refuses a session leased since:
+  // its history may have changed without changing its length).
+  std::optional<PrefixReuse> reuse{};
+  uint64_t lease_serial = 0;
 };
 
 struct RequestPlan {
   SessionConfig config;  // the session's: a new one's (checked), or the existing one's
   // Positions. total = history + prompt + max_tokens ≤ the context: what the
   // session holds at the end of the call, what its caches reserve.
-  size_t history = 0;     // tokens already in the session (0 for a new one)
-  size_t prompt = 0;      // request.prompt.size()
+  // Tokens already in the session (0 for a new one); with reuse_prefix,
+  // the history tokens the call keeps (reuse->kept).
+  size_t history = 0;
+  // request.prompt.size(); with reuse_prefix, the tokens appended after the
+  // kept history (request.prompt.size() - reuse->kept).
+  size_t prompt = 0;
   size_t max_tokens = 0;  // request.max_tokens
   size_t total = 0;
   // The session's projected peak by kind (ProjectedSessionMemory with
   // `total` positions, history + prompt of them prefilled); projected.total()
   // equals ProjectedSessionBytes and is what admission reserves.
   MemoryByKind projected;
+  // reuse_prefix only: ExistingSession::reuse (a new session: all zero),
+  // which the engine applies (Session::RewindForReuse), and the lease
+  // serial it was planned at (0 for a new session).
+  std::optional<PrefixReuse> reuse{};
+  uint64_t lease_serial = 0;
 };
 
 // Plans a request on a new session of `config` (resolved: every field

@@ -90,6 +90,45 @@ int32_t Session::SampleNext(std::span<const float> logits, size_t completion,
   return t;
 }
 
+PrefixReuse Session::PlanReuse(std::span<const int32_t> conversation) const {
+  PrefixReuse r;
+  r.history = tokens_.size();
+  const size_t n = std::min(tokens_.size(), conversation.size());
+  while (r.lcp < n && tokens_[r.lcp] == conversation[r.lcp]) ++r.lcp;
+  // A conversation equal to (or a prefix of) the history still prefills its
+  // last token: the call needs that position's logits.
+  r.kept = std::min(r.lcp, conversation.empty() ? 0 : conversation.size() - 1);
+  const size_t position = kv_.position();
+  r.cached = std::min(position, r.kept);
+  // Rolling back nothing (an exact extension: the last sampled token is not
+  // in kv yet, position <= kept) works in every mode; anything more needs
+  // every layer's consent.
+  if (position > r.kept && !kv_.CanTruncate(position - r.kept).ok()) {
+    r.kept = 0;
+    r.cached = 0;
+    r.start_over = true;
+  }
+  return r;
+}
+
+void Session::RewindForReuse(const PrefixReuse& reuse) {
+  if (reuse.start_over) {
+    kv_.Release();
+    tokens_.clear();
+    detok_pending_.clear();
+    PublishMemory();
+    return;
+  }
+  const size_t position = kv_.position();
+  if (position > reuse.cached) {
+    const absl::Status st = kv_.TruncateLast(position - reuse.cached);
+    (void)st;  // PlanReuse asked CanTruncate on this very state
+  }
+  if (reuse.lcp < tokens_.size()) detok_pending_.clear();
+  tokens_.resize(reuse.kept);
+  PublishMemory();
+}
+
 void Session::KeepDetokPending(std::string_view bytes) { detok_pending_.assign(bytes); }
 
 void Session::CopyStateFrom(const Session& source) {

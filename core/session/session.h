@@ -83,6 +83,29 @@ inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(
 inline constexpr size_t kMaxTenantBytes = 64;
 bool IsTenantName(std::string_view name);
 
+// What a reuse_prefix call (GenerationRequest::reuse_prefix: the prompt is
+// the whole conversation) keeps of a session: Session::PlanReuse's answer,
+// carried by the plan (RequestPlan::reuse) to the engine, which applies it
+// (Session::RewindForReuse). Positions are token counts from the start.
+struct PrefixReuse {
+  size_t history = 0;  // the session's tokens when planned
+  size_t lcp = 0;      // longest common prefix of that history and the conversation
+  // History tokens kept: min(lcp, conversation - 1) — one token is always
+  // prefilled, for the logits — or 0 when starting over. The call appends
+  // conversation[kept:] to them.
+  size_t kept = 0;
+  // Positions the attention state keeps (min(kv position, kept)): the
+  // conversation's tokens not prefilled again (Usage.cached_tokens).
+  size_t cached = 0;
+  // The attention state cannot roll back to `kept` (a sealed O(1) layer, a
+  // window that dropped rows, a layer whose CanTruncate refuses) and the
+  // history is not a prefix of the conversation: the session's state is
+  // emptied and the whole conversation prefilled (kept = cached = 0).
+  bool start_over = false;
+
+  bool operator==(const PrefixReuse&) const = default;
+};
+
 class Session {
  public:
   // A fresh session for `model`: O(1) or QSA enabled per config (errors name
@@ -148,6 +171,21 @@ class Session {
   // before).
   int32_t SampleNext(std::span<const float> logits, size_t completion = 0,
                      std::span<const int32_t> masked = {});
+  // What a reuse_prefix call with `conversation` (non-empty) keeps of this
+  // session as it stands (see PrefixReuse). Reads the history and asks the
+  // attention state whether it can roll back (SequenceKv::CanTruncate);
+  // changes nothing. O(min(history, conversation) + layers), no allocation.
+  // The lease holder, or the store under its lock for an unleased session.
+  PrefixReuse PlanReuse(std::span<const int32_t> conversation) const;
+  // Applies `reuse` (PlanReuse's answer on the session as it stands now):
+  // rolls the attention state back to reuse.cached positions and the history
+  // to reuse.kept tokens, or, on a start over, frees every state byte and
+  // empties the history; publishes the bytes. The held-back detokenizer
+  // bytes belong to the history's last tokens: they go when those do
+  // (lcp < history, or a start over). The sampler stays (its RNG continues
+  // unless the call names a seed). The caller then appends
+  // conversation[kept:] (AppendPrompt). Allocates nothing.
+  void RewindForReuse(const PrefixReuse& reuse);
   // Keeps the detokenizer's held-back bytes (at most 3: a cut UTF-8
   // character) for the session's next call. At the end of a call.
   void KeepDetokPending(std::string_view bytes);

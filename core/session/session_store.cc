@@ -137,7 +137,14 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transforme
                                                          std::string tenant) {
   std::unique_lock lock(mu_);
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(projected_bytes, "this request projects"));
-  std::string id = NewId();
+  return CreateLocked(model, config, projected_bytes, NewId(), std::move(tenant));
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::CreateLocked(const model::Transformer& model,
+                                                               const SessionConfig& config,
+                                                               size_t projected_bytes,
+                                                               std::string id,
+                                                               std::string tenant) {
   absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(id, model, config);
   if (!s.ok()) return s.status();
   (*s)->set_tenant(std::move(tenant));
@@ -185,6 +192,24 @@ absl::StatusOr<std::vector<SessionStore::Lease>> SessionStore::CreateMany(
     leases.push_back(LeaseLocked(e));
   }
   return leases;
+}
+
+absl::StatusOr<SessionStore::Lease> SessionStore::CreateNamed(const model::Transformer& model,
+                                                              const RequestPlan& plan,
+                                                              const std::string& id,
+                                                              std::string tenant) {
+  if (!IsIdForm(id)) {
+    return absl::InvalidArgumentError(
+        "session_id: a session created under the caller's id (create_if_missing) needs the form "
+        "of a session id: 32 lowercase hex digits");
+  }
+  std::unique_lock lock(mu_);
+  // Before admission: a taken id is continued, not refused for memory.
+  if (sessions_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("session_id: '", id, "' exists"));
+  }
+  CORTIQ_RETURN_IF_ERROR(AdmitLocked(plan.projected.total(), "this request projects"));
+  return CreateLocked(model, plan.config, plan.projected.total(), id, std::move(tenant));
 }
 
 namespace {
@@ -272,6 +297,21 @@ absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id,
   return ExistingSession{s.tokens().size(), s.config()};
 }
 
+absl::StatusOr<ExistingSession> SessionStore::PeekForReuse(const std::string& id,
+                                                           std::span<const int32_t> conversation,
+                                                           Clock::time_point deadline,
+                                                           const TenantFilter& tenant) const {
+  std::unique_lock lock(mu_);
+  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
+  // Unleased: no call touches the session while mu_ is held.
+  const Entry& e = sessions_.at(id);
+  const Session& s = *e.session;
+  return ExistingSession{.history = s.tokens().size(),
+                         .config = s.config(),
+                         .reuse = s.PlanReuse(conversation),
+                         .lease_serial = e.lease_serial};
+}
+
 absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
                                                           const RequestPlan& plan,
                                                           Clock::time_point deadline,
@@ -279,11 +319,18 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
   std::unique_lock lock(mu_);
   CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
   Entry& e = sessions_.at(id);
+  if (plan.reuse.has_value() && plan.lease_serial != e.lease_serial) {
+    return absl::AbortedError(absl::StrCat(
+        "session busy: '", id, "' ran another call while this one was planned; retry"));
+  }
+  // A reuse_prefix plan keeps part of the history: the session's length is
+  // what it was planned against (reuse->history).
+  const size_t planned = plan.reuse.has_value() ? plan.reuse->history : plan.history;
   const size_t history = e.session->tokens().size();
-  if (history != plan.history) {
+  if (history != planned) {
     return absl::AbortedError(
         absl::StrCat("session busy: '", id, "' ran another call while this one was planned (",
-                     plan.history, " tokens then, ", history, " now); retry"));
+                     planned, " tokens then, ", history, " now); retry"));
   }
   CORTIQ_RETURN_IF_ERROR(ReserveLocked(e, plan.projected.total()));
   return LeaseLocked(e);

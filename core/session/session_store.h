@@ -51,6 +51,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -145,6 +146,14 @@ class SessionStore {
   absl::StatusOr<std::vector<Lease>> CreateMany(const model::Transformer& model,
                                                 const RequestPlan& plan, size_t count,
                                                 std::string tenant = {});
+  // Create(model, plan, tenant) under the caller's id (GenerateRequest.
+  // create_if_missing): `id` must have IsIdForm's form (INVALID_ARGUMENT
+  // naming session_id otherwise). ALREADY_EXISTS when a session — of any
+  // tenant — has that id (the caller continues it instead, and another
+  // tenant's then answers NOT_FOUND as any unknown id); RESOURCE_EXHAUSTED
+  // as Create. Nothing is allocated on an error.
+  absl::StatusOr<Lease> CreateNamed(const model::Transformer& model, const RequestPlan& plan,
+                                    const std::string& id, std::string tenant = {});
   // Installs a session built outside the store (an import) and leases it;
   // it keeps its own tenant (Session::set_tenant). RESOURCE_EXHAUSTED (the
   // session is destroyed, nothing installed) when the cap is reached or its
@@ -179,11 +188,23 @@ class SessionStore {
   absl::StatusOr<ExistingSession> Peek(const std::string& id,
                                        Clock::time_point deadline = Clock::time_point::max(),
                                        const TenantFilter& tenant = kAnyTenant) const;
+  // Peek for a reuse_prefix call whose prompt is `conversation` (the whole
+  // conversation, non-empty): also what the call keeps of the history
+  // (ExistingSession::reuse, Session::PlanReuse computed under the store's
+  // lock) and the session's lease serial, so that Acquire(id, plan) can
+  // tell that no call ran in between. O(min(history, conversation) +
+  // layers) under the lock. Errors as Peek.
+  absl::StatusOr<ExistingSession> PeekForReuse(const std::string& id,
+                                               std::span<const int32_t> conversation,
+                                               Clock::time_point deadline = Clock::time_point::max(),
+                                               const TenantFilter& tenant = kAnyTenant) const;
   // Leases the session `plan` was made for (from Peek) and reserves
   // plan.projected.total() bytes for the call, in one step: nothing changes
   // on an error. NOT_FOUND / ABORTED as Acquire; ABORTED ("session busy")
   // also when its history is no longer plan.history (another call ran since
-  // the Peek: plan again); RESOURCE_EXHAUSTED as Lease::Reserve.
+  // the Peek: plan again) — for a reuse_prefix plan, when the session was
+  // leased at all since PeekForReuse (plan.lease_serial);
+  // RESOURCE_EXHAUSTED as Lease::Reserve.
   absl::StatusOr<Lease> Acquire(const std::string& id, const RequestPlan& plan,
                                 Clock::time_point deadline = Clock::time_point::max(),
                                 const TenantFilter& tenant = kAnyTenant);
@@ -352,6 +373,9 @@ class SessionStore {
   };
 
   std::string NewId();  // 32 hex digits from a CSPRNG-seeded 128-bit draw; mu_ held
+  // Creates and leases session `id` (not in sessions_) after admission; mu_ held.
+  absl::StatusOr<Lease> CreateLocked(const model::Transformer& model, const SessionConfig& config,
+                                     size_t projected_bytes, std::string id, std::string tenant);
   size_t CommittedLocked() const;
   // RESOURCE_EXHAUSTED (with the numbers) unless `sessions` more sessions
   // holding `bytes` in all fit the cap and the budget; `what` names the

@@ -571,15 +571,17 @@ absl::Status HttpServer::Impl::Prepare(const Json& body, const httplib::Request&
     // is prefilled), created by the first, kept.
     p->conversation = true;
     p->target.session_id = ConversationSessionId(caller.tenant, name);
-    p->target.keep_session = true;
+    p->target.create_if_missing = true;
     g.reuse_prefix = true;
-    return absl::UnimplementedError(
-        absl::StrCat(kConversationHeader, ": conversations are not supported yet"));
   }
   // The API's seed is optional and a missing one means a fresh draw each
-  // call (the gRPC default, seed 0, would repeat itself).
-  if (!common.seed_given) g.sampling.seed = std::random_device{}() | uint64_t{std::random_device{}()} << 32;
-  g.seed_given = true;
+  // call (the gRPC default, seed 0, would repeat itself); a conversation
+  // without one keeps its session's generator running across turns (the
+  // draw seeds its first turn).
+  if (!common.seed_given) {
+    g.sampling.seed = std::random_device{}() | uint64_t{std::random_device{}()} << 32;
+  }
+  g.seed_given = common.seed_given || !p->conversation;
   g.deadline = Clock::now() + ctx_->config->http_timeout;
   return absl::OkStatus();
 }

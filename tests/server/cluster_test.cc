@@ -8,7 +8,8 @@
 // the same before and after the drains. Also: a session that exists nowhere
 // is NOT_FOUND saying so; a loop of forwarding records ends at the hop
 // limit; ListSessions(cluster) sees every node's sessions; the owner found
-// by a lookup is remembered.
+// by a lookup is remembered; create_if_missing creates here only what no
+// node holds.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -322,6 +323,42 @@ TEST(ClusterTest, AForwardedCallActsForItsCallerOnly) {
   v1::SessionInfo info;
   EXPECT_EQ(cl["b"].stub->GetSession(&ctx, req, &info).error_code(), grpc::StatusCode::NOT_FOUND);
   std::filesystem::remove(file);
+}
+
+// create_if_missing in a cluster: an id no node holds is created on the node
+// the client called (not NOT_FOUND), and then continued there; an id a peer
+// holds is forwarded to it and continued, nothing created.
+TEST(ClusterTest, CreateIfMissingCreatesHereOnlyWhatNoPeerHolds) {
+  const std::string model = testing::TempModel("tiny");
+  Cluster cl = StartCluster(model);
+  const std::string id = "00112233445566778899aabbccddeeff";
+  v1::GenerateRequest r = Turn(id, 0, "Call me");
+  r.set_create_if_missing(true);
+  Out created = testing::RunGenerate(*cl["a"].stub, r);
+  ASSERT_TRUE(created.status.ok()) << created.status.error_message();
+  EXPECT_EQ(created.session, id);
+  EXPECT_TRUE(cl["a"].server->store().Get(id).has_value());
+  EXPECT_EQ(ClusterSessions(cl), 1u);
+  // Continued through another node: forwarded to A, nothing created.
+  Out again = testing::RunGenerate(*cl["b"].stub, r);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(ClusterSessions(cl), 1u);
+  EXPECT_EQ(cl["a"].server->store().Get(id)->tokens, 2u * (7 + 8));
+
+  // A session C holds, named with create_if_missing through A: forwarded.
+  Out on_c = testing::RunGenerate(*cl["c"].stub, Turn("", 0, "Call me"));
+  ASSERT_TRUE(on_c.status.ok());
+  v1::GenerateRequest more = Turn(on_c.session, 0, " Ishmael");
+  more.set_create_if_missing(true);
+  grpc::ClientContext ctx;
+  auto reader = cl["a"].stub->Generate(&ctx, more);
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(NodeOf(ctx), "c");
+  EXPECT_EQ(ClusterSessions(cl), 2u);
+  EXPECT_FALSE(cl["a"].server->store().Get(on_c.session).has_value());
 }
 
 }  // namespace
