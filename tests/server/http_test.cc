@@ -566,6 +566,81 @@ TEST(HttpTest, ChatToolsAndThinkingThroughTheTemplate) {
   EXPECT_GT(prompt_tokens(history), prompt_tokens(with_tools));
 }
 
+// A conversation (x-cortiq-session, or user with --session-from-user) runs on
+// one kept session: the second turn resends the whole chat and only its new
+// suffix is prefilled (usage.prompt_tokens_details.cached_tokens > 0).
+TEST(HttpTest, ConversationReusesItsSession) {
+  ServerConfig c;
+  c.session_from_user = true;
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  const httplib::Headers conv = {{"x-cortiq-session", "chat-1"}};
+  Json turn1 = Chat("Where is the whale?", 6);
+  Reply r1 = Post(n, "/v1/chat/completions", turn1, conv);
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  const std::string id = r1.headers.find("x-cortiq-session-id")->second;
+  EXPECT_TRUE(session::SessionStore::IsIdForm(id)) << id;
+  EXPECT_EQ(r1.json()["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  ASSERT_EQ(n.server().store().num_sessions(), 1u);  // kept
+  const int64_t first_prompt = r1.json()["usage"]["prompt_tokens"];
+  // Turn 2: the history, the answer, a new question.
+  Json turn2 = turn1;
+  turn2["messages"].push_back(
+      {{"role", "assistant"}, {"content", r1.json()["choices"][0]["message"]["content"]}});
+  turn2["messages"].push_back({{"role", "user"}, {"content", "And the captain?"}});
+  Reply r2 = Post(n, "/v1/chat/completions", turn2, conv);
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  EXPECT_EQ(r2.headers.find("x-cortiq-session-id")->second, id);
+  const int64_t cached = r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(cached, first_prompt);  // at least the first turn's prompt was not prefilled again
+  EXPECT_LT(cached, r2.json()["usage"]["prompt_tokens"].get<int64_t>());
+  EXPECT_EQ(n.server().store().num_sessions(), 1u);
+  // The same answer as without reuse (a fresh conversation of the same chat).
+  Reply fresh = Post(n, "/v1/chat/completions", turn2, {{"x-cortiq-session", "chat-2"}});
+  ASSERT_EQ(fresh.status, 200) << fresh.body;
+  EXPECT_EQ(fresh.json()["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(fresh.json()["choices"][0]["message"], r2.json()["choices"][0]["message"]);
+  EXPECT_EQ(n.server().store().num_sessions(), 2u);
+  // With --session-from-user the user field names it (the same id as the header).
+  Json by_user = turn2;
+  by_user["user"] = "chat-1";
+  Reply r3 = Post(n, "/v1/chat/completions", by_user);
+  ASSERT_EQ(r3.status, 200) << r3.body;
+  EXPECT_EQ(r3.headers.find("x-cortiq-session-id")->second, id);
+  EXPECT_GT(r3.json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
+  // Without a conversation nothing is kept.
+  EXPECT_EQ(Post(n, "/v1/chat/completions", Chat("hi", 2)).status, 200);
+  EXPECT_EQ(n.server().store().num_sessions(), 2u);
+}
+
+// Names are per tenant: two tenants' "chat-1" are different sessions, and
+// neither sees the other's.
+TEST(HttpTest, ConversationNamesArePerTenant) {
+  const auto file = std::filesystem::temp_directory_path() /
+                    absl::StrCat("cortiq_http_conv_", getpid(), ".tokens");
+  {
+    std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken
+                        << "\n";
+  }
+  ServerConfig c;
+  c.auth_tokens_file = file.string();
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  auto as = [](const char* token) {
+    return httplib::Headers{{"Authorization", absl::StrCat("Bearer ", token)},
+                            {"x-cortiq-session", "chat-1"}};
+  };
+  Reply a = Post(n, "/v1/chat/completions", Chat("hi", 2), as(kClientToken));
+  Reply o = Post(n, "/v1/chat/completions", Chat("hi", 2), as(kAdminToken));
+  ASSERT_EQ(a.status, 200) << a.body;
+  ASSERT_EQ(o.status, 200) << o.body;
+  EXPECT_NE(a.headers.find("x-cortiq-session-id")->second,
+            o.headers.find("x-cortiq-session-id")->second);
+  EXPECT_EQ(n.server().store().List(std::string("alice")).size(), 1u);
+  EXPECT_EQ(n.server().store().num_sessions(), 2u);
+  std::filesystem::remove(file);
+}
+
 // A template's raise_exception is the request's fault: 400 naming messages.
 TEST(HttpTest, TemplateRefusalIs400) {
   const auto file = std::filesystem::temp_directory_path() /
