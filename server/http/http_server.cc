@@ -213,6 +213,19 @@ struct Prepared {
   bool conversation = false;
 };
 
+// A job's outcome as the HTTP answer sees it: its status, or — for a job
+// cancelled by the server (a drain, a shutdown, a release of its session;
+// a vanished client never reads this) — UNAVAILABLE: OpenAI has no finish
+// reason for it, and a truncated answer must not pass for a whole one.
+absl::Status Outcome(const session::GenerationResult& r) {
+  if (!r.status.ok()) return r.status;
+  if (r.finish_reason == session::FinishReason::kCancelled) {
+    return absl::UnavailableError(
+        "the generation was cancelled by the server (draining, or its session was released)");
+  }
+  return absl::OkStatus();
+}
+
 // A streamed answer: lives in the response's content provider until httplib
 // has written (or abandoned) it.
 class SseStream {
@@ -267,8 +280,8 @@ class SseStream {
           result_ = watch_->result();
           finished_ = true;
           finish_ = std::string(session::FinishReasonName(result_.finish_reason));
-          if (!result_.status.ok()) {
-            const ApiError e = ErrorFromStatus(result_.status);
+          if (absl::Status st = Outcome(result_); !st.ok()) {
+            const ApiError e = ErrorFromStatus(st);
             return End(sink, ResponseBuilder::StreamError(e), e.status, e.message);
           }
           return End(sink, builder_.StreamEnd(result_), 200, "");
@@ -591,7 +604,8 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   auto call = std::make_unique<HttpCall>(ctx_, req, absl::StrCat("POST ", req.path));
   Prepared p;
   auto fail = [&](const absl::Status& st) {
-    const ApiError e = ErrorFromStatus(st, p.renames);
+    ApiError e = ErrorFromStatus(st, p.renames);
+    if (e.status == 404 && e.param == "model") e.code = "model_not_found";
     SetError(res, e);
     call->Done(e.status, e.message);
   };
@@ -644,7 +658,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   call->Add("session", s->session_id);
   call->Add("completion_tokens", static_cast<int64_t>(r.completion_tokens));
   call->Add("finish", std::string(session::FinishReasonName(r.finish_reason)));
-  if (!r.status.ok()) return fail(r.status);
+  if (absl::Status st = Outcome(r); !st.ok()) return fail(st);
   res.set_content(builder.Body(r), kJsonType);
   call->Done(200, "");
 }

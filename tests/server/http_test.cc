@@ -405,6 +405,7 @@ class RawHttp {
     }
     return true;
   }
+  const std::string& received() const { return got_; }
   void Close() {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
@@ -564,6 +565,31 @@ TEST(HttpTest, ChatToolsAndThinkingThroughTheTemplate) {
                       {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}})}});
   history["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
   EXPECT_GT(prompt_tokens(history), prompt_tokens(with_tools));
+}
+
+// A stream whose job the server cancels (here: its session released; a
+// drain does the same) ends with an error event and [DONE], not a finish
+// reason that would pass a truncated answer for a whole one.
+TEST(HttpTest, ServerCancelledStreamEndsWithAnError) {
+  ServerConfig c;
+  c.queue_capacity = 4;
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  Json b = Greedy("Call me Ishmael.", 2000);
+  b["stream"] = true;
+  RawHttp raw(n.server().http_port());
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send("/v1/completions", b.dump()));
+  ASSERT_TRUE(raw.ReadUntil("data: "));
+  const auto sessions = n.server().store().List();
+  ASSERT_EQ(sessions.size(), 1u);
+  EXPECT_TRUE(n.server().store().Release(sessions[0].id).released);
+  ASSERT_TRUE(raw.ReadUntil("data: [DONE]\n\n"));
+  const std::string& got = raw.received();
+  const size_t err = got.find("data: {\"error\":");
+  ASSERT_NE(err, std::string::npos) << got.substr(got.size() > 400 ? got.size() - 400 : 0);
+  EXPECT_NE(got.find("service_unavailable", err), std::string::npos);
+  EXPECT_EQ(got.find("\"finish_reason\":\"stop\""), std::string::npos);
 }
 
 // A conversation (x-cortiq-session, or user with --session-from-user) runs on
