@@ -11,17 +11,15 @@ namespace cortiq::server {
 absl::Status CheckPromptBytes(const ServiceContext& ctx, std::string_view field, size_t bytes) {
   const size_t limit = ctx.config->max_prompt_bytes;
   if (bytes <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(util::Sv(field), ": ", bytes,
-                                                 " bytes, the limit is ", limit,
-                                                 " (--max-prompt-bytes)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      util::Sv(field), ": ", bytes, " bytes, the limit is ", limit, " (--max-prompt-bytes)"));
 }
 
 absl::Status CheckPromptIds(const ServiceContext& ctx, std::string_view field, size_t ids) {
   const size_t limit = ctx.config->max_prompt_bytes / sizeof(int32_t);
   if (ids <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(util::Sv(field), ": ", ids,
-                                                 " ids, the limit is ", limit,
-                                                 " (--max-prompt-bytes / 4)"));
+  return absl::InvalidArgumentError(absl::StrCat(util::Sv(field), ": ", ids, " ids, the limit is ",
+                                                 limit, " (--max-prompt-bytes / 4)"));
 }
 
 namespace {
@@ -97,7 +95,8 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
     CORTIQ_RETURN_IF_ERROR(st);
     if (g.n > 1) {
       // Refused: the acquired lease returns unused, nothing changed.
-      CORTIQ_ASSIGN_OR_RETURN(forks, ctx.store->CreateMany(*ctx.model, plan, g.n - 1, caller.tenant));
+      CORTIQ_ASSIGN_OR_RETURN(forks,
+                              ctx.store->CreateMany(*ctx.model, plan, g.n - 1, caller.tenant));
     }
   } else {
     CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
@@ -106,13 +105,14 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
     CORTIQ_ASSIGN_OR_RETURN(std::vector<session::SessionStore::Lease> leases,
                             ctx.store->CreateMany(*ctx.model, plan, g.n, caller.tenant));
     lease = std::move(leases[0]);
-    forks.assign(std::make_move_iterator(leases.begin() + 1), std::make_move_iterator(leases.end()));
+    forks.assign(std::make_move_iterator(leases.begin() + 1),
+                 std::make_move_iterator(leases.end()));
     g.release_at_end = !target.keep_session;
   }
   SubmittedGeneration out;
   out.session_id = lease->id();
-  CORTIQ_ASSIGN_OR_RETURN(out.job, ctx.engine->Submit(std::move(lease), std::move(forks),
-                                                      std::move(g), plan));
+  CORTIQ_ASSIGN_OR_RETURN(
+      out.job, ctx.engine->Submit(std::move(lease), std::move(forks), std::move(g), plan));
   return out;
 }
 

@@ -13,8 +13,8 @@ std::string ParamOfMessage(std::string_view message) {
   if (colon == std::string_view::npos || colon == 0) return "";
   const std::string_view head = message.substr(0, colon);
   const bool path = std::all_of(head.begin(), head.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '.' || c == '[' || c == ']' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '[' || c == ']' || c == '-';
   });
   return path ? std::string(head) : "";
 }
@@ -106,19 +106,32 @@ std::string ErrorJson(const ApiError& e) {
 
 std::string_view CodeNameOfHttpStatus(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "INVALID_ARGUMENT";
-    case 401: return "UNAUTHENTICATED";
-    case 403: return "PERMISSION_DENIED";
-    case 404: return "NOT_FOUND";
-    case 405: return "UNIMPLEMENTED";
-    case 409: return "ABORTED";
-    case 413: return "INVALID_ARGUMENT";
-    case 429: return "RESOURCE_EXHAUSTED";
-    case 499: return "CANCELLED";
-    case 503: return "UNAVAILABLE";
-    case 504: return "DEADLINE_EXCEEDED";
-    default: return status < 400 ? "OK" : "INTERNAL";
+    case 200:
+      return "OK";
+    case 400:
+      return "INVALID_ARGUMENT";
+    case 401:
+      return "UNAUTHENTICATED";
+    case 403:
+      return "PERMISSION_DENIED";
+    case 404:
+      return "NOT_FOUND";
+    case 405:
+      return "UNIMPLEMENTED";
+    case 409:
+      return "ABORTED";
+    case 413:
+      return "INVALID_ARGUMENT";
+    case 429:
+      return "RESOURCE_EXHAUSTED";
+    case 499:
+      return "CANCELLED";
+    case 503:
+      return "UNAVAILABLE";
+    case 504:
+      return "DEADLINE_EXCEEDED";
+    default:
+      return status < 400 ? "OK" : "INTERNAL";
   }
 }
 

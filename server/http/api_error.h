@@ -28,7 +28,7 @@
 namespace cortiq::server::http {
 
 struct ApiError {
-  int status = 400;         // HTTP status
+  int status = 400;  // HTTP status
   std::string message;
   std::string type = "invalid_request_error";
   std::string param;  // "" → null

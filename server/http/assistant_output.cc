@@ -58,9 +58,10 @@ void AssistantOutputParser::Emit(AssistantDelta& out, std::string_view text) {
 }
 
 bool AssistantOutputParser::ParseCall(std::string_view body, ToolCall* call) {
-  const absl::string_view trimmed = absl::StripAsciiWhitespace(absl::string_view(body.data(), body.size()));
+  const absl::string_view trimmed =
+      absl::StripAsciiWhitespace(absl::string_view(body.data(), body.size()));
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(trimmed.begin(), trimmed.end(), nullptr,
-                                           /*allow_exceptions=*/false);
+                                                           /*allow_exceptions=*/false);
   if (!j.is_object()) return false;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string()) return false;

@@ -32,7 +32,7 @@
 namespace cortiq::server::http {
 
 struct ToolCall {
-  std::string id;         // "call_" + 24 random hex digits
+  std::string id;  // "call_" + 24 random hex digits
   std::string name;
   std::string arguments;  // JSON text of the arguments object
 };

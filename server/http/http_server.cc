@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
-#include "core/chat/chat_template.h"
 #include "absl/strings/str_cat.h"
+#include "core/chat/chat_template.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
 #include "server/call_util.h"
@@ -260,8 +260,9 @@ class SseStream {
       const auto now = Clock::now();
       if (now >= deadline_) {
         watch_->Cancel();
-        return End(sink, ResponseBuilder::StreamError(ErrorFromStatus(absl::DeadlineExceededError(
-                             "the generation outlived --http-timeout"))),
+        return End(sink,
+                   ResponseBuilder::StreamError(ErrorFromStatus(
+                       absl::DeadlineExceededError("the generation outlived --http-timeout"))),
                    504, "deadline");
       }
       session::GenerationEvent ev;
@@ -363,9 +364,9 @@ absl::Status HttpServer::Impl::Init() {
   if (!c.tls_cert.empty()) {
     auto ssl = std::make_unique<httplib::SSLServer>(c.tls_cert.c_str(), c.tls_key.c_str());
     if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--tls-cert / --tls-key: the HTTP front cannot use '", c.tls_cert, "' and '", c.tls_key,
-          "' (not a PEM certificate chain and its key)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-cert / --tls-key: the HTTP front cannot use '", c.tls_cert, "' and '",
+                       c.tls_key, "' (not a PEM certificate chain and its key)"));
     }
     svr_ = std::move(ssl);
   } else {
@@ -399,8 +400,8 @@ absl::StatusOr<Caller> HttpServer::Impl::Authorize(const httplib::Request& req,
 
 absl::Status HttpServer::Impl::CheckModel(const std::string& model) const {
   if (model.empty() || model == ctx_->model_name) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("model: '", model, "' is not served here (this server serves '",
-                                          ctx_->model_name, "')"));
+  return absl::NotFoundError(absl::StrCat(
+      "model: '", model, "' is not served here (this server serves '", ctx_->model_name, "')"));
 }
 
 void HttpServer::Impl::Routes() {
@@ -427,7 +428,8 @@ void HttpServer::Impl::Routes() {
       HttpCall call(ctx_, req, absl::StrCat(req.method, " ", req.path));
       ApiError e;
       e.status = 405;
-      e.message = absl::StrCat(req.method, " ", req.path, ": method not allowed (use ", r.method, ")");
+      e.message =
+          absl::StrCat(req.method, " ", req.path, ": method not allowed (use ", r.method, ")");
       e.code = "method_not_allowed";
       SetError(res, e);
       res.set_header("Allow", r.method);
@@ -441,35 +443,34 @@ void HttpServer::Impl::Routes() {
   // log line. Answers the handlers wrote pass untouched.
   s.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty() || res.is_chunked_content_provider_) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    HttpCall call(ctx_, req, absl::StrCat(req.method, " ", req.path));
-    ApiError e;
-    e.status = res.status;
-    if (res.status == 404) {
-      e.type = "not_found_error";
-      e.message = absl::StrCat(req.method, " ", req.path, ": no such route");
-    } else if (res.status == 413) {
-      e.param = "body";
-      e.message = absl::StrCat("body: more than ", BodyLimit(*ctx_->config),
-                               " bytes (4 x --max-prompt-bytes + 64 KiB)");
-    } else {
-      e.message = absl::StrCat("HTTP ", res.status);
-    }
-    SetError(res, e);
-    call.Done(e.status, e.message);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+        if (!res.body.empty() || res.is_chunked_content_provider_) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        HttpCall call(ctx_, req, absl::StrCat(req.method, " ", req.path));
+        ApiError e;
+        e.status = res.status;
+        if (res.status == 404) {
+          e.type = "not_found_error";
+          e.message = absl::StrCat(req.method, " ", req.path, ": no such route");
+        } else if (res.status == 413) {
+          e.param = "body";
+          e.message = absl::StrCat("body: more than ", BodyLimit(*ctx_->config),
+                                   " bytes (4 x --max-prompt-bytes + 64 KiB)");
+        } else {
+          e.message = absl::StrCat("HTTP ", res.status);
+        }
+        SetError(res, e);
+        call.Done(e.status, e.message);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     Generate(req, res, ResponseBuilder::Kind::kCompletion);
   });
   s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     Generate(req, res, ResponseBuilder::Kind::kChat);
   });
-  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    Models(req, res, nullptr);
-  });
+  s.Get("/v1/models",
+        [this](const httplib::Request& req, httplib::Response& res) { Models(req, res, nullptr); });
   s.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string name = req.matches[1];
     Models(req, res, &name);
@@ -621,16 +622,17 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   const size_t prompt_tokens = p.g.prompt.size();
   const Clock::time_point deadline = p.g.deadline + kDeadlineSlack;
   util::InFlight::Token in_flight = ctx_->streams_in_flight.Enter();
-  absl::StatusOr<SubmittedGeneration> s = SubmitGeneration(*ctx_, *caller, std::move(p.g), p.target);
+  absl::StatusOr<SubmittedGeneration> s =
+      SubmitGeneration(*ctx_, *caller, std::move(p.g), p.target);
   if (!s.ok()) return fail(s.status());
   call->Add("prompt_tokens", static_cast<int64_t>(prompt_tokens));
   if (p.conversation) res.set_header(kSessionIdHeader, s->session_id);
   auto watch = std::make_unique<JobWatch>(ctx_, std::move(s->job));
   ResponseBuilder builder(kind, *ctx_->tokenizer, ctx_->model_name, p.out, p.parse);
   if (p.out.stream) {
-    auto stream = std::make_shared<SseStream>(std::move(call), std::move(in_flight),
-                                              std::move(watch), std::move(builder), deadline,
-                                              s->session_id);
+    auto stream =
+        std::make_shared<SseStream>(std::move(call), std::move(in_flight), std::move(watch),
+                                    std::move(builder), deadline, s->session_id);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -666,7 +668,8 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
 absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config) {
   const std::filesystem::path model_config =
       std::filesystem::path(config.model_dir) / "tokenizer_config.json";
-  absl::StatusOr<chat::ChatTemplate> model_template = chat::ChatTemplate::FromTokenizerConfig(model_config);
+  absl::StatusOr<chat::ChatTemplate> model_template =
+      chat::ChatTemplate::FromTokenizerConfig(model_config);
   if (!model_template.ok() && !absl::IsNotFound(model_template.status())) {
     return model_template.status();
   }
@@ -674,9 +677,9 @@ absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config) {
   std::optional<chat::ChatTemplate> t;
   if (!config.chat_template.empty()) {
     CORTIQ_ASSIGN_OR_RETURN(text, ReadFlagFile(config.chat_template, "--chat-template"));
-    absl::StatusOr<chat::ChatTemplate> parsed = chat::ChatTemplate::Parse(
-        text, model_template.ok() ? model_template->bos_token() : "",
-        model_template.ok() ? model_template->eos_token() : "");
+    absl::StatusOr<chat::ChatTemplate> parsed =
+        chat::ChatTemplate::Parse(text, model_template.ok() ? model_template->bos_token() : "",
+                                  model_template.ok() ? model_template->eos_token() : "");
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--chat-template ", config.chat_template, ": ", parsed.status().message()));
@@ -700,7 +703,8 @@ absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config) {
     absl::StatusOr<std::string> out = t.Render(in);
     // The template's refusals (raise_exception, a limit) are about the
     // conversation the request sent.
-    if (!out.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", out.status().message()));
+    if (!out.ok())
+      return absl::InvalidArgumentError(absl::StrCat("messages: ", out.status().message()));
     return out;
   };
   return r;

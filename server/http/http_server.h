@@ -66,8 +66,7 @@ class HttpServer {
   // threads. UNAVAILABLE naming --http-listen when it cannot bind;
   // INVALID_ARGUMENT naming the flag for a malformed address or unusable
   // certificate. `ctx` outlives the server.
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(ServiceContext* ctx,
-                                                           ChatRenderer chat);
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(ServiceContext* ctx, ChatRenderer chat);
   ~HttpServer();  // Stop()
 
   int port() const { return port_; }

@@ -213,7 +213,8 @@ absl::StatusOr<CommonRequest> ParseCommon(const Json& body, bool chat) {
   if (const Json* v = Member(body, "stop_token_ids")) {
     if (!v->is_array()) return FieldError("stop_token_ids", "must be a list of token ids");
     for (size_t i = 0; i < v->size(); ++i) {
-      CORTIQ_ASSIGN_OR_RETURN(int32_t id, TokenId((*v)[i], absl::StrCat("stop_token_ids[", i, "]")));
+      CORTIQ_ASSIGN_OR_RETURN(int32_t id,
+                              TokenId((*v)[i], absl::StrCat("stop_token_ids[", i, "]")));
       g.stop_token_ids.push_back(id);
     }
   }
@@ -292,8 +293,9 @@ absl::StatusOr<Json> Message(const Json& m, size_t i) {
   CORTIQ_ASSIGN_OR_RETURN(std::string r, String(*role, field + ".role"));
   if (r == "developer") r = "system";  // OpenAI's newer name for it
   if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
-    return FieldError(field + ".role",
-                      absl::StrCat("'", r, "' is not system | developer | user | assistant | tool"));
+    return FieldError(
+        field + ".role",
+        absl::StrCat("'", r, "' is not system | developer | user | assistant | tool"));
   }
   Json out = m;  // unknown members pass to the template as they came
   out["role"] = r;
@@ -308,7 +310,8 @@ absl::StatusOr<Json> Message(const Json& m, size_t i) {
     CORTIQ_ASSIGN_OR_RETURN(out["content"], Content(*content, field + ".content"));
   }
   if (const Json* calls = Member(m, "tool_calls")) {
-    if (r != "assistant") return FieldError(field + ".tool_calls", "only an assistant message has them");
+    if (r != "assistant")
+      return FieldError(field + ".tool_calls", "only an assistant message has them");
     if (!calls->is_array()) return FieldError(field + ".tool_calls", "must be a list");
     for (size_t k = 0; k < calls->size(); ++k) {
       const Json& c = (*calls)[k];
@@ -323,7 +326,8 @@ absl::StatusOr<Json> Message(const Json& m, size_t i) {
   }
   if (r == "tool") {
     const Json* id = Member(m, "tool_call_id");
-    if (id != nullptr && !id->is_string()) return FieldError(field + ".tool_call_id", "must be a string");
+    if (id != nullptr && !id->is_string())
+      return FieldError(field + ".tool_call_id", "must be a string");
   }
   return out;
 }
@@ -380,7 +384,8 @@ absl::StatusOr<ChatRequest> ParseChat(const Json& body) {
     if (t == "json_object" || t == "json_schema") {
       return NotSupported("response_format", absl::StrCat("\"", t, "\""));
     }
-    if (t != "text") return FieldError("response_format.type", absl::StrCat("'", t, "' is not text"));
+    if (t != "text")
+      return FieldError("response_format.type", absl::StrCat("'", t, "' is not text"));
   }
   if (const Json* v = Member(body, "chat_template_kwargs")) {
     if (!v->is_object()) return FieldError("chat_template_kwargs", "must be an object");

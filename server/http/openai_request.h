@@ -74,15 +74,14 @@ struct ChatRequest {
   Json tools;                     // null: none (or tool_choice "none")
   bool add_generation_prompt = true;
   Json template_kwargs = Json::object();  // chat_template_kwargs
-  bool parse_tools = false;  // tools given and tool_choice auto: parse <tool_call>
-  bool thinking = true;      // chat_template_kwargs.enable_thinking (default true)
+  bool parse_tools = false;               // tools given and tool_choice auto: parse <tool_call>
+  bool thinking = true;                   // chat_template_kwargs.enable_thinking (default true)
 };
 // messages (system / developer / user / assistant / tool; content a string,
-// null (an assistant's; rendered as ""), or a list of {"type":"text"} parts; assistant tool_calls; tool
-// messages with tool_call_id), tools, tool_choice ("none" | "auto";
-// "required" / a named function refused), response_format ({"type":"text"};
-// json_object / json_schema refused), chat_template_kwargs,
-// add_generation_prompt.
+// null (an assistant's; rendered as ""), or a list of {"type":"text"} parts; assistant tool_calls;
+// tool messages with tool_call_id), tools, tool_choice ("none" | "auto"; "required" / a named
+// function refused), response_format ({"type":"text"}; json_object / json_schema refused),
+// chat_template_kwargs, add_generation_prompt.
 absl::StatusOr<ChatRequest> ParseChat(const Json& body);
 
 // The session id of the conversation `name` in `tenant`: `name` itself when

@@ -24,9 +24,7 @@ int64_t UnixSeconds() {
       .count();
 }
 
-std::string Dump(const OJson& j) {
-  return j.dump(-1, ' ', false, OJson::error_handler_t::replace);
-}
+std::string Dump(const OJson& j) { return j.dump(-1, ' ', false, OJson::error_handler_t::replace); }
 
 }  // namespace
 
@@ -69,8 +67,7 @@ OJson ResponseBuilder::Usage(const session::GenerationResult& r) const {
   return u;
 }
 
-std::string ResponseBuilder::FinishReason(const session::GenerationResult& r,
-                                          size_t index) const {
+std::string ResponseBuilder::FinishReason(const session::GenerationResult& r, size_t index) const {
   if (index < choices_.size() && choices_[index].parser.tool_calls() > 0) return "tool_calls";
   session::FinishReason f = r.finish_reason;
   if (index < r.choices.size()) f = r.choices[index].finish_reason;
@@ -253,10 +250,10 @@ std::string ResponseBuilder::Body(const session::GenerationResult& r) {
       if (!c.tool_calls.empty()) {
         OJson calls = OJson::array();
         for (const ToolCall& call : c.tool_calls) {
-          calls.push_back(OJson{{"id", call.id},
-                                {"type", "function"},
-                                {"function", OJson{{"name", call.name},
-                                                   {"arguments", call.arguments}}}});
+          calls.push_back(
+              OJson{{"id", call.id},
+                    {"type", "function"},
+                    {"function", OJson{{"name", call.name}, {"arguments", call.arguments}}}});
         }
         message["tool_calls"] = std::move(calls);
       }

@@ -66,15 +66,15 @@ TEST(AssistantOutputTest, HoldsBackOnlyAPossibleTag) {
 }
 
 TEST(AssistantOutputTest, ThinkBlockIsReasoning) {
-  const Whole w = ParseEverySplit({.reasoning = true},
-                                  "<think>\nLet me see: 2+2.\n</think>\n\nIt is 4.");
+  const Whole w =
+      ParseEverySplit({.reasoning = true}, "<think>\nLet me see: 2+2.\n</think>\n\nIt is 4.");
   EXPECT_EQ(w.reasoning, "Let me see: 2+2.\n");
   EXPECT_EQ(w.content, "It is 4.");
 }
 
 TEST(AssistantOutputTest, ThinkOpenedByThePrompt) {
-  const Whole w = ParseEverySplit({.reasoning = true, .start_in_reasoning = true},
-                                  "\nhmm</think>\n\nAnswer");
+  const Whole w =
+      ParseEverySplit({.reasoning = true, .start_in_reasoning = true}, "\nhmm</think>\n\nAnswer");
   EXPECT_EQ(w.reasoning, "hmm");
   EXPECT_EQ(w.content, "Answer");
   // Without reasoning, the tags are content.
@@ -123,8 +123,8 @@ TEST(AssistantOutputTest, ThinkingThenToolCall) {
 }
 
 TEST(AssistantOutputTest, MalformedOrUnclosedCallsStayContent) {
-  for (const std::string body : {"{not json}", "[1,2]", "{\"arguments\": {}}",
-                                 "{\"name\": 3}", "{\"name\": \"f\", \"arguments\": 7}"}) {
+  for (const std::string body : {"{not json}", "[1,2]", "{\"arguments\": {}}", "{\"name\": 3}",
+                                 "{\"name\": \"f\", \"arguments\": 7}"}) {
     const std::string text = "a<tool_call>" + body + "</tool_call>b";
     const Whole w = ParseEverySplit({.tools = true}, text);
     EXPECT_EQ(w.content, text) << body;
@@ -133,7 +133,8 @@ TEST(AssistantOutputTest, MalformedOrUnclosedCallsStayContent) {
   const Whole open = ParseEverySplit({.tools = true}, "x<tool_call>{\"name\": \"f\"");
   EXPECT_EQ(open.content, "x<tool_call>{\"name\": \"f\"");
   // A string "arguments" is passed as the model wrote it.
-  const Whole s = Parse({.tools = true}, {"<tool_call>{\"name\":\"f\",\"arguments\":\"{}\"}</tool_call>"});
+  const Whole s =
+      Parse({.tools = true}, {"<tool_call>{\"name\":\"f\",\"arguments\":\"{}\"}</tool_call>"});
   ASSERT_EQ(s.calls.size(), 1u);
   EXPECT_EQ(s.calls[0].arguments, "{}");
 }

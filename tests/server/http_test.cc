@@ -112,8 +112,11 @@ std::vector<std::string> SseData(const std::string& body) {
 }
 
 Json Greedy(const std::string& prompt, int max_tokens) {
-  return {{"model", "cortiq-byte-4m"}, {"prompt", prompt}, {"max_tokens", max_tokens},
-          {"temperature", 0},          {"ignore_eos", true}};
+  return {{"model", "cortiq-byte-4m"},
+          {"prompt", prompt},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true}};
 }
 
 TEST(HttpTest, ModelsAndHealth) {
@@ -299,8 +302,7 @@ TEST(HttpTest, BadRequestsNameTheField) {
   ExpectError(Post(n, "/v1/completions", with(ok, "logit_bias", {{"x", 1}})), 400, "logit_bias");
   ExpectError(Post(n, "/v1/completions", with(ok, "prompt", Json::array({"a", "b"}))), 400,
               "prompt");
-  ExpectError(Post(n, "/v1/completions", with(ok, "prompt", Json::array({300}))), 400,
-              "prompt[0]");
+  ExpectError(Post(n, "/v1/completions", with(ok, "prompt", Json::array({300}))), 400, "prompt[0]");
   ExpectError(Post(n, "/v1/completions", with(ok, "echo", true)), 400, "echo");
   ExpectError(Post(n, "/v1/completions", with(ok, "best_of", 2)), 400, "best_of");
   ExpectError(Post(n, "/v1/completions", with(ok, "model", "gpt-4")), 404, "model");
@@ -308,8 +310,8 @@ TEST(HttpTest, BadRequestsNameTheField) {
   none.erase("prompt");
   ExpectError(Post(n, "/v1/completions", none), 400, "prompt");
   // The prompt limit names its flag; the body limit is 4 x it + 64 KiB.
-  const Json big = Post(n, "/v1/completions", with(ok, "prompt", std::string(1001, 'a')))
-                       .json()["error"];
+  const Json big =
+      Post(n, "/v1/completions", with(ok, "prompt", std::string(1001, 'a'))).json()["error"];
   EXPECT_NE(big["message"].get<std::string>().find("--max-prompt-bytes"), std::string::npos);
   EXPECT_EQ(big["param"], "prompt");
   Reply huge = Post(n, "/v1/completions", with(ok, "pad", std::string(70 << 10, 'a')));
@@ -327,8 +329,7 @@ TEST(HttpTest, AuthWithTheServersTokens) {
   const auto file = std::filesystem::temp_directory_path() /
                     absl::StrCat("cortiq_http_test_", getpid(), ".tokens");
   {
-    std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken
-                        << "\n";
+    std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken << "\n";
   }
   ServerConfig c;
   c.auth_tokens_file = file.string();
@@ -341,8 +342,8 @@ TEST(HttpTest, AuthWithTheServersTokens) {
               401, "");
   ExpectError(Get(n, "/v1/models"), 401, "");
   EXPECT_EQ(Get(n, "/health").status, 200);  // probes carry no token
-  Reply ok = Post(n, "/v1/completions", body,
-                  {{"Authorization", absl::StrCat("Bearer ", kClientToken)}});
+  Reply ok =
+      Post(n, "/v1/completions", body, {{"Authorization", absl::StrCat("Bearer ", kClientToken)}});
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(Get(n, "/v1/models", {{"Authorization", absl::StrCat("Bearer ", kAdminToken)}}).status,
             200);
@@ -390,9 +391,9 @@ class RawHttp {
   ~RawHttp() { Close(); }
   bool ok() const { return ok_; }
   bool Send(const std::string& path, const std::string& body) {
-    const std::string req = absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
-                                         "Content-Type: application/json\r\nContent-Length: ",
-                                         body.size(), "\r\n\r\n", body);
+    const std::string req = absl::StrCat(
+        "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
     return write(fd_, req.data(), req.size()) == static_cast<ssize_t>(req.size());
   }
   // Reads until `needle` has arrived (or the 30 s receive timeout).
@@ -474,7 +475,8 @@ TEST(HttpTest, ChatCompletionWholeAndStreamed) {
       "<|im_start|>system\nYou are Ahab.<|im_end|>\n<|im_start|>user\nWhere is the "
       "whale?<|im_end|>\n<|im_start|>assistant\n";
   // Byte-level: one token per byte, one per special marker (3 starts, 2 ends).
-  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size() - 3 * (std::string("<|im_start|>").size() - 1) -
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size() -
+                                             3 * (std::string("<|im_start|>").size() - 1) -
                                              2 * (std::string("<|im_end|>").size() - 1));
   // Chat logprobs: content[{token, logprob, bytes, top_logprobs}].
   const Json& lp = choice["logprobs"]["content"];
@@ -526,13 +528,13 @@ TEST(HttpTest, ChatToolsAndThinkingThroughTheTemplate) {
   c.chat_template = std::string(CORTIQ_SOURCE_DIR) + "/tests/chat/data/qwen3_chat_template.jinja";
   HttpNode n = StartHttpNode(c);
   ASSERT_TRUE(n.http);
-  const Json tools = Json::array(
-      {{{"type", "function"},
-        {"function",
-         {{"name", "get_weather"},
-          {"description", "The weather in a city"},
-          {"parameters",
-           {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+  const Json tools =
+      Json::array({{{"type", "function"},
+                    {"function",
+                     {{"name", "get_weather"},
+                      {"description", "The weather in a city"},
+                      {"parameters",
+                       {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
   auto prompt_tokens = [&](Json b) {
     b["max_tokens"] = 1;
     Reply r = Post(n, "/v1/chat/completions", b);
@@ -560,10 +562,12 @@ TEST(HttpTest, ChatToolsAndThinkingThroughTheTemplate) {
       {{"role", "assistant"},
        {"content", nullptr},
        {"tool_calls",
-        Json::array({{{"id", "call_1"},
-                      {"type", "function"},
-                      {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}})}});
-  history["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
+        Json::array(
+            {{{"id", "call_1"},
+              {"type", "function"},
+              {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}})}});
+  history["messages"].push_back(
+      {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
   EXPECT_GT(prompt_tokens(history), prompt_tokens(with_tools));
 }
 
@@ -645,8 +649,7 @@ TEST(HttpTest, ConversationNamesArePerTenant) {
   const auto file = std::filesystem::temp_directory_path() /
                     absl::StrCat("cortiq_http_conv_", getpid(), ".tokens");
   {
-    std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken
-                        << "\n";
+    std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken << "\n";
   }
   ServerConfig c;
   c.auth_tokens_file = file.string();
@@ -705,9 +708,9 @@ TEST(HttpTest, ServesTlsWithTheServersCertificate) {
   if (std::system("openssl version >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "the openssl command is missing: this test makes its certificate with it";
   }
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           absl::StrCat("cortiq_http_tls_", getpid()))
-                              .string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("cortiq_http_tls_", getpid()))
+          .string();
   std::filesystem::create_directories(dir);
   const std::string cmd =
       "cd '" + dir +

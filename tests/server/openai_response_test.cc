@@ -169,8 +169,9 @@ TEST(OpenAiResponseTest, StreamErrorIsOneChunkThenDone) {
   e.message = "late";
   e.type = "timeout_error";
   const std::string s = ResponseBuilder::StreamError(e);
-  EXPECT_EQ(s, "data: {\"error\":{\"message\":\"late\",\"type\":\"timeout_error\",\"param\":null,"
-               "\"code\":null}}\n\ndata: [DONE]\n\n");
+  EXPECT_EQ(s,
+            "data: {\"error\":{\"message\":\"late\",\"type\":\"timeout_error\",\"param\":null,"
+            "\"code\":null}}\n\ndata: [DONE]\n\n");
 }
 
 TEST(OpenAiRequestTest, ChatFieldsAndRefusals) {
@@ -205,7 +206,8 @@ TEST(OpenAiRequestTest, ChatFieldsAndRefusals) {
     EXPECT_EQ(chat(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_TRUE(chat(R"({"messages":[{"role":"user","content":"x"}],
-      "response_format":{"type":"text"}})").ok());
+      "response_format":{"type":"text"}})")
+                  .ok());
 }
 
 TEST(OpenAiRequestTest, CommonControls) {
