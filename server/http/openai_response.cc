@@ -139,19 +139,32 @@ std::string ResponseBuilder::Sse(const OJson& chunk) const {
   return absl::StrCat("data: ", Dump(chunk), "\n\n");
 }
 
+std::string ResponseBuilder::ChunkSse(OJson choice) const {
+  OJson chunk = Head(true);
+  chunk["choices"] = OJson::array({std::move(choice)});
+  if (out_.include_usage) chunk["usage"] = nullptr;
+  return Sse(chunk);
+}
+
+AssistantDelta ResponseBuilder::FinishChoice(Choice& c, size_t* first_call) {
+  AssistantDelta d = c.parser.Finish();
+  c.text += d.content;
+  c.reasoning += d.reasoning;
+  *first_call = c.tool_calls.size();
+  for (const ToolCall& call : d.tool_calls) c.tool_calls.push_back(call);
+  return d;
+}
+
 std::string ResponseBuilder::StreamStart() {
   if (kind_ != Kind::kChat) return "";
   std::string out;
   for (size_t i = 0; i < choices_.size(); ++i) {
-    OJson chunk = Head(true);
     OJson choice;
     choice["index"] = i;
     choice["delta"] = OJson{{"role", "assistant"}, {"content", ""}};
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = nullptr;
-    chunk["choices"] = OJson::array({std::move(choice)});
-    if (out_.include_usage) chunk["usage"] = nullptr;
-    out += Sse(chunk);
+    out += ChunkSse(std::move(choice));
   }
   return out;
 }
@@ -187,10 +200,7 @@ std::string ResponseBuilder::Add(session::GenerationEvent ev) {
   }
   choice["logprobs"] = has_lp ? Logprobs(c, lp_from, c.logprobs.size()) : OJson();
   choice["finish_reason"] = nullptr;
-  OJson chunk = Head(true);
-  chunk["choices"] = OJson::array({std::move(choice)});
-  if (out_.include_usage) chunk["usage"] = nullptr;
-  return Sse(chunk);
+  return ChunkSse(std::move(choice));
 }
 
 std::string ResponseBuilder::StreamEnd(const session::GenerationResult& r) {
@@ -200,19 +210,15 @@ std::string ResponseBuilder::StreamEnd(const session::GenerationResult& r) {
     OJson choice;
     choice["index"] = i;
     if (kind_ == Kind::kChat) {
-      const AssistantDelta d = c.parser.Finish();
-      const size_t first_call = c.tool_calls.size();
-      for (const ToolCall& call : d.tool_calls) c.tool_calls.push_back(call);
+      size_t first_call = 0;
+      const AssistantDelta d = FinishChoice(c, &first_call);
       choice["delta"] = Delta(d, first_call);
     } else {
       choice["text"] = "";
     }
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = FinishReason(r, i);
-    OJson chunk = Head(true);
-    chunk["choices"] = OJson::array({std::move(choice)});
-    if (out_.include_usage) chunk["usage"] = nullptr;
-    out += Sse(chunk);
+    out += ChunkSse(std::move(choice));
   }
   if (out_.include_usage) {
     OJson chunk = Head(true);
@@ -236,10 +242,8 @@ std::string ResponseBuilder::Body(const session::GenerationResult& r) {
     OJson choice;
     choice["index"] = i;
     if (kind_ == Kind::kChat) {
-      const AssistantDelta d = c.parser.Finish();
-      c.text += d.content;
-      c.reasoning += d.reasoning;
-      for (const ToolCall& call : d.tool_calls) c.tool_calls.push_back(call);
+      size_t first_call = 0;
+      FinishChoice(c, &first_call);
       OJson message;
       message["role"] = "assistant";
       // With tool calls and nothing but layout around them, content is null

@@ -88,6 +88,13 @@ class ResponseBuilder {
   // `first_call`).
   static nlohmann::ordered_json Delta(const AssistantDelta& d, size_t first_call);
   std::string Sse(const nlohmann::ordered_json& chunk) const;
+  // One streamed chunk holding `choice` (with "usage": null under
+  // include_usage), as SSE.
+  std::string ChunkSse(nlohmann::ordered_json choice) const;
+  // Ends a chat choice's parser: what it held back joins the choice's
+  // content / reasoning / tool calls and is returned (its tool calls
+  // numbered from *first_call).
+  static AssistantDelta FinishChoice(Choice& c, size_t* first_call);
 
   const Kind kind_;
   const tokenizer::Tokenizer& tokenizer_;

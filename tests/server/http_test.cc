@@ -325,12 +325,16 @@ TEST(HttpTest, BadRequestsNameTheField) {
   EXPECT_EQ(Post(n, "/v1/completions", ok).status, 200);
 }
 
-TEST(HttpTest, AuthWithTheServersTokens) {
+// A token file with a client (alice) and an admin (ops); removed by the caller.
+std::filesystem::path WriteTokenFile(const std::string& name) {
   const auto file = std::filesystem::temp_directory_path() /
-                    absl::StrCat("cortiq_http_test_", getpid(), ".tokens");
-  {
-    std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken << "\n";
-  }
+                    absl::StrCat("cortiq_", name, "_", getpid(), ".tokens");
+  std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken << "\n";
+  return file;
+}
+
+TEST(HttpTest, AuthWithTheServersTokens) {
+  const auto file = WriteTokenFile("http_test");
   ServerConfig c;
   c.auth_tokens_file = file.string();
   HttpNode n = StartHttpNode(c);
@@ -646,11 +650,7 @@ TEST(HttpTest, ConversationReusesItsSession) {
 // Names are per tenant: two tenants' "chat-1" are different sessions, and
 // neither sees the other's.
 TEST(HttpTest, ConversationNamesArePerTenant) {
-  const auto file = std::filesystem::temp_directory_path() /
-                    absl::StrCat("cortiq_http_conv_", getpid(), ".tokens");
-  {
-    std::ofstream(file) << "alice client " << kClientToken << "\nops admin " << kAdminToken << "\n";
-  }
+  const auto file = WriteTokenFile("http_conv");
   ServerConfig c;
   c.auth_tokens_file = file.string();
   HttpNode n = StartHttpNode(c);
