@@ -640,12 +640,10 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
     return;
   }
   // Not streamed: the worker waits for the whole answer, at most the deadline.
-  size_t tokens = 0;
   for (;;) {
     session::GenerationEvent ev;
     const JobWatch::Next next = watch->Wait(&ev, deadline);
     if (next == JobWatch::Next::kEvent) {
-      ++tokens;
       builder.Add(std::move(ev));
       continue;
     }
