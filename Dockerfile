@@ -49,8 +49,10 @@ FROM debian:bookworm AS runtime
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libabsl20220623 \
+      libbrotli1 \
       libc-ares2 \
       libcivetweb1 \
+      libcpp-httplib0.11 \
       libfmt9 \
       libgrpc++1.51 \
       libgrpc29 \
@@ -67,7 +69,7 @@ RUN groupadd --system --gid 10001 cortiq \
 COPY --from=build /out/bin/cortiq-server /out/bin/cortiq /usr/bin/
 COPY --from=build /src/models/cortiq-byte-4m /usr/share/cortiq/model
 USER 10001:10001
-EXPOSE 50051 9464
+EXPOSE 50051 8080 9464
 # grpc.health.v1 through the client: exit 0 only when SERVING (a draining node
 # reports NOT_SERVING and turns unhealthy on purpose).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
@@ -84,7 +86,8 @@ STOPSIGNAL SIGTERM
 # deploy/make-tokens.sh) or one admin token (CORTIQ_AUTH_TOKEN, or
 # --auth-token-file FILE). --insecure serves without one (a trusted network
 # only). /metrics stays unauthenticated.
-ENTRYPOINT ["/usr/bin/cortiq-server", "--listen", "0.0.0.0:50051", "--metrics-listen", "0.0.0.0:9464"]
+# The OpenAI-compatible HTTP API (same tokens, Authorization: Bearer) on 8080.
+ENTRYPOINT ["/usr/bin/cortiq-server", "--listen", "0.0.0.0:50051", "--http-listen", "0.0.0.0:8080", "--metrics-listen", "0.0.0.0:9464"]
 # Extra flags are appended (docker run IMAGE --peers ..., compose `command`,
 # Kubernetes `args`); a repeated flag takes its last value.
 CMD []

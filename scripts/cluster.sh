@@ -93,8 +93,9 @@ start_node() {  # start_node INDEX
     if port_taken "$p"; then echo "node $name: port $p is taken (set CLUSTER_GRPC_PORTS / CLUSTER_METRICS_PORTS)" >&2; return 1; fi
   done
   # shellcheck disable=SC2086
+  # The nodes speak gRPC to each other; no HTTP front (several would share 8080).
   "$SERVER" "${MODEL_FLAG[@]}" --listen "127.0.0.1:$grpc" --metrics-listen "127.0.0.1:$metrics" \
-      --peers "$peers" ${CORTIQ_SERVER_FLAGS:-} >"$log" 2>&1 &
+      --http-listen off --peers "$peers" ${CORTIQ_SERVER_FLAGS:-} >"$log" 2>&1 &
   echo $! >"$pidf"
 }
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Build, serve the embedded default model on localhost, and show a streamed
-# generation through the gRPC API with the `cortiq` client.
+# generation through the gRPC API with the `cortiq` client, then one chat
+# completion through the OpenAI-compatible HTTP API with curl.
 #
 #   scripts/run.sh [--once] [PROMPT]
 #
 # The server (cortiq-server) listens on 127.0.0.1:50051 (metrics on
-# 127.0.0.1:9464/metrics) and keeps serving until Ctrl-C; --once stops it
+# 127.0.0.1:9464/metrics, HTTP on 127.0.0.1:8080) and keeps serving until Ctrl-C; --once stops it
 # after the demonstration. Extra server flags: CORTIQ_SERVER_FLAGS.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +45,16 @@ build/client/cortiq --server "$ADDR" model | head -12
 echo "== streamed generation: cortiq generate =="
 echo "$PROMPT"
 build/client/cortiq --server "$ADDR" generate --max-tokens 120 --temperature 0.8 --top-p 0.95 --seed 7 "$PROMPT"
+
+HTTP="$(sed -n 's/^http listening on \(.*\)$/\1/p' "$LOG")"
+if [ -n "$HTTP" ] && command -v curl >/dev/null; then
+  echo
+  echo "== a chat completion over HTTP (OpenAI API): curl http://$HTTP/v1/chat/completions =="
+  curl -sS "http://$HTTP/v1/chat/completions" -H 'Content-Type: application/json' -d '{
+    "model": "cortiq-byte-4m", "max_tokens": 60, "temperature": 0.8, "seed": 7,
+    "messages": [{"role": "user", "content": "Where is the white whale?"}]}'
+  echo
+fi
 
 if [ "$ONCE" = 1 ]; then exit 0; fi
 echo "== serving on $ADDR (metrics: http://127.0.0.1:9464/metrics); Ctrl-C to stop =="

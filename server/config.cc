@@ -61,9 +61,10 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, std::string_v
 
 // The refusal of a reachable, unauthenticated server: says how to add a token
 // and names the way out.
-absl::Status InsecureListenError(const std::string& listen) {
+absl::Status InsecureListenError(const std::string& listen,
+                                 std::string_view flag = "--listen") {
   return absl::InvalidArgumentError(absl::StrCat(
-      "--listen ", listen,
+      util::Sv(flag), " ", listen,
       ": refusing to serve a non-loopback address without an auth token (anyone who reaches "
       "the port could generate, read and release every session). Add a token: "
       "`openssl rand -hex 32 > token && chmod 600 token`, then --auth-token-file token (or env "
@@ -173,7 +174,16 @@ std::string ServerUsage() {
                           Merges with --auth-token
   --insecure              allow a non-loopback --listen without an auth token (refused
                           otherwise; /metrics is never authenticated, see README)
-  --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key
+  --tls-cert FILE --tls-key FILE   serve TLS with this PEM certificate chain and key (gRPC
+                          and HTTP)
+  --http-listen HOST:PORT the OpenAI-compatible HTTP API (/v1/chat/completions,
+                          /v1/completions, /v1/models, /health; default 127.0.0.1:8080;
+                          port 0 = any free port; "off" disables). Same tokens as gRPC
+  --http-threads N        HTTP worker threads: requests served at once (default 16)
+  --http-timeout SECONDS  deadline of one HTTP generation (default 600)
+  --session-from-user     the `user` field of an HTTP request names its conversation, as
+                          the x-cortiq-session header does
+  --chat-template FILE    a Jinja chat template overriding the model's (tokenizer_config.json)
   --log-level L           trace | debug | info | warn | error | off (default info)
   --log-format text|json  log lines as text or as one JSON object each (default text)
   --node-name NAME        this node's name in the cluster: every response's x-cortiq-node,
@@ -192,6 +202,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   using util::IntFlag;
   using util::StringFlag;
   ServerConfig c;
+  c.http_listen = "127.0.0.1:8080";  // the binary serves HTTP unless told not to
   *help = false;
   std::string token_file, peer_token_file;
   std::optional<size_t> max_n;  // --max-n, resolved against --max-batch below
@@ -247,6 +258,11 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::SwitchFlag("insecure", &c.insecure),
       StringFlag("tls-cert", &c.tls_cert),
       StringFlag("tls-key", &c.tls_key),
+      StringFlag("http-listen", &c.http_listen),
+      IntFlag("http-threads", &c.http_threads, {.min = 1}),
+      util::SecondsFlag("http-timeout", &c.http_timeout),
+      util::SwitchFlag("session-from-user", &c.session_from_user),
+      StringFlag("chat-template", &c.chat_template),
       util::ChoiceFlag("log-level", &c.log_level,
                        {"trace", "debug", "info", "warn", "error", "off"}),
       util::ChoiceFlag("log-format", &c.log_format, {"text", "json"}),
@@ -293,6 +309,14 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   if (c.auth_token.empty() && c.auth_tokens_file.empty() && !c.insecure &&
       !IsLoopbackListen(c.listen)) {
     return InsecureListenError(c.listen);
+  }
+  if (c.http_listen.empty()) c.http_listen = "off";
+  if (c.http_listen != "off" && c.auth_token.empty() && c.auth_tokens_file.empty() &&
+      !c.insecure && !IsLoopbackListen(c.http_listen)) {
+    return InsecureListenError(c.http_listen, "--http-listen");
+  }
+  if (c.http_timeout.count() <= 0) {
+    return absl::InvalidArgumentError("--http-timeout: must be positive (seconds)");
   }
   if (max_n && *max_n > c.max_batch) {
     return absl::InvalidArgumentError(

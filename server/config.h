@@ -78,7 +78,16 @@ struct ServerConfig {
   std::string auth_token;                   // --auth-token, --auth-token-file or CORTIQ_AUTH_TOKEN
   std::string auth_tokens_file;             // --auth-tokens FILE: named tokens with roles (auth.h)
   bool insecure = false;                    // --insecure: a non-loopback --listen without a token
-  std::string tls_cert, tls_key;            // PEM files; both or neither
+  std::string tls_cert, tls_key;            // PEM files; both or neither (gRPC and HTTP)
+  // The OpenAI-compatible HTTP front (server/http/): HOST:PORT, port 0 = any
+  // free port, "off" = none. Off here so that a server embedded in a test or
+  // a tool opens no port it did not ask for; ParseServerFlags (cortiq-server)
+  // defaults it to 127.0.0.1:8080.
+  std::string http_listen = "off";
+  size_t http_threads = 16;                     // HTTP worker threads (connections served at once)
+  std::chrono::milliseconds http_timeout{600'000};  // an HTTP generation's deadline
+  bool session_from_user = false;  // the `user` field names a conversation (as x-cortiq-session)
+  std::string chat_template;       // --chat-template FILE: overrides the model's
   std::string log_level = "info";           // trace | debug | info | warn | error | off
   std::string log_format = "text";          // text | json (one object per line)
   // This node's name in the cluster (x-cortiq-node, SessionInfo.node,

@@ -176,6 +176,10 @@ absl::Status Server::Init() {
   if (metrics_on) {
     CORTIQ_ASSIGN_OR_RETURN(metrics_server_, MetricsServer::Start(c.metrics_listen, *metrics_));
   }
+  if (!c.http_listen.empty() && c.http_listen != "off") {
+    CORTIQ_ASSIGN_OR_RETURN(http::ChatRenderer chat, http::LoadChatRenderer(c));
+    CORTIQ_ASSIGN_OR_RETURN(http_, http::HttpServer::Start(ctx_.get(), std::move(chat)));
+  }
   reaper_ = std::thread([this] { ReaperLoop(); });
   return absl::OkStatus();
 }
@@ -348,6 +352,9 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     // migrations still queued finish (each bounded by its peer deadlines)
     // and answer their callers before the gRPC server stops; new ones are
     // refused from here on.
+    // HTTP requests in flight end with their jobs (cancelled by Quiesce);
+    // idle keep-alive connections close.
+    if (http_) http_->Stop();
     background_->Shutdown();
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     ctx_->self_channel.store(nullptr);  // no channel to a stopped server outlives it

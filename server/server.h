@@ -1,10 +1,11 @@
 // Server: one cortiq-server process — the model, the session store, the
-// engine, the metrics endpoint and the gRPC server (Inference + health +
-// reflection), with the idle-session reaper.
+// engine, the metrics endpoint, the gRPC server (Inference + health +
+// reflection) and the OpenAI-compatible HTTP front (server/http/), with the
+// idle-session reaper.
 //
 // Lifetime: Start() loads and binds everything (errors name the file or the
-// address); Shutdown() drains: health goes NOT_SERVING, new generations get
-// UNAVAILABLE, streams in flight get `grace` to finish, then the rest are
+// address); Shutdown() drains: health goes NOT_SERVING (HTTP /health 503),
+// new generations get UNAVAILABLE (HTTP 503), streams in flight get `grace` to finish, then the rest are
 // cancelled, and so are MigrateSession calls holding a session (the lease's
 // canceller); drains still running on the background workers finish (within
 // --drain-timeout; new calls get UNAVAILABLE) and the workers are joined; the gRPC
@@ -35,6 +36,7 @@
 #include "core/util/thread_pool.h"
 #include "grpcpp/server.h"
 #include "server/config.h"
+#include "server/http/http_server.h"
 #include "server/metrics.h"
 #include "server/peer_dialer.h"
 #include "server/session_router.h"
@@ -50,6 +52,8 @@ class Server {
   // Bound ports (the real ones when the flags asked for port 0); metrics 0 = off.
   int port() const { return port_; }
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+  // The HTTP (OpenAI API) port; 0 when --http-listen is off.
+  int http_port() const { return http_ ? http_->port() : 0; }
 
   // Drains (see the banner) and moves every session left to a peer
   // (PeerDialer::Peers(): --peers, CORTIQ_PEERS, --peer-dns; never a
@@ -122,6 +126,9 @@ class Server {
   std::unique_ptr<util::TaskRunner> background_;
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // The HTTP front: its handlers use ctx_ and the engine; stopped in
+  // Shutdown after Quiesce (its jobs cancelled), before the engine stops.
+  std::unique_ptr<http::HttpServer> http_;
   int port_ = 0;
 
   std::mutex mu_;

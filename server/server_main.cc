@@ -55,6 +55,13 @@ int main(int argc, char** argv) {
   // A machine-readable line for scripts and tests.
   std::printf("listening on %s:%d metrics %d\n", host.c_str(), (*server)->port(),
               (*server)->metrics_port());
+  // The HTTP front's port on a line of its own (the line above keeps the
+  // shape scripts already parse).
+  if ((*server)->http_port() != 0) {
+    const std::string& h = config->http_listen;
+    std::printf("http listening on %s:%d\n", h.substr(0, h.rfind(':')).c_str(),
+                (*server)->http_port());
+  }
   std::fflush(stdout);
 
   (*server)->SetAfterDrain([] { kill(getpid(), SIGUSR1); });

@@ -13,6 +13,7 @@
 #include "core/util/tsan_annotations.h"
 #include "server/call_util.h"
 #include "server/forwarding.h"
+#include "server/generation.h"
 #include "server/status_util.h"
 #include "spdlog/spdlog.h"
 
@@ -112,17 +113,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     util::TsanAcquire(this);
     size_t completion = 0;
     if (job_) {
-      job_->ClearNotify();  // no engine callback can reach this object after this
-      // The job stays in jobs_in_flight until the engine has finished it
-      // (at its next step): the token rides on the job's notify from here.
-      job_->SetNotify([job = job_.get(), token = job_in_flight_] {
-        if (job->finished()) token->Release();
-      });
+      // No engine callback reaches this object after this; the job stays
+      // in jobs_in_flight until the engine has finished it (its next step).
+      ReleaseWhenFinished(job_, job_in_flight_);
       job_->Cancel();  // no-op when finished; a disconnected client stops here
-      if (job_->finished()) {
-        job_in_flight_->Release();
-        completion = job_->result().completion_tokens;
-      }
+      if (job_->finished()) completion = job_->result().completion_tokens;
     }
     grpc::StatusCode code = final_code_;
     if (code == grpc::StatusCode::CANCELLED &&
@@ -141,21 +136,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
  private:
   absl::Status Setup(const v1::GenerateRequest& req, const Caller& caller) {
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
-    const ServerConfig& cfg = *ctx_->config;
     session::GenerationRequest g;
     if (!req.prompt().empty() && req.prompt_tokens_size() > 0) {
       return absl::InvalidArgumentError("prompt: give prompt text or prompt_tokens, not both");
     }
-    if (req.prompt().size() > cfg.max_prompt_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt: ", req.prompt().size(),
-                                                     " bytes, the limit is ", cfg.max_prompt_bytes,
-                                                     " (--max-prompt-bytes)"));
-    }
-    if (static_cast<size_t>(req.prompt_tokens_size()) * sizeof(int32_t) > cfg.max_prompt_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_tokens: ", req.prompt_tokens_size(), " ids, the limit is ",
-                       cfg.max_prompt_bytes / sizeof(int32_t), " (--max-prompt-bytes / 4)"));
-    }
+    CORTIQ_RETURN_IF_ERROR(CheckPromptBytes(*ctx_, "prompt", req.prompt().size()));
+    CORTIQ_RETURN_IF_ERROR(
+        CheckPromptIds(*ctx_, "prompt_tokens", static_cast<size_t>(req.prompt_tokens_size())));
     if (req.prompt_tokens_size() > 0) {
       g.prompt.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
     } else {
@@ -178,88 +165,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       g.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
     }
     prompt_tokens_ = g.prompt.size();
-
-    // One plan, made before anything is leased or created: a bad request
-    // changes nothing. Admission reserves the plan's bytes; the engine
-    // trusts it.
-    const session::PlanLimits limits{.max_tokens = cfg.max_tokens_limit,
-                                     .max_context = ctx_->engine->max_context(),
-                                     .max_n = cfg.max_n};
-    const auto& mcfg = ctx_->model->config();
-    session::RequestPlan plan;
-    session::SessionStore::Lease lease;
-    // n > 1: the other choices' sessions, created here before anything
-    // runs, each admitted with the plan's bytes (all or nothing).
-    std::vector<session::SessionStore::Lease> forks;
-    if (!req.session_id().empty()) {
-      CORTIQ_RETURN_IF_ERROR(CheckSessionId(req.session_id()));
-      absl::Status st = LeaseNamed(req.session_id(), g, limits, caller, &plan, &lease);
-      if (st.code() == absl::StatusCode::kNotFound && req.create_if_missing()) {
-        st = CreateNamed(req, g, limits, caller, &plan, &lease);
-        // Created meanwhile by another call (or another tenant's id): continue
-        // it, once; another tenant's answers NOT_FOUND as any unknown id.
-        if (st.code() == absl::StatusCode::kAlreadyExists) {
-          st = LeaseNamed(req.session_id(), g, limits, caller, &plan, &lease);
-        }
-      }
-      CORTIQ_RETURN_IF_ERROR(st);
-      if (g.n > 1) {
-        // Refused: the acquired lease returns unused, nothing changed.
-        CORTIQ_ASSIGN_OR_RETURN(forks,
-                                ctx_->store->CreateMany(*ctx_->model, plan, g.n - 1, caller.tenant));
-      }
-    } else {
-      CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
-                              ResolveSessionConfig(req.session_config(), *ctx_));
-      CORTIQ_ASSIGN_OR_RETURN(plan, session::PlanRequest(g, limits, mcfg, config));
-      CORTIQ_ASSIGN_OR_RETURN(std::vector<session::SessionStore::Lease> leases,
-                              ctx_->store->CreateMany(*ctx_->model, plan, g.n, caller.tenant));
-      lease = std::move(leases[0]);
-      forks.assign(std::make_move_iterator(leases.begin() + 1),
-                   std::make_move_iterator(leases.end()));
-      g.release_at_end = !req.keep_session();
-    }
-    session_id_ = lease->id();
-    auto job = ctx_->engine->Submit(std::move(lease), std::move(forks), std::move(g), plan);
-    if (!job.ok()) return job.status();
-    job_ = *std::move(job);
-    return absl::OkStatus();
-  }
-
-  // Plans `g` on the existing session `id` and leases it (Peek → PlanRequest
-  // → Acquire). Peek and Acquire block this gRPC thread (on a condition
-  // variable) only while the session's previous call is ending — a cancelled
-  // job returns its lease at the engine's next step, milliseconds — and at
-  // most --lease-wait and this call's deadline. Bounded and rare, that is
-  // simpler and safer than parking the request and resuming it from the
-  // engine thread when the lease returns. A session whose holder is still
-  // generating is refused (ABORTED) at once, without waiting. A reuse_prefix
-  // call peeks with its conversation: the plan knows what the session keeps.
-  absl::Status LeaseNamed(const std::string& id, const session::GenerationRequest& g,
-                          const session::PlanLimits& limits, const Caller& caller,
-                          session::RequestPlan* plan, session::SessionStore::Lease* lease) {
-    session::SessionStore& store = *ctx_->store;
-    CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
-                            g.reuse_prefix
-                                ? store.PeekForReuse(id, g.prompt, g.deadline, caller.sessions())
-                                : store.Peek(id, g.deadline, caller.sessions()));
-    CORTIQ_ASSIGN_OR_RETURN(*plan,
-                            session::PlanRequest(g, limits, ctx_->model->config(), existing));
-    CORTIQ_ASSIGN_OR_RETURN(*lease, store.Acquire(id, *plan, g.deadline, caller.sessions()));
-    return absl::OkStatus();
-  }
-
-  // create_if_missing: a new session under the request's id, of its
-  // session_config and the caller's tenant, kept after the call.
-  // ALREADY_EXISTS when the id was taken meanwhile.
-  absl::Status CreateNamed(const v1::GenerateRequest& req, const session::GenerationRequest& g,
-                           const session::PlanLimits& limits, const Caller& caller,
-                           session::RequestPlan* plan, session::SessionStore::Lease* lease) {
-    CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,
-                            ResolveSessionConfig(req.session_config(), *ctx_));
-    CORTIQ_ASSIGN_OR_RETURN(*plan, session::PlanRequest(g, limits, ctx_->model->config(), config));
-    CORTIQ_ASSIGN_OR_RETURN(
-        *lease, ctx_->store->CreateNamed(*ctx_->model, *plan, req.session_id(), caller.tenant));
+    CORTIQ_ASSIGN_OR_RETURN(SubmittedGeneration s,
+                            SubmitGeneration(*ctx_, caller, std::move(g),
+                                             {.session_id = req.session_id(),
+                                              .session_config = req.session_config(),
+                                              .keep_session = req.keep_session(),
+                                              .create_if_missing = req.create_if_missing()}));
+    session_id_ = std::move(s.session_id);
+    job_ = std::move(s.job);
     return absl::OkStatus();
   }
 
@@ -321,7 +234,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     }
     finished_ = true;
     final_code_ = grpc::StatusCode::OK;
-    // The summary, then the status once its write is done — not one
+    // The last summary, then the status once its write is done — not one
     // StartWriteAndFinish: over gRPC 1.51's in-process transport (the
     // create_if_missing relay to this node, forwarding.h) a write-and-finish
     // lost the last message to the relay reading it and left this call
@@ -628,11 +541,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
                                                      v1::TokenizeResponse* response,
                                                      UnaryReactor* reactor) {
   return Unary(ctx_, context, reactor, "Tokenize", [&](const Caller&) -> absl::Status {
-    if (request->text().size() > ctx_->config->max_prompt_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("text: ", request->text().size(), " bytes, the limit is ",
-                       ctx_->config->max_prompt_bytes, " (--max-prompt-bytes)"));
-    }
+    CORTIQ_RETURN_IF_ERROR(CheckPromptBytes(*ctx_, "text", request->text().size()));
     const bool special = !request->has_parse_special() || request->parse_special();
     for (int32_t id : ctx_->tokenizer->Encode(request->text(), special)) {
       response->add_token_ids(id);

@@ -14,7 +14,7 @@ trap 'for ((i=${#PIDS[@]}-1; i>=0; i--)); do kill -TERM "${PIDS[i]}" 2>/dev/null
 start() {
   local name=$1
   shift
-  "$SERVER" --model "$WORK/model" --listen 127.0.0.1:0 --metrics-listen off --threads 1 \
+  "$SERVER" --model "$WORK/model" --listen 127.0.0.1:0 --metrics-listen off --http-listen off --threads 1 \
     --auth-token t0ken "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
   PIDS+=($!)
   for _ in $(seq 1 100); do grep -q '^listening on' "$WORK/$name.out" && break; sleep 0.1; done

@@ -19,14 +19,16 @@ struct TestNode {
   std::string addr;  // "127.0.0.1:PORT"
 };
 
-// Starts a server with `c` on 127.0.0.1 port 0, metrics off, one math thread
+// Starts a server with `c` on 127.0.0.1 port 0, one math thread, metrics off
+// unless `c` names a metrics address other than the default (e.g.
+// "127.0.0.1:0": Server::metrics_port() tells where)
 // (the model, grace and the rest come from `c`); the stub dials it with
 // `creds` (TLS ones for a node with --tls-cert).
 inline TestNode StartTestNode(
     server::ServerConfig c,
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
   c.listen = "127.0.0.1:0";
-  c.metrics_listen = "off";
+  if (c.metrics_listen == server::ServerConfig{}.metrics_listen) c.metrics_listen = "off";
   c.threads = 1;
   auto s = server::Server::Start(c);
   EXPECT_TRUE(s.ok()) << s.status();

@@ -155,9 +155,9 @@ ok "the ENTRYPOINT as shipped refuses 0.0.0.0 without a token (exit $rc)"
 TOKEN="$(head -c 24 /dev/urandom | od -An -tx1 -v | tr -d ' \n')"
 # buildah itself in the background (not a function: $! must be buildah's pid).
 buildah run --isolation chroot --network host --env "CORTIQ_AUTH_TOKEN=$TOKEN" "$CTR" -- "${ENTRYPOINT[@]}" \
-    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --threads 1 >"$WORK/server.out" 2>"$WORK/server.err" &
+    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --threads 1 >"$WORK/server.out" 2>"$WORK/server.err" &
 RUN_PID=$!
-"$SERVER" --listen 127.0.0.1:0 --metrics-listen off --threads 1 >"$WORK/host.out" 2>"$WORK/host.err" &
+"$SERVER" --listen 127.0.0.1:0 --metrics-listen off --http-listen off --threads 1 >"$WORK/host.out" 2>"$WORK/host.err" &
 HOST_PID=$!
 wait_listening() {  # wait_listening OUT PID NAME: the "listening on" line, within 120 s
   local deadline=$((SECONDS + 120))

@@ -128,6 +128,11 @@ Fields FieldsOf(const ServerConfig& c) {
       {"auth-tokens", Text(c.auth_tokens_file)},
       {"insecure", c.insecure ? "true" : "false"},
       {"lease-wait", Text(c.lease_wait)},
+      {"http-listen", Text(c.http_listen)},
+      {"http-threads", Text(c.http_threads)},
+      {"http-timeout", Text(c.http_timeout)},
+      {"session-from-user", c.session_from_user ? "true" : "false"},
+      {"chat-template", Text(c.chat_template)},
       {"tls-cert", Text(c.tls_cert)},
       {"tls-key", Text(c.tls_key)},
       {"log-level", Text(c.log_level)},
@@ -186,6 +191,11 @@ TEST_F(ConfigTest, Defaults) {
       {"auth-tokens", ""},
       {"insecure", "false"},
       {"lease-wait", "1000ms"},
+      {"http-listen", "127.0.0.1:8080"},
+      {"http-threads", "16"},
+      {"http-timeout", "600000ms"},
+      {"session-from-user", "false"},
+      {"chat-template", ""},
       {"tls-cert", ""},
       {"tls-key", ""},
       {"log-level", "info"},
@@ -245,6 +255,10 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"auth-token", "at", "at"},
       {"auth-tokens", "/etc/cortiq/tokens", "/etc/cortiq/tokens"},
       {"lease-wait", "0.25", "250ms"},
+      {"http-listen", "0.0.0.0:0", "0.0.0.0:0"},
+      {"http-threads", "4", "4"},
+      {"http-timeout", "2.5", "2500ms"},
+      {"chat-template", "t.jinja", "t.jinja"},
       {"tls-cert", "c.pem", "c.pem"},
       {"tls-key", "k.pem", "k.pem"},
       {"log-level", "warn", "warn"},
@@ -264,6 +278,8 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
     }
     args.push_back("--insecure");  // a switch: no value in either syntax
     want["insecure"] = "true";
+    args.push_back("--session-from-user");
+    want["session-from-user"] = "true";
     absl::StatusOr<ServerConfig> c = Parse(args);
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_THAT(FieldsOf(*c), ::testing::ContainerEq(want))
@@ -458,6 +474,15 @@ TEST_F(ConfigTest, NonLoopbackListenNeedsATokenOrInsecure) {
   // cluster must reach it (README, Security).
   c = Parse({"--metrics-listen", "0.0.0.0:9464"});
   ASSERT_TRUE(c.ok()) << c.status();
+  // The HTTP front serves the same API: the same rule, naming its flag.
+  ExpectUsageError({"--http-listen", "0.0.0.0:8080"}, "--http-listen 0.0.0.0:8080");
+  c = Parse({"--http-listen", "0.0.0.0:8080", "--insecure"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  c = Parse({"--http-listen", "0.0.0.0:8080", "--auth-token", "t"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  c = Parse({"--http-listen", "off", "--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectUsageError({"--http-timeout", "0"}, "--http-timeout");
 }
 
 }  // namespace

@@ -465,7 +465,7 @@ TEST(PeerFaultProcessTest, SigtermExitsWithinTheConfiguredBound) {
     close(out[0]);
     close(out[1]);
     execl(bin.c_str(), bin.c_str(), "--model", model.c_str(), "--listen", "127.0.0.1:0",
-          "--metrics-listen", "off", "--threads", "1", "--peers", peer_addr.c_str(), "--grace",
+          "--metrics-listen", "off", "--http-listen", "off", "--threads", "1", "--peers", peer_addr.c_str(), "--grace",
           "0.5", "--drain-timeout", "1", "--peer-min-throughput", "1", "--peer-connect-timeout",
           "0.5", "--log-level", "warn", nullptr);
     _exit(127);

@@ -61,7 +61,7 @@ mkdir -p "$WORK"
 # stdout carries the listening line and the logs: into a file, so that a full
 # pipe can never block the server.
 env -u CORTIQ_AUTH_TOKEN "$SERVER_BIN" --model "$WORK/model" --listen 127.0.0.1:0 \
-  --metrics-listen 127.0.0.1:0 --threads 2 >"$WORK/server.log" 2>&1 </dev/null &
+  --metrics-listen 127.0.0.1:0 --http-listen off --threads 2 >"$WORK/server.log" 2>&1 </dev/null &
 SERVER_PID=$!
 
 GRPC_PORT="" METRICS_PORT=""

@@ -54,7 +54,7 @@ class Server:
         self.log_path = Path(ARGS.workdir) / f"{name}.log"
         self.log = open(self.log_path, "wb")
         cmd = [ARGS.server_bin, "--model", str(model_dir), "--listen", "127.0.0.1:0",
-               "--metrics-listen", "127.0.0.1:0", "--threads", "2", *extra]
+               "--metrics-listen", "127.0.0.1:0", "--http-listen", "off", "--threads", "2", *extra]
         env = dict(os.environ)
         env.pop("CORTIQ_AUTH_TOKEN", None)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,

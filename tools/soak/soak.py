@@ -144,7 +144,7 @@ class Node:
 
     def command(self):
         return [ARGS.server_bin, "--model", str(ARGS.model), "--listen", self.address,
-                "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--http-listen", "off",
                 "--threads", str(ARGS.threads), "--peers", ",".join(self.peers),
                 "--auth-token", ARGS.token, "--peer-token", ARGS.token,
                 "--memory-budget", ARGS.memory_budget, "--grace", str(ARGS.grace),
