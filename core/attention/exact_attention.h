@@ -28,7 +28,7 @@ namespace cortiq::attention {
 // Prefill blocks of at least this many rows of f32 rows (no dead heads) run
 // their attention as tiled matrix products, kTiledAttentionTile query rows
 // per tile.
-inline constexpr size_t kTiledAttentionMinRows = 64;
+inline constexpr size_t kTiledAttentionMinRows = 16;
 inline constexpr size_t kTiledAttentionTile = 32;
 
 // Appends rows.k / rows.v of every row to `cache`, in order.

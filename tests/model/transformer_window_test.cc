@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "core/attention/exact_attention.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
 #include "tests/common/model_test_util.h"
@@ -44,11 +45,13 @@ TEST_F(WindowFixture, AWindowCoveringTheSequenceIsExactAttention) {
   const std::vector<int32_t> ids = cortiq::testing::TestIds(70, config().vocab_size, 5);
   SequenceKv exact(config(), kv::KvMode::kF32), window = Window(4, 100);
   std::vector<float> a(V_), b(V_);
-  const auto prompt = std::span(ids).first(40);  // below the tiled size: same kernels
+  // Below the tiled size, so exact prefill runs the same row kernels.
+  const size_t rows = attention::kTiledAttentionMinRows - 1;
+  const auto prompt = std::span(ids).first(rows);
   ASSERT_TRUE(tf_->Prefill(prompt, exact, scratch_, a.data()).ok());
   ASSERT_TRUE(tf_->Prefill(prompt, window, scratch_, b.data()).ok());
   ASSERT_EQ(0, std::memcmp(a.data(), b.data(), V_ * sizeof(float)));
-  for (size_t i = 40; i < ids.size(); ++i) {
+  for (size_t i = rows; i < ids.size(); ++i) {
     Decode({&exact}, {ids[i]}, a);
     Decode({&window}, {ids[i]}, b);
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), V_ * sizeof(float))) << i;
