@@ -86,6 +86,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       std::lock_guard lock(mu_);
       writing_ = false;
       if (summary_written_) {  // the summary went (or the client is gone): the end
+        util::TsanRelease(this);
         Finish(grpc::Status::OK);
         return;
       }
@@ -219,16 +220,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       return;
     }
     // One summary per choice, index order, the stream's last messages (n =
-    // 1: exactly one, as ever); the last is written with the finish.
+    // 1: exactly one, as ever); OnWriteDone finishes the call after the last.
     const bool last = summaries_sent_ + 1 >= r.choices.size();
     const grpc::Status st = SerializeSummary(r, summaries_sent_++);
     if (!st.ok()) {
       FinishLocked(st);
       return;
     }
-    util::TsanRelease(this);
     if (!last) {
       writing_ = true;
+      util::TsanRelease(this);
       StartWrite(&wire_);
       return;
     }
@@ -240,6 +241,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     // lost the last message to the relay reading it and left this call
     // unfinished, holding up the server's shutdown.
     summary_written_ = true;
+    util::TsanRelease(this);  // after every write OnWriteDone / OnDone read
     StartWrite(&wire_);
   }
 

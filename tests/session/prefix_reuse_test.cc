@@ -234,10 +234,10 @@ TEST_P(PrefixReuseTest, AnEditedHistoryRollsBackToTheCommonPrefixOrStartsOver) {
   ReleaseAllBut(id);
   EXPECT_EQ(shorter.result.cached_tokens, GetParam().rolls_back ? 9u : 0u);
   EXPECT_EQ(shorter.result.session_tokens, 10 + kReply);
+  // Never more; fewer bytes only where the rows given back fill a whole
+  // block of the cache's row storage, which depends on its block size, so
+  // not asserted. The gauges stay exact either way.
   EXPECT_LE(shorter.result.memory.total(), got.result.memory.total());
-  if (GetParam().name == "exact_f32") {
-    EXPECT_LT(shorter.result.memory.total(), got.result.memory.total());
-  }
   ExpectExactGauges(id, shorter);
 }
 
