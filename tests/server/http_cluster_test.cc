@@ -1,0 +1,267 @@
+// The HTTP (OpenAI) front in a cluster: three real nodes on loopback, peers
+// of each other, each serving HTTP on port 0, and a single-node reference.
+//
+// A conversation (x-cortiq-session) begun through node A's HTTP and
+// continued through B's is answered by A, its owner (x-cortiq-node: a,
+// x-cortiq-forwarded-by: b), reusing A's session (cached_tokens > 0), with
+// the same tokens as the same greedy conversation on the reference, and B
+// holds no session of it; streamed or not. A client that closes a relayed
+// stream on B ends A's job and leaves A's kept session in place. After A
+// drains (the session moves to B or C), the next turn through the other node
+// still reuses the moved session, and so
+// does one through A, which relays it (its forwarding record) while draining.
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/server.h"
+#include "tests/common/server_test_util.h"
+
+namespace cortiq::server {
+namespace {
+
+using Json = nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+struct Node {
+  std::unique_ptr<Server> server;
+  std::unique_ptr<httplib::Client> http;
+};
+
+Node StartNode(const std::string& name, int port, std::vector<std::string> peers) {
+  ServerConfig c;
+  c.model_dir = DefaultModelDir();
+  c.grace = milliseconds(0);
+  c.node_name = name;
+  c.peers = std::move(peers);
+  c.listen = port > 0 ? Addr(port) : "127.0.0.1:0";
+  c.http_listen = "127.0.0.1:0";
+  c.metrics_listen = "off";
+  c.threads = 1;
+  auto s = Server::Start(c);
+  EXPECT_TRUE(s.ok()) << s.status();
+  Node n;
+  if (!s.ok()) return n;
+  n.server = *std::move(s);
+  n.http = std::make_unique<httplib::Client>("127.0.0.1", n.server->http_port());
+  n.http->set_read_timeout(60, 0);
+  return n;
+}
+
+// Nodes "a", "b", "c", peers of each other, and "ref", alone.
+std::map<std::string, Node> StartCluster() {
+  const std::map<std::string, int> ports = {{"a", FreePort()}, {"b", FreePort()}, {"c", FreePort()}};
+  std::map<std::string, Node> nodes;
+  for (const auto& [name, port] : ports) {
+    std::vector<std::string> peers;
+    for (const auto& [other, p] : ports) {
+      if (other != name) peers.push_back(Addr(p));
+    }
+    nodes[name] = StartNode(name, port, peers);
+  }
+  nodes["ref"] = StartNode("ref", 0, {});
+  return nodes;
+}
+
+struct Answer {
+  int status = 0;
+  std::string text;  // the completion (streamed: its chunks joined)
+  int64_t cached = -1;
+  std::string node, forwarded_by;
+  std::string body;
+};
+
+std::string HeaderOf(const httplib::Headers& h, const std::string& key) {
+  auto it = h.find(key);
+  return it == h.end() ? "" : it->second;
+}
+
+// One greedy turn of conversation `conv`: `prompt` is the whole conversation
+// so far (the session keeps its longest common prefix).
+Answer Turn(Node& n, const std::string& conv, const std::string& prompt, bool stream = false,
+            int max_tokens = 8) {
+  Json b = {{"model", "cortiq-byte-4m"}, {"prompt", prompt},     {"max_tokens", max_tokens},
+            {"temperature", 0},          {"ignore_eos", true}, {"stream", stream}};
+  if (stream) b["stream_options"] = {{"include_usage", true}};
+  auto r = n.http->Post("/v1/completions", {{"x-cortiq-session", conv}}, b.dump(),
+                        "application/json");
+  Answer a;
+  if (!r) {
+    a.status = -1;
+    return a;
+  }
+  a.status = r->status;
+  a.body = r->body;
+  a.node = HeaderOf(r->headers, "x-cortiq-node");
+  a.forwarded_by = HeaderOf(r->headers, "x-cortiq-forwarded-by");
+  auto take = [&](const Json& j) {
+    if (!j.is_object()) return;
+    if (j.contains("choices") && !j["choices"].empty()) a.text += j["choices"][0].value("text", "");
+    if (j.contains("usage") && j["usage"].is_object()) {
+      a.cached = j["usage"]["prompt_tokens_details"].value("cached_tokens", int64_t{-1});
+    }
+  };
+  if (!stream) {
+    take(Json::parse(r->body, nullptr, false));
+    return a;
+  }
+  size_t at = 0;
+  while (at < r->body.size()) {
+    const size_t end = r->body.find("\n\n", at);
+    if (end == std::string::npos) break;
+    const std::string data = r->body.substr(at + 6, end - at - 6);
+    if (data != "[DONE]") take(Json::parse(data, nullptr, false));
+    at = end + 2;
+  }
+  return a;
+}
+
+const std::string kTurn1 = std::string(40, 'a') + "Call me Ishmael.";
+const std::string kTurn2 = " Some years ago";
+const std::string kTurn3 = " never mind how long";
+
+TEST(HttpClusterTest, AConversationIsAnsweredByItsOwnerThroughAnyNode) {
+  auto nodes = StartCluster();
+  for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
+  Node &a = nodes["a"], &b = nodes["b"], &c = nodes["c"], &ref = nodes["ref"];
+
+  const Answer first = Turn(a, "moby", kTurn1);
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(first.node, "a");
+  EXPECT_EQ(first.forwarded_by, "");
+  const Answer ref1 = Turn(ref, "moby", kTurn1);
+  ASSERT_EQ(ref1.status, 200) << ref1.body;
+  EXPECT_EQ(first.text, ref1.text);
+
+  // Turn 2 through B: run on A, its owner, reusing A's session.
+  std::string convo = kTurn1 + first.text + kTurn2;
+  const Answer second = Turn(b, "moby", convo);
+  ASSERT_EQ(second.status, 200) << second.body;
+  EXPECT_EQ(second.node, "a");
+  EXPECT_EQ(second.forwarded_by, "b");
+  EXPECT_GT(second.cached, 0) << second.body;
+  const Answer ref2 = Turn(ref, "moby", convo);
+  EXPECT_EQ(second.text, ref2.text);
+  EXPECT_EQ(second.cached, ref2.cached);
+  EXPECT_EQ(b.server->store().num_sessions(), 0u);
+  EXPECT_EQ(a.server->store().num_sessions(), 1u);
+
+  // Turn 3 streamed through C: the same writers, the same answer.
+  convo += second.text + kTurn3;
+  const Answer third = Turn(c, "moby", convo, /*stream=*/true);
+  ASSERT_EQ(third.status, 200) << third.body;
+  EXPECT_EQ(third.node, "a");
+  EXPECT_EQ(third.forwarded_by, "c");
+  EXPECT_GT(third.cached, 0) << third.body;
+  const Answer ref3 = Turn(ref, "moby", convo, /*stream=*/true);
+  EXPECT_EQ(third.text, ref3.text);
+  EXPECT_EQ(c.server->store().num_sessions(), 0u);
+  EXPECT_EQ(a.server->store().num_sessions(), 1u);
+
+  // A conversation no node holds is created where it is asked for.
+  const Answer fresh = Turn(b, "pequod", kTurn1);
+  ASSERT_EQ(fresh.status, 200) << fresh.body;
+  EXPECT_EQ(fresh.node, "b");
+  EXPECT_EQ(fresh.forwarded_by, "");
+  EXPECT_EQ(b.server->store().num_sessions(), 1u);
+}
+
+TEST(HttpClusterTest, AClosedRelayedStreamEndsTheOwnersJobAndKeepsItsSession) {
+  auto nodes = StartCluster();
+  for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
+  Node &a = nodes["a"], &b = nodes["b"];
+  const Answer first = Turn(a, "moby", kTurn1);
+  ASSERT_EQ(first.status, 200) << first.body;
+
+  // A long stream through B, closed by its client after its first bytes.
+  Json body = {{"model", "cortiq-byte-4m"}, {"prompt", kTurn1 + first.text + kTurn2},
+               {"max_tokens", 2000},       {"temperature", 0},
+               {"ignore_eos", true},       {"stream", true}};
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.headers = {{"x-cortiq-session", "moby"}, {"Content-Type", "application/json"}};
+  req.body = body.dump();
+  bool saw_running = false;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    // The relay is streaming: A runs the job.
+    saw_running = a.server->context().jobs_in_flight.count() == 1;
+    return false;  // the client goes away
+  };
+  auto r = b.http->send(req);
+  EXPECT_FALSE(r);  // cancelled by the receiver
+  EXPECT_TRUE(saw_running);
+
+  // B's stream notices (a failed write or its liveness check) and cancels
+  // the gRPC call; A's job ends, its kept session stays.
+  const auto until = std::chrono::steady_clock::now() + seconds(30);
+  ASSERT_TRUE(b.server->context().streams_in_flight.WaitIdleUntil(until));
+  ASSERT_TRUE(a.server->context().jobs_in_flight.WaitIdleUntil(until));
+  ASSERT_TRUE(a.server->context().streams_in_flight.WaitIdleUntil(until));
+  EXPECT_EQ(a.server->store().num_sessions(), 1u);
+  EXPECT_EQ(b.server->store().num_sessions(), 0u);
+
+  // The conversation goes on, on A.
+  const Answer next = Turn(b, "moby", kTurn1 + first.text + kTurn2);
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(next.node, "a");
+  EXPECT_GT(next.cached, 0) << next.body;
+}
+
+TEST(HttpClusterTest, AfterTheOwnerDrainsTheConversationStillReuses) {
+  auto nodes = StartCluster();
+  for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
+  Node& a = nodes["a"];
+  const Answer first = Turn(a, "moby", kTurn1);
+  ASSERT_EQ(first.status, 200) << first.body;
+
+  const DrainReport report = a.server->Drain(milliseconds(0));
+  ASSERT_EQ(a.server->store().num_sessions(), 0u);
+  // The node that took it, and the one that did not: the next turn through
+  // the latter is relayed to the former.
+  const bool to_b = nodes["b"].server->store().num_sessions() == 1;
+  ASSERT_EQ(nodes["b"].server->store().num_sessions() + nodes["c"].server->store().num_sessions(),
+            1u);
+  const std::string owner = to_b ? "b" : "c", other = to_b ? "c" : "b";
+  const Answer next = Turn(nodes[other], "moby", kTurn1 + first.text + kTurn2);
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(next.node, owner);
+  EXPECT_EQ(next.forwarded_by, other);
+  EXPECT_GT(next.cached, 0) << next.body;
+  EXPECT_EQ(nodes[other].server->store().num_sessions(), 0u);
+  // The drained node still relays its moved conversation (its forwarding
+  // record), as its gRPC front does; the turn after reuses it again.
+  const Answer via_a = Turn(a, "moby", kTurn1 + first.text + kTurn2 + next.text + kTurn3);
+  ASSERT_EQ(via_a.status, 200) << via_a.body;
+  EXPECT_EQ(via_a.node, owner);
+  EXPECT_EQ(via_a.forwarded_by, "a");
+  EXPECT_GT(via_a.cached, 0) << via_a.body;
+  EXPECT_EQ(a.server->store().num_sessions(), 0u);
+  // A conversation nobody holds is not started on the drained node.
+  EXPECT_EQ(Turn(a, "pequod", kTurn1).status, 503);
+  EXPECT_EQ(report.migrated, 1u);
+}
+
+}  // namespace
+}  // namespace cortiq::server
