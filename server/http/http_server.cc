@@ -19,6 +19,7 @@
 #include "server/http/api_error.h"
 #include "server/http/generation_stream.h"
 #include "server/http/owner_relay.h"
+#include "server/session_router.h"
 #include "server/http/openai_response.h"
 #include "server/log_format.h"
 #include "spdlog/spdlog.h"

@@ -139,19 +139,17 @@ class RemoteGeneration final : public GenerationStream,
   void Cancel() override { context_.TryCancel(); }
   const session::GenerationResult& result() const override { return result_; }
 
-  void OnReadInitialMetadataDone(bool ok) override {
-    if (!ok) return;
-    const auto& md = context_.GetServerInitialMetadata();
-    auto it = md.find(std::string(kNodeMetadata));
-    if (it == md.end()) return;
-    std::lock_guard lock(mu_);
-    node_.assign(it->second.data(), it->second.size());
-  }
-
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended: OnDone follows
     {
       std::lock_guard lock(mu_);
+      if (!started_) {
+        // The owner's initial metadata came before its first message (and
+        // OnReadInitialMetadataDone may run after this, on another thread).
+        const auto& md = context_.GetServerInitialMetadata();
+        auto it = md.find(std::string(kNodeMetadata));
+        if (it != md.end()) node_.assign(it->second.data(), it->second.size());
+      }
       started_ = true;
       if (msg_.has_token()) {
         const v1::GeneratedToken& t = msg_.token();
