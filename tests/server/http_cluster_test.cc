@@ -89,6 +89,7 @@ struct Answer {
   std::string text;  // the completion (streamed: its chunks joined)
   int64_t cached = -1;
   std::string node, forwarded_by;
+  std::string session;  // x-cortiq-session-id
   std::string body;
 };
 
@@ -115,6 +116,7 @@ Answer Turn(Node& n, const std::string& conv, const std::string& prompt, bool st
   a.body = r->body;
   a.node = HeaderOf(r->headers, "x-cortiq-node");
   a.forwarded_by = HeaderOf(r->headers, "x-cortiq-forwarded-by");
+  a.session = HeaderOf(r->headers, "x-cortiq-session-id");
   auto take = [&](const Json& j) {
     if (!j.is_object()) return;
     if (j.contains("choices") && !j["choices"].empty()) a.text += j["choices"][0].value("text", "");
@@ -220,6 +222,10 @@ TEST(HttpClusterTest, AClosedRelayedStreamEndsTheOwnersJobAndKeepsItsSession) {
   ASSERT_TRUE(a.server->context().streams_in_flight.WaitIdleUntil(until));
   EXPECT_EQ(a.server->store().num_sessions(), 1u);
   EXPECT_EQ(b.server->store().num_sessions(), 0u);
+  // The cancel reached A: its job stopped before its 1500 tokens (79 prompt).
+  const auto kept = a.server->store().Get(first.session);
+  ASSERT_TRUE(kept.has_value()) << first.session;
+  EXPECT_LT(kept->tokens, 79u + 1500u);
 
   // The conversation goes on, on A.
   const Answer next = Turn(b, "moby", kTurn1 + first.text + kTurn2);
