@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -161,6 +162,52 @@ class JobWatch final : public GenerationStream {
   std::shared_ptr<session::Job> job_;
   std::shared_ptr<util::InFlight::Token> token_;
   std::shared_ptr<Signal> signal_ = std::make_shared<Signal>();
+};
+
+// The relayed generations in flight (owner_relay.h), so that Stop can
+// cancel them: Quiesce cancels this node's jobs, not a call running on
+// another node, and Stop waits for every worker.
+class RelaySet {
+ public:
+  // `stream`, cancelled by CancelAll (at once when that has run) until the
+  // returned wrapper is destroyed.
+  std::unique_ptr<GenerationStream> Track(std::unique_ptr<GenerationStream> stream) {
+    return std::make_unique<Tracked>(this, std::move(stream));
+  }
+  void CancelAll() {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    for (GenerationStream* s : live_) s->Cancel();
+  }
+
+ private:
+  class Tracked final : public GenerationStream {
+   public:
+    Tracked(RelaySet* set, std::unique_ptr<GenerationStream> inner)
+        : set_(set), inner_(std::move(inner)) {
+      std::lock_guard lock(set_->mu_);
+      set_->live_.insert(inner_.get());
+      if (set_->stopping_) inner_->Cancel();
+    }
+    ~Tracked() override {
+      std::lock_guard lock(set_->mu_);
+      set_->live_.erase(inner_.get());
+    }
+    Next Wait(session::GenerationEvent* ev, Clock::time_point until) override {
+      return inner_->Wait(ev, until);
+    }
+    bool Pop(session::GenerationEvent* ev) override { return inner_->Pop(ev); }
+    void Cancel() override { inner_->Cancel(); }
+    const session::GenerationResult& result() const override { return inner_->result(); }
+
+   private:
+    RelaySet* const set_;
+    std::unique_ptr<GenerationStream> inner_;  // destroyed after the erase above
+  };
+
+  std::mutex mu_;
+  std::set<GenerationStream*> live_;
+  bool stopping_ = false;
 };
 
 // The route="..." label of a request's "METHOD /path": its path, with
@@ -355,7 +402,10 @@ class HttpServer::Impl {
   absl::Status Init();
   int Bind(const std::string& host, int port);
   void Run() { svr_->listen_after_bind(); }
-  void Stop() { svr_->stop(); }
+  void Stop() {
+    relays_.CancelAll();
+    svr_->stop();
+  }
 
  private:
   void Routes();
@@ -370,6 +420,7 @@ class HttpServer::Impl {
 
   ServiceContext* ctx_;
   ChatRenderer chat_;
+  RelaySet relays_;
   std::unique_ptr<httplib::Server> svr_;
   const int64_t created_ = std::chrono::duration_cast<std::chrono::seconds>(
                                std::chrono::system_clock::now().time_since_epoch())
@@ -657,7 +708,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
         ctx_, *caller, p.g, p.target, Header(req, "traceparent").value_or(""));
     if (!relayed.ok()) return fail(relayed.status());
     if (*relayed) {
-      watch = std::move((*relayed)->stream);
+      watch = relays_.Track(std::move((*relayed)->stream));
       node = std::move((*relayed)->node);
       session_id = p.target.session_id;
       res.set_header(kForwardedByHeader, ctx_->node_name);

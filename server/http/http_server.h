@@ -76,7 +76,8 @@ class HttpServer {
   int port() const { return port_; }
   // Stops accepting, closes idle keep-alive connections and joins the
   // workers, waiting for the requests in flight (each bounded, see the
-  // banner; the server's Quiesce cancels their jobs first). Idempotent.
+  // banner; the server's Quiesce cancels their jobs first, and this cancels
+  // the generations relayed to other nodes). Idempotent.
   void Stop();
 
   class Impl;

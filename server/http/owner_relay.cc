@@ -175,7 +175,11 @@ class RemoteGeneration final : public GenerationStream,
   void OnDone(const grpc::Status& status) override {
     std::lock_guard lock(mu_);
     status_ = status;
-    if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::CANCELLED) {
+      // Cancelled here (a client gone: nobody reads this; the server's
+      // Stop): answered as a local job the server cancelled.
+      result_.finish_reason = session::FinishReason::kCancelled;
+    } else if (!status.ok()) {
       result_.status = FromGrpc(status);
     } else if (!summarised_) {
       result_.status = absl::InternalError("the owner's Generate stream ended without a summary");

@@ -10,6 +10,7 @@
 // drains (the session moves to B or C), the next turn through the other node
 // still reuses the moved session, and so
 // does one through A, which relays it (its forwarding record) while draining.
+// A node that shuts down cancels the generations it relays.
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -17,6 +18,7 @@
 
 #include <map>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -266,6 +268,35 @@ TEST(HttpClusterTest, AfterTheOwnerDrainsTheConversationStillReuses) {
   // A conversation nobody holds is not started on the drained node.
   EXPECT_EQ(Turn(a, "pequod", kTurn1).status, 503);
   EXPECT_EQ(report.migrated, 1u);
+}
+
+TEST(HttpClusterTest, ShutdownCancelsTheRelayedGenerationsInFlight) {
+  auto nodes = StartCluster();
+  for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
+  Node &a = nodes["a"], &b = nodes["b"];
+  const Answer first = Turn(a, "moby", kTurn1);
+  ASSERT_EQ(first.status, 200) << first.body;
+
+  // A long turn through B, not streamed: B's worker waits for A's answer.
+  Answer relayed;
+  std::thread client([&] {
+    relayed = Turn(b, "moby", kTurn1 + first.text + kTurn2, /*stream=*/false, 1500);
+  });
+  // Once A runs it, B stops: Quiesce has no job of its own to cancel, the
+  // HTTP front's Stop cancels the relayed call, and A's job ends.
+  const auto until = std::chrono::steady_clock::now() + seconds(30);
+  while (a.server->context().jobs_in_flight.count() == 0 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(a.server->context().jobs_in_flight.count(), 1u);
+  b.server->Shutdown(milliseconds(0));
+  client.join();
+  EXPECT_EQ(relayed.status, 503) << relayed.body;  // as a job the server cancelled
+  ASSERT_TRUE(a.server->context().jobs_in_flight.WaitIdleUntil(until));
+  const auto kept = a.server->store().Get(first.session);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_LT(kept->tokens, 79u + 1500u);
 }
 
 }  // namespace
