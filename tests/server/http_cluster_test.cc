@@ -183,6 +183,24 @@ TEST(HttpClusterTest, AConversationIsAnsweredByItsOwnerThroughAnyNode) {
   EXPECT_EQ(c.server->store().num_sessions(), 0u);
   EXPECT_EQ(a.server->store().num_sessions(), 1u);
 
+  // n choices with logprobs, relayed: the same choices as the reference's.
+  convo += third.text;
+  Json many = {{"model", "cortiq-byte-4m"}, {"prompt", convo + " precisely"},
+               {"max_tokens", 6},           {"temperature", 0},
+               {"ignore_eos", true},        {"n", 2},
+               {"logprobs", 2}};
+  auto via_b = b.http->Post("/v1/completions", {{"x-cortiq-session", "moby"}}, many.dump(),
+                            "application/json");
+  auto on_ref = ref.http->Post("/v1/completions", {{"x-cortiq-session", "moby"}}, many.dump(),
+                               "application/json");
+  ASSERT_TRUE(via_b && on_ref);
+  ASSERT_EQ(via_b->status, 200) << via_b->body;
+  EXPECT_EQ(HeaderOf(via_b->headers, "x-cortiq-node"), "a");
+  const Json jb = Json::parse(via_b->body), jr = Json::parse(on_ref->body);
+  ASSERT_EQ(jb["choices"].size(), 2u) << via_b->body;
+  EXPECT_EQ(jb["choices"], jr["choices"]);
+  EXPECT_EQ(jb["usage"], jr["usage"]);
+
   // A conversation no node holds is created where it is asked for.
   const Answer fresh = Turn(b, "pequod", kTurn1);
   ASSERT_EQ(fresh.status, 200) << fresh.body;
