@@ -2,6 +2,10 @@
 // a node (server + stub + address) and a Generate call collected whole.
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +16,23 @@
 #include "server/server.h"
 
 namespace cortiq::testing {
+
+// A loopback port nobody listens on now (the kernel's pick; released for
+// the node to take: a cluster's peers must be named before any node starts).
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+inline std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
 
 struct TestNode {
   std::unique_ptr<server::Server> server;

@@ -12,10 +12,6 @@
 // does one through A, which relays it (its forwarding record) while draining.
 // A node that shuts down cancels the generations it relays.
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <map>
 #include <string>
 #include <thread>
@@ -32,19 +28,8 @@ using Json = nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
+using testing::Addr;
+using testing::FreePort;
 
 struct Node {
   std::unique_ptr<Server> server;
@@ -145,13 +130,21 @@ const std::string kTurn1 = std::string(40, 'a') + "Call me Ishmael.";
 const std::string kTurn2 = " Some years ago";
 const std::string kTurn3 = " never mind how long";
 
-TEST(HttpClusterTest, AConversationIsAnsweredByItsOwnerThroughAnyNode) {
-  auto nodes = StartCluster();
-  for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
-  Node &a = nodes["a"], &b = nodes["b"], &c = nodes["c"], &ref = nodes["ref"];
+// The cluster, and the conversation "moby" begun on A.
+class HttpClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    nodes = StartCluster();
+    for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
+    first = Turn(nodes["a"], "moby", kTurn1);
+    ASSERT_EQ(first.status, 200) << first.body;
+  }
+  std::map<std::string, Node> nodes;
+  Answer first;
+};
 
-  const Answer first = Turn(a, "moby", kTurn1);
-  ASSERT_EQ(first.status, 200) << first.body;
+TEST_F(HttpClusterTest, AConversationIsAnsweredByItsOwnerThroughAnyNode) {
+  Node &a = nodes["a"], &b = nodes["b"], &c = nodes["c"], &ref = nodes["ref"];
   EXPECT_EQ(first.node, "a");
   EXPECT_EQ(first.forwarded_by, "");
   const Answer ref1 = Turn(ref, "moby", kTurn1);
@@ -209,12 +202,8 @@ TEST(HttpClusterTest, AConversationIsAnsweredByItsOwnerThroughAnyNode) {
   EXPECT_EQ(b.server->store().num_sessions(), 1u);
 }
 
-TEST(HttpClusterTest, AClosedRelayedStreamEndsTheOwnersJobAndKeepsItsSession) {
-  auto nodes = StartCluster();
-  for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
+TEST_F(HttpClusterTest, AClosedRelayedStreamEndsTheOwnersJobAndKeepsItsSession) {
   Node &a = nodes["a"], &b = nodes["b"];
-  const Answer first = Turn(a, "moby", kTurn1);
-  ASSERT_EQ(first.status, 200) << first.body;
 
   // A long stream through B, closed by its client after its first bytes.
   Json body = {{"model", "cortiq-byte-4m"}, {"prompt", kTurn1 + first.text + kTurn2},
@@ -254,12 +243,8 @@ TEST(HttpClusterTest, AClosedRelayedStreamEndsTheOwnersJobAndKeepsItsSession) {
   EXPECT_GT(next.cached, 0) << next.body;
 }
 
-TEST(HttpClusterTest, AfterTheOwnerDrainsTheConversationStillReuses) {
-  auto nodes = StartCluster();
-  for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
+TEST_F(HttpClusterTest, AfterTheOwnerDrainsTheConversationStillReuses) {
   Node& a = nodes["a"];
-  const Answer first = Turn(a, "moby", kTurn1);
-  ASSERT_EQ(first.status, 200) << first.body;
 
   const DrainReport report = a.server->Drain(milliseconds(0));
   ASSERT_EQ(a.server->store().num_sessions(), 0u);
@@ -288,12 +273,8 @@ TEST(HttpClusterTest, AfterTheOwnerDrainsTheConversationStillReuses) {
   EXPECT_EQ(report.migrated, 1u);
 }
 
-TEST(HttpClusterTest, ShutdownCancelsTheRelayedGenerationsInFlight) {
-  auto nodes = StartCluster();
-  for (auto& [name, n] : nodes) ASSERT_TRUE(n.server) << name;
+TEST_F(HttpClusterTest, ShutdownCancelsTheRelayedGenerationsInFlight) {
   Node &a = nodes["a"], &b = nodes["b"];
-  const Answer first = Turn(a, "moby", kTurn1);
-  ASSERT_EQ(first.status, 200) << first.body;
 
   // A long turn through B, not streamed: B's worker waits for A's answer.
   Answer relayed;
