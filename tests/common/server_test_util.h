@@ -40,7 +40,8 @@ struct TestNode {
   std::string addr;  // "127.0.0.1:PORT"
 };
 
-// Starts a server with `c` on 127.0.0.1 port 0, one math thread, metrics off
+// Starts a server with `c` on 127.0.0.1 port 0 (or c.listen when set: a
+// cluster names its peers' ports first), one math thread, metrics off
 // unless `c` names a metrics address other than the default (e.g.
 // "127.0.0.1:0": Server::metrics_port() tells where)
 // (the model, grace and the rest come from `c`); the stub dials it with
@@ -48,7 +49,7 @@ struct TestNode {
 inline TestNode StartTestNode(
     server::ServerConfig c,
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
-  c.listen = "127.0.0.1:0";
+  if (c.listen == server::ServerConfig{}.listen) c.listen = "127.0.0.1:0";
   if (c.metrics_listen == server::ServerConfig{}.metrics_listen) c.metrics_listen = "off";
   c.threads = 1;
   auto s = server::Server::Start(c);
@@ -56,7 +57,7 @@ inline TestNode StartTestNode(
   TestNode n;
   if (!s.ok()) return n;
   n.server = *std::move(s);
-  n.addr = "127.0.0.1:" + std::to_string(n.server->port());
+  n.addr = Addr(n.server->port());
   n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, creds));
   return n;
 }

@@ -32,7 +32,8 @@ using testing::Addr;
 using testing::FreePort;
 
 struct Node {
-  std::unique_ptr<Server> server;
+  testing::TestNode node;
+  Server* server = nullptr;
   std::unique_ptr<httplib::Client> http;
 };
 
@@ -42,15 +43,12 @@ Node StartNode(const std::string& name, int port, std::vector<std::string> peers
   c.grace = milliseconds(0);
   c.node_name = name;
   c.peers = std::move(peers);
-  c.listen = port > 0 ? Addr(port) : "127.0.0.1:0";
+  if (port > 0) c.listen = Addr(port);
   c.http_listen = "127.0.0.1:0";
-  c.metrics_listen = "off";
-  c.threads = 1;
-  auto s = Server::Start(c);
-  EXPECT_TRUE(s.ok()) << s.status();
   Node n;
-  if (!s.ok()) return n;
-  n.server = *std::move(s);
+  n.node = testing::StartTestNode(c);
+  n.server = n.node.server.get();
+  if (n.server == nullptr) return n;
   n.http = std::make_unique<httplib::Client>("127.0.0.1", n.server->http_port());
   n.http->set_read_timeout(60, 0);
   return n;
