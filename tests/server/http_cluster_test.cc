@@ -10,7 +10,8 @@
 // drains (the session moves to B or C), the next turn through the other node
 // still reuses the moved session, and so
 // does one through A, which relays it (its forwarding record) while draining.
-// A node that shuts down cancels the generations it relays.
+// A node that shuts down cancels the generations it relays. A cached owner
+// that stopped is forgotten and the owner looked up again.
 #include <httplib.h>
 #include <map>
 #include <string>
@@ -25,6 +26,7 @@ namespace cortiq::server {
 namespace {
 
 using Json = nlohmann::json;
+namespace v1 = ::cortiq::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -294,6 +296,26 @@ TEST_F(HttpClusterTest, ShutdownCancelsTheRelayedGenerationsInFlight) {
   const auto kept = a.server->store().Get(first.session);
   ASSERT_TRUE(kept.has_value());
   EXPECT_LT(kept->tokens, 79u + 1500u);
+}
+
+TEST_F(HttpClusterTest, AStaleCachedOwnerIsLookedUpAgain) {
+  Node &a = nodes["a"], &b = nodes["b"];
+  // B learns that A owns the conversation ...
+  const std::string convo = kTurn1 + first.text + kTurn2;
+  const Answer second = Turn(b, "moby", convo);
+  ASSERT_EQ(second.status, 200) << second.body;
+  ASSERT_EQ(second.node, "a");
+  // ... then A moves the session to C and stops: B's cached owner is
+  // unreachable (UNAVAILABLE), forgotten, and the lookup finds C.
+  v1::MigrateSessionResponse moved;
+  ASSERT_TRUE(testing::MigrateCall(a.node, first.session, nodes["c"].node.addr, &moved).ok());
+  a.server->Shutdown(milliseconds(0));
+  const Answer third = Turn(b, "moby", convo + second.text + kTurn3);
+  ASSERT_EQ(third.status, 200) << third.body;
+  EXPECT_EQ(third.node, "c");
+  EXPECT_EQ(third.forwarded_by, "b");
+  EXPECT_GT(third.cached, 0) << third.body;
+  EXPECT_EQ(b.server->store().num_sessions(), 0u);
 }
 
 }  // namespace
