@@ -20,6 +20,7 @@
 #include "server/http/api_error.h"
 #include "server/http/generation_stream.h"
 #include "server/http/owner_relay.h"
+#include "server/peer_dialer.h"
 #include "server/session_router.h"
 #include "server/http/openai_response.h"
 #include "server/log_format.h"
@@ -688,7 +689,8 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   // Draining: no new work here. A node with peers still relays the
   // conversations it moved away (as its gRPC front forwards them);
   // SubmitGeneration refuses the rest.
-  if (ctx_->router == nullptr) {
+  if (ctx_->router == nullptr || ctx_->peers == nullptr ||
+      ctx_->peers->Peers(PeerDialer::Wait::kNo).empty()) {
     if (absl::Status st = Unavailable(*ctx_); !st.ok()) return fail(st);
   }
   Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
