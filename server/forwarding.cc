@@ -22,27 +22,11 @@ std::string MethodPath(std::string_view rpc) {
   return absl::StrCat("/", v1::Inference::service_full_name(), "/", util::Sv(rpc));
 }
 
-// What every call this node makes on the caller's behalf carries: the peer
-// token, the caller's tenant and role, the caller's trace context.
+// OnBehalfMetadata with the server call's trace context.
 std::vector<std::pair<std::string, std::string>> OnBehalfMetadata(const ServiceContext& ctx,
                                                                   const grpc::CallbackServerContext* call,
                                                                   const Caller& caller) {
-  std::vector<std::pair<std::string, std::string>> md;
-  if (!ctx.config->peer_token.empty()) {
-    md.emplace_back("authorization", "Bearer " + ctx.config->peer_token);
-  }
-  md.emplace_back(kOnBehalfOfHeader, OnBehalfOfValue(caller));
-  const std::string traceparent(ClientMetadata(call, "traceparent").value_or(""));
-  if (IsValidTraceparent(traceparent)) md.emplace_back("traceparent", traceparent);
-  return md;
-}
-
-// An attempt's answer that says the owner it went to was stale: it could
-// not be reached before answering, or it no longer holds the session (it
-// moved on, or the node restarted). Nothing was served: safe to retry.
-bool StaleOwner(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         status.error_code() == grpc::StatusCode::NOT_FOUND;
+  return OnBehalfMetadata(ctx, caller, ClientMetadata(call, "traceparent").value_or(""));
 }
 
 // One forwarded call: finds the owner (a record, the cache, a lookup),
@@ -202,6 +186,23 @@ class OwnerCall : public std::enable_shared_from_this<OwnerCall> {
 };
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> OnBehalfMetadata(const ServiceContext& ctx,
+                                                                  const Caller& caller,
+                                                                  std::string_view traceparent) {
+  std::vector<std::pair<std::string, std::string>> md;
+  if (!ctx.config->peer_token.empty()) {
+    md.emplace_back("authorization", "Bearer " + ctx.config->peer_token);
+  }
+  md.emplace_back(kOnBehalfOfHeader, OnBehalfOfValue(caller));
+  if (IsValidTraceparent(traceparent)) md.emplace_back("traceparent", std::string(traceparent));
+  return md;
+}
+
+bool StaleOwner(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::NOT_FOUND;
+}
 
 int CallHops(const grpc::CallbackServerContext* call) {
   return ParseHops(ClientMetadata(call, kHopsHeader).value_or(""));

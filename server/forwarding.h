@@ -37,6 +37,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "grpcpp/grpcpp.h"
 #include "server/auth.h"
@@ -48,6 +50,19 @@ namespace cortiq::server {
 
 // The hop count a call arrived with (x-cortiq-hops; 0 from a client).
 int CallHops(const grpc::CallbackServerContext* call);
+
+// What every call this node makes on `caller`'s behalf carries: the peer
+// token as its bearer token, the caller's tenant and role
+// (x-cortiq-on-behalf-of), and `traceparent` when it is a valid one. The
+// gRPC forwarding and the HTTP front's relay (server/http/owner_relay.h).
+std::vector<std::pair<std::string, std::string>> OnBehalfMetadata(const ServiceContext& ctx,
+                                                                  const Caller& caller,
+                                                                  std::string_view traceparent);
+
+// An attempt's answer that says the owner it went to was stale: it could
+// not be reached before answering, or it no longer holds the session (it
+// moved on, or the node restarted). Nothing was served: safe to retry.
+bool StaleOwner(const grpc::Status& status);
 
 // True when a call naming `id` should go to another node (see the banner).
 bool ShouldForward(const ServiceContext& ctx, const grpc::CallbackServerContext* call,

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -17,6 +18,10 @@
 #include "server/call_util.h"
 #include "server/generation.h"
 #include "server/http/api_error.h"
+#include "server/http/generation_stream.h"
+#include "server/http/owner_relay.h"
+#include "server/peer_dialer.h"
+#include "server/session_router.h"
 #include "server/http/openai_response.h"
 #include "server/log_format.h"
 #include "spdlog/spdlog.h"
@@ -31,6 +36,11 @@ using OJson = nlohmann::ordered_json;
 constexpr char kJsonType[] = "application/json";
 constexpr char kConversationHeader[] = "x-cortiq-session";
 constexpr char kSessionIdHeader[] = "x-cortiq-session-id";
+// The node that served the request, and the one that relayed it to the
+// conversation's owner (the gRPC front's x-cortiq-node and
+// x-cortiq-forwarded-by metadata).
+constexpr char kNodeHeader[] = "x-cortiq-node";
+constexpr char kForwardedByHeader[] = "x-cortiq-forwarded-by";
 // How often a stream waiting for the engine looks whether its client is
 // still there (a closed socket cancels the job).
 constexpr auto kAlivePoll = std::chrono::milliseconds(200);
@@ -124,38 +134,81 @@ class Signal {
 // A submitted job as its HTTP consumer sees it: its events, waited for
 // with a bound, and its place in jobs_in_flight until the engine is done.
 // Destroying it cancels the job (a no-op once finished).
-class JobWatch {
+class JobWatch final : public GenerationStream {
  public:
   JobWatch(ServiceContext* ctx, std::shared_ptr<session::Job> job)
       : job_(std::move(job)),
         token_(std::make_shared<util::InFlight::Token>(ctx->jobs_in_flight.Enter())) {
     job_->SetNotify([signal = signal_] { signal->Notify(); });
   }
-  ~JobWatch() {
+  ~JobWatch() override {
     ReleaseWhenFinished(job_, token_);
     job_->Cancel();
   }
   JobWatch(const JobWatch&) = delete;
   JobWatch& operator=(const JobWatch&) = delete;
 
-  enum class Next { kEvent, kDrained, kWaiting };
-  // The next event; kDrained once the job has finished and every event was
-  // taken; kWaiting when `until` passed first.
-  Next Wait(session::GenerationEvent* ev, Clock::time_point until) {
+  Next Wait(session::GenerationEvent* ev, Clock::time_point until) override {
     for (;;) {
       if (job_->Pop(ev)) return Next::kEvent;
       if (job_->Drained()) return Next::kDrained;
       if (!signal_->WaitUntil(until) && Clock::now() >= until) return Next::kWaiting;
     }
   }
-  bool Pop(session::GenerationEvent* ev) { return job_->Pop(ev); }
-  void Cancel() { job_->Cancel(); }
-  const session::GenerationResult& result() const { return job_->result(); }
+  bool Pop(session::GenerationEvent* ev) override { return job_->Pop(ev); }
+  void Cancel() override { job_->Cancel(); }
+  const session::GenerationResult& result() const override { return job_->result(); }
 
  private:
   std::shared_ptr<session::Job> job_;
   std::shared_ptr<util::InFlight::Token> token_;
   std::shared_ptr<Signal> signal_ = std::make_shared<Signal>();
+};
+
+// The relayed generations in flight (owner_relay.h), so that Stop can
+// cancel them: Quiesce cancels this node's jobs, not a call running on
+// another node, and Stop waits for every worker.
+class RelaySet {
+ public:
+  // `stream`, cancelled by CancelAll (at once when that has run) until the
+  // returned wrapper is destroyed.
+  std::unique_ptr<GenerationStream> Track(std::unique_ptr<GenerationStream> stream) {
+    return std::make_unique<Tracked>(this, std::move(stream));
+  }
+  void CancelAll() {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    for (GenerationStream* s : live_) s->Cancel();
+  }
+
+ private:
+  class Tracked final : public GenerationStream {
+   public:
+    Tracked(RelaySet* set, std::unique_ptr<GenerationStream> inner)
+        : set_(set), inner_(std::move(inner)) {
+      std::lock_guard lock(set_->mu_);
+      set_->live_.insert(inner_.get());
+      if (set_->stopping_) inner_->Cancel();
+    }
+    ~Tracked() override {
+      std::lock_guard lock(set_->mu_);
+      set_->live_.erase(inner_.get());
+    }
+    Next Wait(session::GenerationEvent* ev, Clock::time_point until) override {
+      return inner_->Wait(ev, until);
+    }
+    bool Pop(session::GenerationEvent* ev) override { return inner_->Pop(ev); }
+    void Cancel() override { inner_->Cancel(); }
+    const session::GenerationResult& result() const override { return inner_->result(); }
+
+   private:
+    RelaySet* const set_;
+    std::unique_ptr<GenerationStream> inner_;  // destroyed after the erase above
+  };
+
+  std::mutex mu_;
+  std::set<GenerationStream*> live_;
+  bool stopping_ = false;
 };
 
 // The route="..." label of a request's "METHOD /path": its path, with
@@ -243,7 +296,7 @@ absl::Status Outcome(const session::GenerationResult& r) {
 class SseStream {
  public:
   SseStream(std::unique_ptr<HttpCall> call, util::InFlight::Token in_flight,
-            std::unique_ptr<JobWatch> watch, ResponseBuilder builder, Clock::time_point deadline,
+            std::unique_ptr<GenerationStream> watch, ResponseBuilder builder, Clock::time_point deadline,
             std::string session_id)
       : call_(std::move(call)),
         in_flight_(std::move(in_flight)),
@@ -279,7 +332,7 @@ class SseStream {
       }
       session::GenerationEvent ev;
       switch (watch_->Wait(&ev, std::min(now + kAlivePoll, deadline_))) {
-        case JobWatch::Next::kEvent: {
+        case GenerationStream::Next::kEvent: {
           ++tokens_;
           std::string out = builder_.Add(std::move(ev));
           while (out.size() < kSseBatchBytes && watch_->Pop(&ev)) {
@@ -289,7 +342,7 @@ class SseStream {
           if (out.empty()) continue;
           return Write(sink, out);
         }
-        case JobWatch::Next::kDrained: {
+        case GenerationStream::Next::kDrained: {
           result_ = watch_->result();
           finished_ = true;
           finish_ = std::string(session::FinishReasonName(result_.finish_reason));
@@ -299,7 +352,7 @@ class SseStream {
           }
           return End(sink, builder_.StreamEnd(result_), 200, "");
         }
-        case JobWatch::Next::kWaiting:
+        case GenerationStream::Next::kWaiting:
           if (!sink.is_writable()) return Gone();
           break;
       }
@@ -328,7 +381,7 @@ class SseStream {
 
   std::unique_ptr<HttpCall> call_;
   util::InFlight::Token in_flight_;  // in streams_in_flight until written
-  std::unique_ptr<JobWatch> watch_;
+  std::unique_ptr<GenerationStream> watch_;  // a local job or a relayed call
   ResponseBuilder builder_;
   const Clock::time_point deadline_;
   const std::string session_id_;
@@ -350,7 +403,10 @@ class HttpServer::Impl {
   absl::Status Init();
   int Bind(const std::string& host, int port);
   void Run() { svr_->listen_after_bind(); }
-  void Stop() { svr_->stop(); }
+  void Stop() {
+    relays_.CancelAll();
+    svr_->stop();
+  }
 
  private:
   void Routes();
@@ -365,6 +421,7 @@ class HttpServer::Impl {
 
   ServiceContext* ctx_;
   ChatRenderer chat_;
+  RelaySet relays_;
   std::unique_ptr<httplib::Server> svr_;
   const int64_t created_ = std::chrono::duration_cast<std::chrono::seconds>(
                                std::chrono::system_clock::now().time_since_epoch())
@@ -617,16 +674,25 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
                                 ResponseBuilder::Kind kind) {
   auto call = std::make_unique<HttpCall>(ctx_, req, absl::StrCat("POST ", req.path));
   Prepared p;
+  // The node that answers: this one, or the conversation's owner.
+  std::string node = ctx_->node_name;
   auto fail = [&](const absl::Status& st) {
     ApiError e = ErrorFromStatus(st, p.renames);
     if (e.status == 404 && e.param == "model") e.code = "model_not_found";
     SetError(res, e);
+    if (!res.has_header(kNodeHeader)) res.set_header(kNodeHeader, node);
     call->Done(e.status, e.message);
   };
   absl::StatusOr<Caller> caller = Authorize(req, "Generate");
   if (!caller.ok()) return fail(caller.status());
   call->set_caller(*caller);
-  if (absl::Status st = Unavailable(*ctx_); !st.ok()) return fail(st);
+  // Draining: no new work here. A node with peers still relays the
+  // conversations it moved away (as its gRPC front forwards them);
+  // SubmitGeneration refuses the rest.
+  if (ctx_->router == nullptr || ctx_->peers == nullptr ||
+      ctx_->peers->Peers(PeerDialer::Wait::kNo).empty()) {
+    if (absl::Status st = Unavailable(*ctx_); !st.ok()) return fail(st);
+  }
   Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     return fail(absl::InvalidArgumentError("body: not valid JSON"));
@@ -635,17 +701,37 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   const size_t prompt_tokens = p.g.prompt.size();
   const Clock::time_point deadline = p.g.deadline + kDeadlineSlack;
   util::InFlight::Token in_flight = ctx_->streams_in_flight.Enter();
-  absl::StatusOr<SubmittedGeneration> s =
-      SubmitGeneration(*ctx_, *caller, std::move(p.g), p.target);
-  if (!s.ok()) return fail(s.status());
+  std::unique_ptr<GenerationStream> watch;
+  std::string session_id;
+  // A conversation whose session another node holds runs there
+  // (owner_relay.h); one that no node holds is created here.
+  if (ShouldRelay(*ctx_, p.target, *caller)) {
+    absl::StatusOr<std::optional<Relayed>> relayed = RelayToOwner(
+        ctx_, *caller, p.g, p.target, Header(req, "traceparent").value_or(""));
+    if (!relayed.ok()) return fail(relayed.status());
+    if (*relayed) {
+      watch = relays_.Track(std::move((*relayed)->stream));
+      node = std::move((*relayed)->node);
+      session_id = p.target.session_id;
+      res.set_header(kForwardedByHeader, ctx_->node_name);
+      call->Add("forwarded_to", node);
+    }
+  }
+  if (!watch) {
+    absl::StatusOr<SubmittedGeneration> s =
+        SubmitGeneration(*ctx_, *caller, std::move(p.g), p.target);
+    if (!s.ok()) return fail(s.status());
+    session_id = std::move(s->session_id);
+    watch = std::make_unique<JobWatch>(ctx_, std::move(s->job));
+  }
   call->Add("prompt_tokens", static_cast<int64_t>(prompt_tokens));
-  if (p.conversation) res.set_header(kSessionIdHeader, s->session_id);
-  auto watch = std::make_unique<JobWatch>(ctx_, std::move(s->job));
+  res.set_header(kNodeHeader, node);
+  if (p.conversation) res.set_header(kSessionIdHeader, session_id);
   ResponseBuilder builder(kind, *ctx_->tokenizer, ctx_->model_name, p.out, p.parse);
   if (p.out.stream) {
     auto stream =
         std::make_shared<SseStream>(std::move(call), std::move(in_flight), std::move(watch),
-                                    std::move(builder), deadline, s->session_id);
+                                    std::move(builder), deadline, session_id);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -655,20 +741,20 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   // Not streamed: the worker waits for the whole answer, at most the deadline.
   for (;;) {
     session::GenerationEvent ev;
-    const JobWatch::Next next = watch->Wait(&ev, deadline);
-    if (next == JobWatch::Next::kEvent) {
+    const GenerationStream::Next next = watch->Wait(&ev, deadline);
+    if (next == GenerationStream::Next::kEvent) {
       builder.Add(std::move(ev));
       continue;
     }
-    if (next == JobWatch::Next::kWaiting) {
+    if (next == GenerationStream::Next::kWaiting) {
       watch->Cancel();
-      call->Add("session", s->session_id);
+      call->Add("session", session_id);
       return fail(absl::DeadlineExceededError("the generation outlived --http-timeout"));
     }
     break;
   }
   const session::GenerationResult& r = watch->result();
-  call->Add("session", s->session_id);
+  call->Add("session", session_id);
   call->Add("completion_tokens", static_cast<int64_t>(r.completion_tokens));
   call->Add("finish", std::string(session::FinishReasonName(r.finish_reason)));
   if (absl::Status st = Outcome(r); !st.ok()) return fail(st);

@@ -13,7 +13,11 @@
 // httplib's queue for a free worker. A worker only reads, validates
 // (ParseCommon/ParseChat, then session::PlanRequest inside
 // SubmitGeneration), submits the job and writes its events as the engine
-// produces them: every forward pass runs on the engine's thread. Every wait
+// produces them: every forward pass runs on the engine's thread. A
+// conversation whose session another node holds is relayed to that node
+// instead (owner_relay.h: the owner lookup and a gRPC Generate, waited for
+// on the worker within the request's deadline), and written through the
+// same GenerationStream. Every wait
 // is bounded: the body read and each write by the read / write timeouts,
 // a generation by --http-timeout (its engine deadline; the wait gives up
 // kDeadlineSlack after it), keep-alive by its idle timeout. A failed SSE
@@ -72,7 +76,8 @@ class HttpServer {
   int port() const { return port_; }
   // Stops accepting, closes idle keep-alive connections and joins the
   // workers, waiting for the requests in flight (each bounded, see the
-  // banner; the server's Quiesce cancels their jobs first). Idempotent.
+  // banner; the server's Quiesce cancels their jobs first, and this cancels
+  // the generations relayed to other nodes). Idempotent.
   void Stop();
 
   class Impl;

@@ -2,6 +2,10 @@
 // a node (server + stub + address) and a Generate call collected whole.
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,13 +17,31 @@
 
 namespace cortiq::testing {
 
+// A loopback port nobody listens on now (the kernel's pick; released for
+// the node to take: a cluster's peers must be named before any node starts).
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+inline std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
+
 struct TestNode {
   std::unique_ptr<server::Server> server;
   std::unique_ptr<v1::Inference::Stub> stub;
   std::string addr;  // "127.0.0.1:PORT"
 };
 
-// Starts a server with `c` on 127.0.0.1 port 0, one math thread, metrics off
+// Starts a server with `c` on 127.0.0.1 port 0 (or c.listen when set: a
+// cluster names its peers' ports first), one math thread, metrics off
 // unless `c` names a metrics address other than the default (e.g.
 // "127.0.0.1:0": Server::metrics_port() tells where)
 // (the model, grace and the rest come from `c`); the stub dials it with
@@ -27,7 +49,7 @@ struct TestNode {
 inline TestNode StartTestNode(
     server::ServerConfig c,
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
-  c.listen = "127.0.0.1:0";
+  if (c.listen == server::ServerConfig{}.listen) c.listen = "127.0.0.1:0";
   if (c.metrics_listen == server::ServerConfig{}.metrics_listen) c.metrics_listen = "off";
   c.threads = 1;
   auto s = server::Server::Start(c);
@@ -35,7 +57,7 @@ inline TestNode StartTestNode(
   TestNode n;
   if (!s.ok()) return n;
   n.server = *std::move(s);
-  n.addr = "127.0.0.1:" + std::to_string(n.server->port());
+  n.addr = Addr(n.server->port());
   n.stub = v1::Inference::NewStub(grpc::CreateChannel(n.addr, creds));
   return n;
 }

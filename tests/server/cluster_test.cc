@@ -10,10 +10,6 @@
 // limit; ListSessions(cluster) sees every node's sessions; the owner found
 // by a lookup is remembered; create_if_missing creates here only what no
 // node holds.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,22 +31,8 @@ namespace v1 = ::cortiq::v1;
 using Node = testing::TestNode;
 using Out = testing::StreamOut;
 
-// A loopback port nobody listens on now (the kernel's pick; released for
-// the node to take: peers must be named before any node starts).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
+using testing::Addr;
+using testing::FreePort;
 
 // A node named `name` on `port`, whose peers are `peers` (with a token
 // file and the peer token, when given).
