@@ -13,6 +13,7 @@
 #include "server/forwarding.h"
 #include "server/peer_dialer.h"
 #include "server/session_router.h"
+#include "spdlog/spdlog.h"
 
 namespace cortiq::server::http {
 
@@ -300,6 +301,16 @@ absl::StatusOr<std::optional<Relayed>> RelayToOwner(ServiceContext* ctx, const C
     if (!owner) {
       absl::StatusOr<std::string> found = LookupOwner(ctx, id, on_behalf, deadline);
       if (absl::IsNotFound(found.status())) return std::nullopt;  // nowhere: create it here
+      if (absl::IsUnavailable(found.status())) {
+        // Not on any peer that answered, and some did not. An HTTP client
+        // resends the whole conversation, so a session made here answers it
+        // correctly (prefilling it all); refusing would make one dead peer
+        // stop every new conversation. gRPC create_if_missing, whose callers
+        // may rely on the session's state, refuses instead.
+        spdlog::warn("session {}: created here, its owner unknown: {}", id,
+                     std::string(found.status().message()));
+        return std::nullopt;
+      }
       if (!found.ok()) return found.status();
       owner = *std::move(found);
       known = false;

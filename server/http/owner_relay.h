@@ -21,9 +21,11 @@
 //
 // No node holds the session (every peer answered NOT_FOUND): nullopt, the
 // caller creates it here as without peers. Some peers silent (UNAVAILABLE):
-// that error — the session may be on one of them, and creating a second one
-// here would fork the conversation (the gRPC create_if_missing does the
-// same). A known owner (record, cache) that proves stale — UNAVAILABLE or
+// nullopt too, with a warning — the session may be on one of them, but an
+// HTTP client resends the whole conversation, so a session made here answers
+// it correctly (prefilled whole), where refusing would let one dead peer stop
+// every new conversation (the gRPC create_if_missing, whose callers may
+// depend on the session's own state, refuses instead). A known owner (record, cache) that proves stale — UNAVAILABLE or
 // NOT_FOUND before it sent anything — is forgotten and one fresh lookup
 // runs, as the gRPC forwarding does.
 //

@@ -318,5 +318,20 @@ TEST_F(HttpClusterTest, AStaleCachedOwnerIsLookedUpAgain) {
   EXPECT_EQ(b.server->store().num_sessions(), 0u);
 }
 
+// A peer that does not answer the lookup (nothing listens on its port):
+// a new conversation is still served here — the client resends all of it,
+// so a session made here answers it correctly — and its next turn reuses it.
+TEST(HttpClusterSilentPeerTest, ANewConversationIsCreatedHereWhenAPeerIsSilent) {
+  Node a = StartNode("a", FreePort(), {Addr(FreePort())});
+  ASSERT_TRUE(a.server);
+  const Answer t1 = Turn(a, "moby", kTurn1);
+  ASSERT_EQ(t1.status, 200) << t1.body;
+  EXPECT_EQ(t1.node, "a");
+  EXPECT_EQ(a.server->store().Get(t1.session).has_value(), true);
+  const Answer t2 = Turn(a, "moby", kTurn1 + t1.text + kTurn2);
+  ASSERT_EQ(t2.status, 200) << t2.body;
+  EXPECT_GT(t2.cached, 0);
+}
+
 }  // namespace
 }  // namespace cortiq::server
