@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/tsan_annotations.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/forward.h"
@@ -96,6 +97,7 @@ class RemoteGeneration final : public GenerationStream,
     if (deadline != SystemTime::max()) context_.set_deadline(deadline);
     stub_->async()->Generate(&context_, &request_, this);
     StartRead(&msg_);
+    util::TsanRelease(this);  // the callbacks run on gRPC's threads (see below)
     StartCall();
   }
   // Cancels the call, and waits for gRPC's last callback (OnDone), which a
@@ -140,7 +142,13 @@ class RemoteGeneration final : public GenerationStream,
   void Cancel() override { context_.TryCancel(); }
   const session::GenerationResult& result() const override { return result_; }
 
+  // gRPC runs each callback after the operation this object started (the
+  // call, each read): marked for ThreadSanitizer, which does not see gRPC's
+  // own synchronisation (an uninstrumented library).
+  void OnReadInitialMetadataDone(bool /*ok*/) override { util::TsanAcquire(this); }
+
   void OnReadDone(bool ok) override {
+    util::TsanAcquire(this);
     if (!ok) return;  // the stream ended: OnDone follows
     {
       std::lock_guard lock(mu_);
@@ -170,10 +178,12 @@ class RemoteGeneration final : public GenerationStream,
       }
     }
     cv_.notify_all();
+    util::TsanRelease(this);
     StartRead(&msg_);
   }
 
   void OnDone(const grpc::Status& status) override {
+    util::TsanAcquire(this);
     std::lock_guard lock(mu_);
     status_ = status;
     if (status.error_code() == grpc::StatusCode::CANCELLED) {
