@@ -61,7 +61,18 @@ function startServer() {
 
 // One gauge or counter from /metrics (summed over its label sets matching `labels`).
 async function metric(port, name, labels = "") {
-  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  // A scrape is idempotent: one retried when the kept-alive connection
+  // fetch reused was closed by the metrics server meanwhile ("other side
+  // closed", seen on a slow, instrumented server).
+  let text;
+  for (let attempt = 1; ; ++attempt) {
+    try {
+      text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+      break;
+    } catch (e) {
+      if (attempt >= 3) throw e;
+    }
+  }
   let sum = 0;
   for (const line of text.split("\n")) {
     if (!line.startsWith(name)) continue;
