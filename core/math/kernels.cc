@@ -178,6 +178,8 @@ void ScalarConvertToF32(const void* src, DType dtype, size_t n, float* dst) {
       for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
       return;
     }
+    case DType::kQ8_0:
+      return DequantizeQ8_0(src, n, dst);
   }
 }
 
@@ -197,8 +199,40 @@ void ScalarConvertFromF32(const float* src, DType dtype, size_t n, void* dst) {
       for (size_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i]);
       return;
     }
+    case DType::kQ8_0:
+      return QuantizeQ8_0(src, n, dst);
   }
 }
+
+// ---- int8 weights (Q8_0): the reference every ISA equals bit-for-bit ----
+uint16_t LoadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
+
+}  // namespace
+
+namespace internal {
+void Q8MatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end) {
+  const size_t blocks = a.cols / kQ8Block;
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = a.w + r * blocks * kQ8BlockBytes;
+    for (size_t b = 0; b < a.batch; ++b) {
+      const int8_t* qx = a.qx + b * a.cols;
+      const float* dx = a.dx + b * blocks;
+      float acc = 0.0f;
+      for (size_t j = 0; j < blocks; ++j) {
+        const uint8_t* blk = row + j * kQ8BlockBytes;
+        const int8_t* qw = reinterpret_cast<const int8_t*>(blk + 2);
+        int32_t sum = 0;
+        for (size_t i = 0; i < kQ8Block; ++i) sum += int32_t{qw[i]} * int32_t{qx[j * kQ8Block + i]};
+        const float s = F16ToF32(LoadU16(blk)) * dx[j];
+        acc = std::fma(static_cast<float>(sum), s, acc);
+      }
+      a.y[b * a.rows + r] = acc;
+    }
+  }
+}
+}  // namespace internal
+
+namespace {
 
 // ---- Decode MatMul ----
 // Converts W a block of columns at a time into a stack buffer and accumulates
@@ -268,6 +302,8 @@ const internal::KernelTable kScalar = {
     .gemv_bf16 = nullptr,
     .amx_pack_x = nullptr,
     .amx_matmul = nullptr,
+    .q8_row_block = 1,
+    .q8_matmul = internal::Q8MatMulScalar,
     .gemm_mr = 0,
     .gemm_nr = 0,
     .gemm_kc = 0,
@@ -292,14 +328,17 @@ Isa Detect() {
   const bool leaf7 = __get_cpuid_count(7, 0, &a0, &b0, &c0, &d0) != 0;
   const bool avx512bf16 =
       leaf7 && a0 >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) != 0 && (a1 >> 5 & 1u);
-  const bool amx = leaf7 && (d0 >> 22 & 1u) && (d0 >> 24 & 1u);
-  if (internal::AmxTable() != nullptr && avx512 && avx512bf16 && amx &&
+  // subleaf 0 ECX bit 11 = AVX512_VNNI, EDX bit 25 = AMX-INT8.
+  const bool amx = leaf7 && (d0 >> 22 & 1u) && (d0 >> 24 & 1u) && (d0 >> 25 & 1u);
+  const bool vnni = leaf7 && (c0 >> 11 & 1u);
+  if (internal::AmxTable() != nullptr && avx512 && vnni && avx512bf16 && amx &&
       internal::EnableAmxForProcess()) {
     return Isa::kAmx;
   }
-  if (internal::Avx512Bf16Table() != nullptr && avx512 && avx512bf16) {
+  if (internal::Avx512Bf16Table() != nullptr && avx512 && vnni && avx512bf16) {
     return Isa::kAvx512Bf16;
   }
+  if (internal::Avx512VnniTable() != nullptr && avx512 && vnni) return Isa::kAvx512Vnni;
   if (internal::Avx512Table() != nullptr && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx2") &&
@@ -323,6 +362,7 @@ Isa CapFromEnv(Isa detected) {
   if (std::strcmp(env, "scalar") == 0) want = Isa::kScalar;
   if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
   if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
+  if (std::strcmp(env, "avx512vnni") == 0) want = Isa::kAvx512Vnni;
   if (std::strcmp(env, "avx512bf16") == 0) want = Isa::kAvx512Bf16;
   if (std::strcmp(env, "amx") == 0) want = Isa::kAmx;
   return static_cast<int>(want) < static_cast<int>(detected) ? want : detected;
@@ -346,6 +386,10 @@ const KernelTable& TableFor(Isa isa) {
   if (isa == Isa::kAmx && AmxTable() != nullptr) return *AmxTable();
   if ((isa == Isa::kAvx512Bf16 || isa == Isa::kAmx) && Avx512Bf16Table() != nullptr) {
     return *Avx512Bf16Table();
+  }
+  if (isa != Isa::kScalar && isa != Isa::kAvx2 && isa != Isa::kAvx512 &&
+      Avx512VnniTable() != nullptr) {
+    return *Avx512VnniTable();
   }
   if (isa != Isa::kScalar && isa != Isa::kAvx2 && Avx512Table() != nullptr) return *Avx512Table();
   if (isa != Isa::kScalar && Avx2Table() != nullptr) return *Avx2Table();
@@ -383,6 +427,8 @@ const char* IsaName(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Vnni:
+      return "avx512vnni";
     case Isa::kAvx512Bf16:
       return "avx512bf16";
     case Isa::kAmx:
@@ -391,7 +437,51 @@ const char* IsaName(Isa isa) {
   return "unknown";
 }
 
-size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kQ8_0:
+      return 0;
+  }
+  return 0;
+}
+
+size_t RowBytes(DType t, size_t cols) {
+  return t == DType::kQ8_0 ? cols / kQ8Block * kQ8BlockBytes : cols * DTypeSize(t);
+}
+
+void QuantizeQ8_0(const float* x, size_t n, void* out) {
+  uint8_t* o = static_cast<uint8_t*>(out);
+  for (size_t b = 0; b < n / kQ8Block; ++b, x += kQ8Block, o += kQ8BlockBytes) {
+    float amax = 0.0f;  // as ggml: fmaxf ignores NaN, so a NaN block keeps its finite max
+    bool finite = true;
+    for (size_t i = 0; i < kQ8Block; ++i) {
+      amax = std::fmax(amax, std::fabs(x[i]));
+      finite = finite && std::isfinite(x[i]);
+    }
+    const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = F32ToF16(d);
+    o[0] = static_cast<uint8_t>(h & 0xff);
+    o[1] = static_cast<uint8_t>(h >> 8);
+    for (size_t i = 0; i < kQ8Block; ++i) {
+      const float v = finite ? std::round(x[i] * id) : 0.0f;
+      o[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(v));
+    }
+  }
+}
+
+void DequantizeQ8_0(const void* src, size_t n, float* out) {
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  for (size_t b = 0; b < n / kQ8Block; ++b, s += kQ8BlockBytes, out += kQ8Block) {
+    const float d = F16ToF32(LoadU16(s));
+    for (size_t i = 0; i < kQ8Block; ++i) out[i] = d * static_cast<float>(static_cast<int8_t>(s[2 + i]));
+  }
+}
 
 const char* DTypeName(DType t) {
   switch (t) {
@@ -401,6 +491,8 @@ const char* DTypeName(DType t) {
       return "bf16";
     case DType::kF16:
       return "f16";
+    case DType::kQ8_0:
+      return "q8_0";
   }
   return "unknown";
 }
@@ -448,9 +540,11 @@ void RopeRotateHalf(float* x, size_t head_dim, const float* cos, const float* si
   internal::Active().rope_rotate_half(x, head_dim, cos, sin);
 }
 void ConvertToF32(const void* src, DType dtype, size_t n, float* dst) {
+  if (dtype == DType::kQ8_0) return DequantizeQ8_0(src, n, dst);
   internal::Active().convert_to_f32(src, dtype, n, dst);
 }
 void ConvertFromF32(const float* src, DType dtype, size_t n, void* dst) {
+  if (dtype == DType::kQ8_0) return QuantizeQ8_0(src, n, dst);
   internal::Active().convert_from_f32(src, dtype, n, dst);
 }
 

@@ -2,8 +2,8 @@
 //
 // Each function dispatches at run time (first call reads CPUID) to the best
 // implementation this CPU supports: AVX-512 with AMX tiles, AVX-512 with BF16
-// dot products, AVX-512, AVX2+FMA, or portable scalar.
-// CORTIQ_ISA=scalar|avx2|avx512|avx512bf16|amx in the environment caps the
+// dot products, AVX-512 with VNNI, AVX-512, AVX2+FMA, or portable scalar.
+// CORTIQ_ISA=scalar|avx2|avx512|avx512vnni|avx512bf16|amx in the environment caps the
 // choice (tests use it to check every path against the float64 reference).
 //
 // All functions are thread-compatible: they touch only their arguments.
@@ -25,10 +25,11 @@ class ThreadPool;
 
 namespace cortiq::math {
 
-// kAvx512Bf16 is kAvx512 plus AVX512_BF16 (VDPBF16PS), kAmx that plus AMX-BF16
-// (TDPBF16PS tiles, granted by the OS): every kernel is the AVX-512 one except
-// decode MatMul with bf16 activations on bf16 weights (WeightView).
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
+// kAvx512Vnni is kAvx512 plus AVX512_VNNI (VPDPBUSD: int8 weights), kAvx512Bf16
+// that plus AVX512_BF16 (VDPBF16PS), kAmx that plus AMX-BF16 and AMX-INT8
+// (tiles, granted by the OS): every kernel is the AVX-512 one except MatMul on
+// int8 weights (from kAvx512Vnni) and with bf16 activations on bf16 weights.
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAvx512Bf16 = 4, kAmx = 5 };
 // The ISA the dispatcher selected for this process.
 Isa ActiveIsa();
 // The best ISA this CPU supports (ignores CORTIQ_ISA).
@@ -93,9 +94,30 @@ void SwiGlu(const float* gate, const float* up, size_t n, float* out);
 void RopeRotateHalf(float* x, size_t head_dim, const float* cos, const float* sin);
 
 // ---- Matrix products ----
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// kQ8_0: int8 weights in GGUF's Q8_0 blocks (below); the others are element
+// types. DTypeSize is the element size (0 for kQ8_0: use RowBytes).
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8_0 = 3 };
 size_t DTypeSize(DType t);
 const char* DTypeName(DType t);
+// Bytes of one row of `cols` elements (kQ8_0: cols / 32 blocks of 34 bytes;
+// cols must be a multiple of 32).
+size_t RowBytes(DType t, size_t cols);
+
+// ---- int8 weights: GGUF Q8_0 blocks ----
+// A kQ8_0 row of `cols` values (a multiple of 32) is cols / 32 blocks of 34
+// bytes, exactly ggml's block_q8_0: a little-endian f16 scale d, then 32
+// int8 values q; value i of the block is d · q[i]. No alignment. So a GGUF
+// Q8_0 tensor is read in place, and a row is quantized here bit-for-bit as
+// llama.cpp quantizes it (quantize_row_q8_0_ref): amax = max |x|, d = amax /
+// 127, id = d ? 1 / d : 0, q = roundf(x · id) (ties away from zero), and d
+// stored rounded to f16 (nearest even). A block holding NaN or inf gets a NaN
+// scale and q = 0.
+inline constexpr size_t kQ8Block = 32;
+inline constexpr size_t kQ8BlockBytes = 34;
+// Quantizes x[0..n) (n a multiple of 32) into n / 32 blocks at out.
+void QuantizeQ8_0(const float* x, size_t n, void* out);
+// out[i] = d · q[i] for n values (n a multiple of 32) of Q8_0 blocks at src.
+void DequantizeQ8_0(const void* src, size_t n, float* out);
 
 // A weight matrix in the nn.Linear layout: [rows = out_features][cols =
 // in_features], row-major, dense (row stride == cols). Not owned (typically a
@@ -115,6 +137,16 @@ const char* DTypeName(DType t);
 // MatMul then runs every batch, decode and prefill alike, on TDPBF16PS tiles
 // streaming W sequentially, and each output value is bit-identical whatever
 // the batch or chunk it is computed in. Other ISAs ignore it and read `data`.
+//
+// kQ8_0 weights (cols a multiple of 32): MatMul quantizes each row of x per
+// block of 32 to int8 (QuantizeActivationsQ8) and computes every output from
+// exact integer block sums, accumulated in block order in f32:
+//   acc = 0; for each block j: acc = fma(float(I_j), dw_j · dx_j, acc)
+// where I_j = sum of qw·qx over the block (an exact int32), dw_j the weight
+// block's scale (f16 widened), dx_j the activation block's scale, and
+// dw_j · dx_j one f32 product. Every ISA computes exactly this, so on int8
+// weights MatMul is bit-identical across ISAs, batch sizes (decode and
+// prefill alike), row splits and thread counts.
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
@@ -162,6 +194,14 @@ void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::T
 // crossover on AVX-512: below it, packing W costs more than the GEMM saves).
 inline constexpr size_t kMatMulGemmMinBatch = 64;
 
+// Activation quantization for int8 weights: each row of x [batch][cols] (cols
+// a multiple of 32) per block of 32: amax = max |x|; dx = amax / 127 and
+// qx = nearbyint(x · (127 / amax)) (ties to even; in [-127, 127]); dx = 0 and
+// qx = 0 for an all-zero block; a block holding NaN or inf gets dx = NaN and
+// qx = 0 (its outputs become NaN). qx [batch][cols], dx [batch][cols / 32].
+// The same portable code on every ISA.
+void QuantizeActivationsQ8(const float* x, size_t batch, size_t cols, int8_t* qx, float* dx);
+
 // Conversions.
 float Bf16ToF32(uint16_t h);
 // x rounded to the nearest bf16 value (even on ties; NaN stays NaN), as f32.
@@ -169,8 +209,10 @@ float RoundToBf16(float x);
 uint16_t F32ToBf16(float f);  // round to nearest even
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);  // round to nearest even
+// kQ8_0: DequantizeQ8_0 (n a multiple of 32, src at a block boundary).
 void ConvertToF32(const void* src, DType dtype, size_t n, float* dst);
-// dst[i] = src[i] in dtype (round to nearest even; NaN stays NaN).
+// dst[i] = src[i] in dtype (round to nearest even; NaN stays NaN); kQ8_0:
+// QuantizeQ8_0.
 void ConvertFromF32(const float* src, DType dtype, size_t n, void* dst);
 
 }  // namespace cortiq::math

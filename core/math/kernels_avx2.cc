@@ -551,6 +551,8 @@ void Gemv(const GemvArgs& a, size_t row_begin, size_t row_end) {
       return GemvRange<F16Loader>(a, row_begin, row_end);
     case DType::kF32:
       return GemvRange<F32Loader>(a, row_begin, row_end);
+    case DType::kQ8_0:  // MatMul hands int8 weights to q8_matmul
+      return;
   }
 }
 
@@ -761,6 +763,8 @@ const KernelTable kTable = {
     .gemv_bf16 = nullptr,
     .amx_pack_x = nullptr,
     .amx_matmul = nullptr,
+    .q8_row_block = 1,
+    .q8_matmul = Q8MatMulScalar,
     .gemm_mr = kMr,
     .gemm_nr = kNr,
     .gemm_kc = kKc,

@@ -521,6 +521,7 @@ CORTIQ_INLINE __m512 LoadAsF32(const void* p, DType dtype, size_t i, __mmask16 m
     case DType::kF16:
       return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
     case DType::kF32:
+    case DType::kQ8_0:  // never asked: MatMul hands int8 weights to q8_matmul
       break;
   }
   return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
@@ -804,6 +805,8 @@ void Gemv(const GemvArgs& a, size_t row_begin, size_t row_end) {
       return GemvRange<F16Loader>(a, row_begin, row_end);
     case DType::kF32:
       return GemvRange<F32Loader>(a, row_begin, row_end);
+    case DType::kQ8_0:  // MatMul hands int8 weights to q8_matmul
+      return;
   }
 }
 
@@ -941,6 +944,8 @@ void GemmPackW(const GemmArgs& a, size_t n0, size_t n_end, size_t k0, size_t kc,
       return GemmPackWTyped<PackF16>(a, n0, n_end, k0, kc, bp);
     case DType::kF32:
       return GemmPackWTyped<PackF32>(a, n0, n_end, k0, kc, bp);
+    case DType::kQ8_0:  // MatMul hands int8 weights to q8_matmul
+      return;
   }
 }
 
@@ -1065,7 +1070,9 @@ constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t
                                 void (*bf16_gemv)(const GemvArgs&, size_t, size_t),
                                 void (*amx_pack_x)(const float*, size_t, size_t, uint16_t*, size_t,
                                                    size_t),
-                                void (*amx_matmul)(const AmxArgs&, size_t, size_t)) {
+                                void (*amx_matmul)(const AmxArgs&, size_t, size_t),
+                                size_t q8_row_block,
+                                void (*q8_matmul)(const Q8Args&, size_t, size_t)) {
   return {
     .isa = isa,
     .dot = Dot,
@@ -1094,6 +1101,8 @@ constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t
     .gemv_bf16 = bf16_gemv,
     .amx_pack_x = amx_pack_x,
     .amx_matmul = amx_matmul,
+    .q8_row_block = q8_row_block,
+    .q8_matmul = q8_matmul,
     .gemm_mr = kMr,
     .gemm_nr = kNr,
     .gemm_kc = kKc,
@@ -1105,17 +1114,20 @@ constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t
   };
 }
 
-constexpr KernelTable kTable =
-    MakeTable(Isa::kAvx512, nullptr, nullptr, 0, nullptr, nullptr, nullptr);
+constexpr KernelTable kTable = MakeTable(Isa::kAvx512, nullptr, nullptr, 0, nullptr, nullptr,
+                                         nullptr, 1, Q8MatMulScalar);
+constexpr KernelTable kTableVnni = MakeTable(Isa::kAvx512Vnni, nullptr, nullptr, 0, nullptr,
+                                             nullptr, nullptr, 1, Q8MatMulScalar);
 constexpr KernelTable kTableBf16 = MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX,
-                                             8, GemvBf16, nullptr, nullptr);
+                                             8, GemvBf16, nullptr, nullptr, 1, Q8MatMulScalar);
 // AMX: rows in whole 16-row tiles per thread; tile-order weights for every batch.
 constexpr KernelTable kTableAmx = MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16,
-                                            GemvAmx, AmxPackX, AmxTiledMatMul);
+                                            GemvAmx, AmxPackX, AmxTiledMatMul, 1, Q8MatMulScalar);
 
 }  // namespace
 
 const KernelTable* Avx512Table() { return &kTable; }
+const KernelTable* Avx512VnniTable() { return &kTableVnni; }
 const KernelTable* Avx512Bf16Table() { return &kTableBf16; }
 const KernelTable* AmxTable() { return &kTableAmx; }
 

@@ -46,6 +46,21 @@ struct GemmArgs {
   float* y;  // [m][n]
 };
 
+// Matrix product on int8 weights (DType::kQ8_0, kernels.h) over a range of W
+// rows: y[b][r] for r in [row_begin, row_end), every b < batch, computed
+// exactly as kernels.h defines it (exact int32 block sums, block-order f32
+// fma), so every ISA's result is bit-identical to the scalar one.
+struct Q8Args {
+  const int8_t* qx;   // [batch][cols] activations, QuantizeActivationsQ8
+  const uint8_t* ux;  // [batch][cols] the same plus 128 (uint8: qx ^ 0x80), for u8·s8 products
+  const float* dx;    // [batch][cols / 32] activation block scales
+  size_t batch;
+  const uint8_t* w;  // [rows][cols / 32] Q8_0 blocks of 34 bytes, unaligned
+  size_t rows;
+  size_t cols;  // a multiple of 32
+  float* y;     // [batch][rows]
+};
+
 // Geometry of the AMX tile order (kernels.h PackAmxTiles): blocks of 16 rows
 // x 32 bf16 columns, 512 elements (1 KiB) each.
 inline constexpr size_t kAmxTileRows = 16;
@@ -128,6 +143,11 @@ struct KernelTable {
   // y[:, row_begin:row_end] = x . W^T; row_begin is a multiple of 16.
   void (*amx_matmul)(const AmxArgs& a, size_t row_begin, size_t row_end);
 
+  // ---- int8 weights (DType::kQ8_0), every batch ----
+  // Row ranges handed to q8_matmul start on multiples of q8_row_block.
+  size_t q8_row_block;
+  void (*q8_matmul)(const Q8Args& a, size_t row_begin, size_t row_end);
+
   // ---- Prefill (packed GEMM); gemm == nullptr: use gemv for every batch ----
   size_t gemm_mr;  // x rows per micro-tile (broadcast operand)
   size_t gemm_nr;  // W rows per micro-tile (vector operand); row_begin multiple of it
@@ -149,10 +169,15 @@ struct KernelTable {
 };
 
 const KernelTable& ScalarTable();
+// Int8-weight kernels (Q8Args), one per ISA file: q8_avx2.cc, q8_avx512.cc
+// (AVX-512 without VNNI), q8_avx512vnni.cc (VPDPBUSD; the kAvx512Vnni,
+// kAvx512Bf16 and kAmx tables). Q8MatMulScalar is the reference (kernels.cc).
+void Q8MatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end);
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc
 // (always built on x86-64); the dispatcher treats nullptr as "not available".
 const KernelTable* Avx2Table();
 const KernelTable* Avx512Table();
+const KernelTable* Avx512VnniTable();
 const KernelTable* Avx512Bf16Table();
 const KernelTable* AmxTable();
 // The kAvx512Bf16 table's decode kernels (kernels_avx512bf16.cc).

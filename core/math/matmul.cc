@@ -1,7 +1,9 @@
 // MatMul driver: picks decode GEMV or packed GEMM, packs x into thread-local
 // scratch, and splits the rows of W over the pool. The arithmetic lives in the
 // per-ISA tables (kernels.cc, kernels_avx2.cc, kernels_avx512.cc).
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/math/kernels.h"
 #include "core/math/kernels_internal.h"
@@ -53,7 +55,7 @@ void Gemv(const internal::KernelTable& t, const float* x, size_t batch, const We
     args.x_stride = stride;
   }
   const auto kernel = bf16 ? t.gemv_bf16 : t.gemv;
-  if (pool == nullptr || w.rows * w.cols * DTypeSize(w.dtype) < kMinParallelWeightBytes) {
+  if (pool == nullptr || w.rows * RowBytes(w.dtype, w.cols) < kMinParallelWeightBytes) {
     kernel(args, 0, w.rows);
     return;
   }
@@ -127,7 +129,74 @@ void AmxTiled(const internal::KernelTable& t, const float* x, size_t batch, cons
       w.rows, [&](size_t begin, size_t end) { t.amx_matmul(args, begin, end); }, 2 * kAmxTileRows);
 }
 
+// int8 weights: x quantized per block (QuantizeActivationsQ8, in parallel
+// for prefill-sized batches), then the rows of W split over the pool.
+void Q8(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w,
+        float* y, util::ThreadPool* pool) {
+  const size_t blocks = w.cols / kQ8Block;
+  thread_local util::AlignedBuffer<int8_t> qbuf;
+  thread_local util::AlignedBuffer<uint8_t> ubuf;
+  thread_local util::AlignedBuffer<float> dbuf;
+  if (qbuf.size() < batch * w.cols) qbuf.Resize(batch * w.cols);
+  if (ubuf.size() < batch * w.cols) ubuf.Resize(batch * w.cols);
+  float* dx = Reserve(dbuf, batch * blocks);
+  int8_t* qx = qbuf.data();  // (the workers must not name the thread_locals)
+  uint8_t* ux = ubuf.data();
+  auto quantize = [&](size_t begin, size_t end) {
+    QuantizeActivationsQ8(x + begin * w.cols, end - begin, w.cols, qx + begin * w.cols,
+                          dx + begin * blocks);
+    for (size_t i = begin * w.cols; i < end * w.cols; ++i) {
+      ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
+    }
+  };
+  const bool parallel = pool != nullptr && RowBytes(w.dtype, w.cols) * w.rows >= kMinParallelWeightBytes;
+  if (parallel && batch >= 64) {
+    pool->ParallelFor(batch, quantize, 16);
+  } else {
+    quantize(0, batch);
+  }
+  internal::Q8Args args;
+  args.qx = qx;
+  args.ux = ux;
+  args.dx = dx;
+  args.batch = batch;
+  args.w = static_cast<const uint8_t*>(w.data);
+  args.rows = w.rows;
+  args.cols = w.cols;
+  args.y = y;
+  if (!parallel) {
+    t.q8_matmul(args, 0, w.rows);
+    return;
+  }
+  pool->ParallelFor(
+      w.rows, [&](size_t begin, size_t end) { t.q8_matmul(args, begin, end); }, t.q8_row_block);
+}
+
 }  // namespace
+
+void QuantizeActivationsQ8(const float* x, size_t batch, size_t cols, int8_t* qx, float* dx) {
+  for (size_t i = 0; i < batch * (cols / kQ8Block); ++i) {
+    const float* v = x + i * kQ8Block;
+    int8_t* q = qx + i * kQ8Block;
+    float amax = 0.0f;
+    bool finite = true;
+    for (size_t k = 0; k < kQ8Block; ++k) {
+      const float a = std::fabs(v[k]);
+      amax = a > amax ? a : amax;
+      finite = finite && a <= std::numeric_limits<float>::max();  // false for NaN and inf
+    }
+    if (!finite || amax == 0.0f) {
+      dx[i] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      std::memset(q, 0, kQ8Block);
+      continue;
+    }
+    dx[i] = amax / 127.0f;
+    const float inv = 127.0f / amax;
+    for (size_t k = 0; k < kQ8Block; ++k) {
+      q[k] = static_cast<int8_t>(std::nearbyint(v[k] * inv));
+    }
+  }
+}
 
 size_t AmxTileElements(size_t rows, size_t cols) {
   using internal::kAmxTileCols, internal::kAmxTileElems, internal::kAmxTileRows;
@@ -167,6 +236,7 @@ void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::T
     return;
   }
   const internal::KernelTable& t = internal::Active();
+  if (w.dtype == DType::kQ8_0) return Q8(t, x, batch, w, y, pool);
   const bool gemm = t.gemm != nullptr && batch >= kMatMulGemmMinBatch;
   if (w.bf16_activations && w.dtype == DType::kBF16) {
     if (w.amx_tiles != nullptr && t.amx_matmul != nullptr) {

@@ -92,6 +92,8 @@ const char* SafetensorsDTypeName(math::DType dtype) {
       return "BF16";
     case math::DType::kF16:
       return "F16";
+    case math::DType::kQ8_0:  // not a safetensors dtype
+      break;
   }
   return "?";
 }
