@@ -137,6 +137,55 @@ void BM_GemmAmxTiles(benchmark::State& state) {
   state.SetLabel("bf16 tiles");
 }
 
+// int8 weights (Q8_0 blocks quantized from random values) in an arena of
+// their own, for the same cold/hot walk as BM_Gemv.
+uint8_t* Q8Arena() {
+  static uint8_t* arena = [] {
+    auto* a = new util::AlignedBuffer<uint8_t>(kArenaBytes);
+    std::vector<float> f = RandomX(1 << 16);
+    std::vector<uint8_t> q(RowBytes(DType::kQ8_0, f.size()));
+    QuantizeQ8_0(f.data(), f.size(), q.data());
+    for (size_t off = 0; off < kArenaBytes; off += q.size()) {
+      std::memcpy(a->data() + off, q.data(), std::min(q.size(), kArenaBytes - off));
+    }
+    return a->data();
+  }();
+  return arena;
+}
+
+// args: rows, cols, batch, cold. Int8 weights: decode (GB/s of W, pct_bw)
+// and prefill (GFLOP/s, pct_peak of the fp32 FMA peak) alike.
+void BM_Q8(benchmark::State& state) {
+  const size_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
+  const bool cold = state.range(3) != 0;
+  const size_t wbytes = rows * RowBytes(DType::kQ8_0, cols);
+  // Cold: successive calls use successive slices (each a whole number of 34-byte blocks).
+  const size_t stride = (wbytes + 4095) / 4096 * 4096 / kQ8BlockBytes * kQ8BlockBytes +
+                        kQ8BlockBytes * 121;
+  const size_t slices = cold ? kArenaBytes / stride - 1 : 1;
+  if (slices == 0) {
+    state.SkipWithError("weights larger than the arena");
+    return;
+  }
+  uint8_t* base = Q8Arena();
+  auto x = RandomX(batch * cols);
+  std::vector<float> y(batch * rows);
+  size_t slice = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    MatMul(x.data(), batch, WeightView{base + slice * stride, DType::kQ8_0, rows, cols}, y.data(),
+           g_pool);
+    benchmark::DoNotOptimize(y.data());
+    if (++slice == slices) slice = 0;
+  }
+  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
+  state.counters["GBps"] = static_cast<double>(wbytes) / secs / 1e9;
+  state.counters["pct_bw"] = 100.0 * state.counters["GBps"] / g_bandwidth_gbs;
+  state.counters["GFLOPS"] = 2.0 * rows * cols * batch / secs / 1e9;
+  state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
+  state.SetLabel(cold ? "q8_0 cold" : "q8_0 hot");
+}
+
 // Cost of one ParallelFor with an empty body (the engine issues ~200 per token).
 void BM_ParallelForEmpty(benchmark::State& state) {
   for (auto _ : state) {
@@ -246,6 +295,28 @@ void RegisterAll() {
             ->UseRealTime();
       }
     }
+  }
+  // int8 weights: decode at the 0.6B shapes (cold), batched decode, prefill.
+  for (auto shape :
+       {std::pair<int64_t, int64_t>{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}}) {
+    for (int64_t batch : {1, 8}) {
+      benchmark::RegisterBenchmark("Q8", BM_Q8)
+          ->Args({shape.first, shape.second, batch, 1})
+          ->ArgNames({"rows", "cols", "batch", "cold"})
+          ->UseRealTime();
+    }
+  }
+  for (int64_t batch : {2, 4, 16, 33, 64, 512}) {
+    benchmark::RegisterBenchmark("Q8", BM_Q8)
+        ->Args({3072, 1024, batch, batch < 64})
+        ->ArgNames({"rows", "cols", "batch", "cold"})
+        ->UseRealTime();
+  }
+  for (auto nk : {std::pair<int64_t, int64_t>{1024, 1024}, {1024, 3072}}) {
+    benchmark::RegisterBenchmark("Q8", BM_Q8)
+        ->Args({nk.first, nk.second, 512, 0})
+        ->ArgNames({"rows", "cols", "batch", "cold"})
+        ->UseRealTime();
   }
   benchmark::RegisterBenchmark("ParallelForEmpty", BM_ParallelForEmpty)->UseRealTime();
   for (int64_t n : {128, 1024, 4096}) benchmark::RegisterBenchmark("Dot", BM_Dot)->Arg(n);
