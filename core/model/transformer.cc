@@ -101,15 +101,63 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
   for (LayerWeights& w : t->layers_) {
     for (WeightView* v : w.Projections()) mark(*v);
   }
-  // AMX: a tile-order copy of every bf16-activation projection (lm_head
-  // included); the embedding's pages stay (Embed reads its rows).
+  // int8: a Q8_0 copy of every matrix, the embedding included (tied: one
+  // copy), every source page handed back. AMX: a tile-order copy of every
+  // bf16-activation projection (lm_head included); the embedding's pages
+  // stay (Embed reads its rows).
+  const bool int8 = options.weights == LoadOptions::Weights::kInt8;
   std::vector<WeightView*> views = {&t->lm_head_};
+  if (int8) views.push_back(&t->embed_);
   for (LayerWeights& w : t->layers_) {
     for (WeightView* v : w.Projections()) views.push_back(v);
   }
-  const void* keep[] = {t->embed_.data};
-  t->packed_ = math::PackedWeights::Pack(views, keep, t->pool_);
+  if (int8) {
+    for (const WeightView* v : views) {
+      if (v->cols % math::kQ8Block != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--weights int8: a weight matrix has ", v->cols,
+            " input columns, not a multiple of ", math::kQ8Block, " (model ", model_dir, ")"));
+      }
+    }
+  }
+  std::vector<const void*> keep;
+  if (!int8) keep.push_back(t->embed_.data);
+  math::PackOptions pack;
+  pack.int8 = int8;
+  CORTIQ_ASSIGN_OR_RETURN(t->packed_, math::PackedWeights::Pack(views, keep, t->pool_, pack));
   return t;
+}
+
+const char* WeightsName(LoadOptions::Weights w) {
+  return w == LoadOptions::Weights::kInt8 ? "int8" : "checkpoint";
+}
+
+std::optional<LoadOptions::Weights> ParseWeights(std::string_view name) {
+  if (name == "checkpoint") return LoadOptions::Weights::kCheckpoint;
+  if (name == "int8") return LoadOptions::Weights::kInt8;
+  return std::nullopt;
+}
+
+LoadOptions::Weights Transformer::weights() const {
+  bool int8 = lm_head_.dtype == math::DType::kQ8_0;
+  for (const LayerWeights& w : layers_) {
+    for (const WeightView* v : w.Projections()) int8 = int8 && v->dtype == math::DType::kQ8_0;
+  }
+  return int8 ? LoadOptions::Weights::kInt8 : LoadOptions::Weights::kCheckpoint;
+}
+
+size_t Transformer::CheckpointWeightBytesInUse() const {
+  // A view still reads the checkpoint when its data is not inside a copy.
+  auto in_place = [&](const WeightView& w) {
+    return w.amx_tiles == nullptr && !packed_.Owns(w.data);
+  };
+  auto bytes = [](const WeightView& w) { return w.rows * math::RowBytes(w.dtype, w.cols); };
+  size_t total = in_place(embed_) ? bytes(embed_) : 0;
+  if (lm_head_.data != embed_.data && in_place(lm_head_)) total += bytes(lm_head_);
+  for (const LayerWeights& w : layers_) {
+    for (const WeightView* v : w.Projections()) total += in_place(*v) ? bytes(*v) : 0;
+  }
+  return total;
 }
 
 absl::Status Transformer::Bind() {
@@ -176,7 +224,7 @@ absl::Status Transformer::Bind() {
 }
 
 size_t Transformer::WeightBytesPerStep() const {
-  auto bytes = [](const WeightView& w) { return w.rows * w.cols * math::DTypeSize(w.dtype); };
+  auto bytes = [](const WeightView& w) { return w.rows * math::RowBytes(w.dtype, w.cols); };
   size_t total = bytes(lm_head_);
   for (const LayerWeights& w : layers_) {
     for (const WeightView* v : w.Projections()) total += bytes(*v);
@@ -227,7 +275,7 @@ void Transformer::RopeTables(ForwardScratch& s, size_t rows) const {
 
 void Transformer::Embed(std::span<const int32_t> tokens, float* x) const {
   const size_t hidden = config_.hidden_size;
-  const size_t row_bytes = hidden * math::DTypeSize(embed_.dtype);
+  const size_t row_bytes = math::RowBytes(embed_.dtype, hidden);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto* row = static_cast<const uint8_t*>(embed_.data) + size_t(tokens[i]) * row_bytes;
     math::ConvertToF32(row, embed_.dtype, hidden, x + i * hidden);
