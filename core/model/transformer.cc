@@ -9,6 +9,7 @@
 #include "core/attention/qsa_attention.h"
 #include "core/qsa/indexer_weights.h"
 #include "core/util/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace cortiq::model {
 namespace {
@@ -111,17 +112,31 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
   for (LayerWeights& w : t->layers_) {
     for (WeightView* v : w.Projections()) views.push_back(v);
   }
+  std::vector<const void*> keep;
   if (int8) {
-    for (const WeightView* v : views) {
-      if (v->cols % math::kQ8Block != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--weights int8: a weight matrix has ", v->cols,
-            " input columns, not a multiple of ", math::kQ8Block, " (model ", model_dir, ")"));
+    // Q8_0 blocks tile rows of 32: a matrix whose input size is not a
+    // multiple of 32 stays in the checkpoint's dtype (as llama.cpp falls back
+    // for such tensors), said once in the log.
+    size_t kept = 0;
+    std::vector<WeightView*> quantizable;
+    for (WeightView* v : views) {
+      if (v->cols % math::kQ8Block == 0) {
+        quantizable.push_back(v);
+      } else {
+        kept += v->rows * math::RowBytes(v->dtype, v->cols);
+        keep.push_back(v->data);
       }
     }
+    if (quantizable.size() < views.size()) {
+      spdlog::warn(
+          "--weights int8: {} of {} weight matrices have an input size that is not a multiple of "
+          "32 and stay {} ({} bytes)",
+          views.size() - quantizable.size(), views.size(), math::DTypeName(t->embed_.dtype), kept);
+    }
+    views = std::move(quantizable);
+  } else {
+    keep.push_back(t->embed_.data);
   }
-  std::vector<const void*> keep;
-  if (!int8) keep.push_back(t->embed_.data);
   math::PackOptions pack;
   pack.int8 = int8;
   CORTIQ_ASSIGN_OR_RETURN(t->packed_, math::PackedWeights::Pack(views, keep, t->pool_, pack));
@@ -141,7 +156,7 @@ std::optional<LoadOptions::Weights> ParseWeights(std::string_view name) {
 LoadOptions::Weights Transformer::weights() const {
   bool int8 = lm_head_.dtype == math::DType::kQ8_0;
   for (const LayerWeights& w : layers_) {
-    for (const WeightView* v : w.Projections()) int8 = int8 && v->dtype == math::DType::kQ8_0;
+    for (const WeightView* v : w.Projections()) int8 = int8 || v->dtype == math::DType::kQ8_0;
   }
   return int8 ? LoadOptions::Weights::kInt8 : LoadOptions::Weights::kCheckpoint;
 }

@@ -66,7 +66,8 @@ struct LoadOptions {
   // kCheckpoint = the checkpoint's own dtype (bf16/f16/f32, or Q8_0 in place
   // from a GGUF file); kInt8 = quantized once at load to Q8_0 blocks
   // (math::PackedWeights, `--weights int8`), the checkpoint's pages handed
-  // back. Needs every projection's input size to be a multiple of 32.
+  // back. A matrix whose input size is not a multiple of 32 stays in the
+  // checkpoint's dtype (logged).
   enum class Weights { kCheckpoint, kInt8 };
   Weights weights = Weights::kCheckpoint;
 };
@@ -118,8 +119,9 @@ class Transformer {
   // Bytes of weights one decode step reads (the roofline numerator): every
   // projection and lm_head in the format MatMul reads them in.
   size_t WeightBytesPerStep() const;
-  // The weight format in use: kInt8 when every projection and lm_head is
-  // int8 (quantized at load, or Q8_0 in the GGUF file).
+  // The weight format in use: kInt8 when the projections or lm_head are
+  // int8 (quantized at load, or Q8_0 in a GGUF file; a matrix whose input
+  // size is not a multiple of 32 may stay in the checkpoint's dtype).
   LoadOptions::Weights weights() const;
   // Bytes of the int8 copy made at load (0 without --weights int8, and for
   // weights that are Q8_0 in the file: those are read in place).
