@@ -10,8 +10,8 @@
 // pairs), no dropout, no continuing_subword_prefix / end_of_word_suffix, no
 // byte_fallback, optional ignore_merges; normalizer null, NFC or a Sequence of
 // NFC; pre_tokenizer Sequence[Split(Regex, Isolated, invert=false),
-// ByteLevel(add_prefix_space=false, use_regex=false)] with the Qwen2 or GPT-2
-// regex, or ByteLevel(add_prefix_space=false, use_regex=true); decoder
+// ByteLevel(add_prefix_space=false, use_regex=false)] with the Qwen2, Llama-3
+// or GPT-2 regex, or ByteLevel(add_prefix_space=false, use_regex=true); decoder
 // ByteLevel; post_processor null or ByteLevel; truncation and padding null;
 // added_tokens with special / lstrip / rstrip (single_word must be false; the
 // `normalized` flag is ignored, as the JS reference does).
@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/tokenizer/tokenizer_spec.h"
 
 namespace cortiq::tokenizer {
 
@@ -54,6 +55,11 @@ class Tokenizer {
   // Parses tokenizer.json text; source_name (e.g. the path) prefixes errors.
   // Malformed or hostile JSON yields an error, never a crash.
   static absl::StatusOr<Tokenizer> FromJson(std::string_view json, std::string_view source_name);
+  // Builds the tables from a parsed description (tokenizer_spec.h; what
+  // FromJson and TokenizerFromGgufVocab in gguf_vocab.h both go through).
+  // Errors name source_name and the spec's field names. Cost: linear in the
+  // vocabulary and merges; allocates the per-id tables.
+  static absl::StatusOr<Tokenizer> FromSpec(TokenizerSpec spec, std::string_view source_name);
 
   Tokenizer(const Tokenizer&) = default;
   Tokenizer& operator=(const Tokenizer&) = default;
