@@ -13,6 +13,7 @@
 #include "core/tokenizer/bpe_model.h"
 #include "core/tokenizer/byte_level.h"
 #include "core/tokenizer/field_errors.h"
+#include "core/tokenizer/json_object.h"
 #include "core/tokenizer/pre_tokenizer.h"
 #include "core/tokenizer/tokenizer_spec.h"
 #include "core/tokenizer/unicode.h"
@@ -434,6 +435,11 @@ absl::Status BuildData(const Errors& errors, TokenizerSpec model, TokenizerData*
   int32_t max_id = -1;
   for (const auto& [token, id] : model.vocab) max_id = std::max(max_id, id);
   for (const AddedToken& t : model.added) max_id = std::max(max_id, t.id);
+  if (model.min_vocab_size < 0 || model.min_vocab_size > kMaxId + 1) {
+    return errors.General(
+        Cat("vocabulary size ", model.min_vocab_size, " out of range [0, ", kMaxId + 1, "]"));
+  }
+  max_id = std::max(max_id, model.min_vocab_size - 1);
   const size_t size = static_cast<size_t>(max_id) + 1;  // max_id <= kMaxId
   std::vector<std::string_view> strings(size);
   std::vector<std::string> bytes(size);
@@ -503,8 +509,9 @@ absl::Status BuildData(const Errors& errors, TokenizerSpec model, TokenizerData*
 
 }  // namespace
 
-absl::StatusOr<TokenizerSpec> ParseTokenizerJson(std::string_view text, std::string_view source) {
-  const Errors errors(source);
+namespace internal {
+
+absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view text, const FieldErrors& errors) {
   if (!NestingWithinLimit(text)) {
     return errors.General(Cat("JSON nested deeper than ", kMaxJsonDepth, " levels"));
   }
@@ -515,6 +522,14 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(std::string_view text, std::str
     return errors.General(Cat("malformed JSON: ", e.what()));
   }
   if (!root.is_object()) return errors.General("expected a JSON object at the top level");
+  return root;
+}
+
+}  // namespace internal
+
+absl::StatusOr<TokenizerSpec> ParseTokenizerJson(std::string_view text, std::string_view source) {
+  const Errors errors(source);
+  CORTIQ_ASSIGN_OR_RETURN(Json root, internal::ParseJsonObject(text, errors));
   // Every access below checks types first; the catch is a backstop so that a
   // missed check on hostile input is an error, never a crash.
   try {

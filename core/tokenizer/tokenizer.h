@@ -1,4 +1,5 @@
-// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json, as
+// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (or a
+// GGUF file's embedded vocabulary, gguf_vocab.h), as
 // Qwen2 / Qwen2.5 / Qwen3 use it: added tokens matched first (leftmost, then
 // longest), NFC normalizer, the Qwen Split pre-tokenizer regex (or GPT-2's
 // ByteLevel regex), ByteLevel byte->char mapping, BPE merges by rank;
@@ -48,6 +49,8 @@ namespace internal {
 struct TokenizerData;
 }  // namespace internal
 
+struct GgufVocab;  // gguf_vocab.h
+
 class Tokenizer {
  public:
   // Reads and parses a tokenizer.json. Errors name the file and the field.
@@ -55,8 +58,15 @@ class Tokenizer {
   // Parses tokenizer.json text; source_name (e.g. the path) prefixes errors.
   // Malformed or hostile JSON yields an error, never a crash.
   static absl::StatusOr<Tokenizer> FromJson(std::string_view json, std::string_view source_name);
+  // The tokenizer a GGUF file's embedded vocabulary describes (the
+  // tokenizer.ggml.* keys, gathered into a GgufVocab; defined and documented
+  // in gguf_vocab.h/.cc). Encodes exactly as the tokenizer.json it was
+  // converted from. Errors are InvalidArgument naming source_name (e.g. the
+  // GGUF path) and the GGUF key. Cost: linear in the tokens and merges.
+  static absl::StatusOr<Tokenizer> FromGgufVocab(const GgufVocab& vocab,
+                                                 std::string_view source_name);
   // Builds the tables from a parsed description (tokenizer_spec.h; what
-  // FromJson and TokenizerFromGgufVocab in gguf_vocab.h both go through).
+  // FromJson and FromGgufVocab both go through).
   // Errors name source_name and the spec's field names. Cost: linear in the
   // vocabulary and merges; allocates the per-id tables.
   static absl::StatusOr<Tokenizer> FromSpec(TokenizerSpec spec, std::string_view source_name);
@@ -80,7 +90,8 @@ class Tokenizer {
   // sequence cut between ids) becomes U+FFFD.
   std::string Decode(std::span<const int32_t> ids) const;
 
-  // Max id + 1 over the vocabulary and the added tokens.
+  // Max id + 1 over the vocabulary and the added tokens (at least the
+  // spec's min_vocab_size: a GGUF vocabulary's token count).
   size_t vocab_size() const;
   // Id of a token string (ByteLevel form for vocab tokens, e.g. "Ġthe"; plain
   // content for added tokens). Added tokens win over vocab entries.

@@ -42,6 +42,9 @@ struct TokenizerSpec {
   // A pre-token that is itself a vocab token is emitted as is (Llama 3).
   bool ignore_merges = false;
   std::vector<AddedToken> added;  // later entries with the same content win
+  // The tables span at least this many ids (GGUF: the token count, unused
+  // padding ids included); ids with no token decode to nothing.
+  int32_t min_vocab_size = 0;
   // Source field names used in errors that FromSpec reports.
   std::string vocab_field = "model.vocab";
   std::string merges_field = "model.merges";
