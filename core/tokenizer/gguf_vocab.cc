@@ -72,11 +72,12 @@ std::string_view PatternName(PreTokenizerPattern pattern) {
 }
 
 // convert_hf_to_gguf.py's does_token_look_special: added tokens HF calls
-// non-special that are written as control tokens all the same.
+// non-special that are written as control tokens all the same. Prefix and
+// suffix are tested independently, as Python's startswith / endswith do (so
+// "<|>" counts).
 bool LooksSpecial(std::string_view token) {
   auto wrapped = [&](std::string_view open, std::string_view close) {
-    return token.size() >= open.size() + close.size() && token.starts_with(open) &&
-           token.ends_with(close);
+    return token.starts_with(open) && token.ends_with(close);
   };
   return token == "<pad>" || token == "<mask>" || token == "<2mass>" || token == "[@BOS@]" ||
          wrapped("<|", "|>") || wrapped("<\uFF5C", "\uFF5C>") || wrapped("<unused", ">");

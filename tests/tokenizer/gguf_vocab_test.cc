@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tokenizer/tokenizer.h"
@@ -199,6 +200,39 @@ TEST(GgufVocabTest, CraftedTokenizerFieldsAsConvertWritesThem) {
   // Padding ids have no text.
   EXPECT_EQ(tok->Decode(std::vector<int32_t>{262, 116, 263}), "t");
   EXPECT_FALSE(tok->TokenId("[PAD262]").has_value());
+}
+
+// convert_hf_to_gguf.py's does_token_look_special, on added tokens HF calls
+// non-special: these become control, the rest user-defined (U+2581 -> ' ').
+TEST(GgufVocabTest, NonSpecialAddedTokensThatLookSpecialBecomeControl) {
+  auto root = nlohmann::json::parse(MakeByteLevelTokenizerJson({}));
+  const std::vector<std::pair<std::string, int32_t>> expected = {
+      {"<|>", kControl},          {"<|im_sep|>", kControl}, {"<\uFF5Cx\uFF5C>", kControl},
+      {"<pad>", kControl},        {"<mask>", kControl},     {"<2mass>", kControl},
+      {"[@BOS@]", kControl},      {"<unused7>", kControl},  {"<think>", kUserDefined},
+      {"<|x", kUserDefined},      {"x|>", kUserDefined},    {"<unused", kUserDefined},
+      {"a\u2581b", kUserDefined}, {"<pad >", kUserDefined},
+  };
+  root["added_tokens"] = nlohmann::json::array();
+  for (size_t i = 0; i < expected.size(); ++i) {
+    root["added_tokens"].push_back({{"id", 256 + i},
+                                    {"content", expected[i].first},
+                                    {"single_word", false},
+                                    {"lstrip", false},
+                                    {"rstrip", false},
+                                    {"normalized", false},
+                                    {"special", false}});
+  }
+  auto vocab = GgufVocabFromTokenizerJson(root.dump(), "");
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  ASSERT_EQ(vocab->tokens.size(), 256 + expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(vocab->token_types[256 + i], expected[i].second) << expected[i].first;
+  }
+  EXPECT_EQ(vocab->tokens[256 + 12], "a b");  // user-defined: SentencePiece space undone
+  auto tok = Tokenizer::FromGgufVocab(*vocab, "looks.gguf");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(tok->Encode("xa b", /*parse_special=*/false), (std::vector<int32_t>{'x', 256 + 12}));
 }
 
 // The crafted tokenizer plus "12" and "34" (merged after the others) and
