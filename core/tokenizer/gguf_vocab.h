@@ -4,7 +4,8 @@
 // (_set_vocab_gpt2 / get_vocab_base, gguf-py SpecialVocab), and to a
 // Tokenizer that encodes exactly as the tokenizer.json it came from.
 //
-// GGUF keys (the lead's GGUF reader/writer maps the fields below 1:1):
+// GGUF keys (a GGUF reader / writer maps GgufVocab's fields 1:1; this
+// header holds no GGUF-file type, so either side can change alone):
 //   tokenizer.ggml.model           string    model         ("gpt2": byte-level BPE)
 //   tokenizer.ggml.pre             string    pre           ("qwen2", "llama-bpe", "gpt-2")
 //   tokenizer.ggml.tokens          [string]  tokens        (id order; ByteLevel form for
@@ -81,9 +82,11 @@ struct GgufVocab {
   std::vector<std::string> tokens;   // tokenizer.ggml.tokens, (n_tokens)
   std::vector<int32_t> token_types;  // tokenizer.ggml.token_type, (n_tokens); empty: all normal
   std::vector<std::string> merges;   // tokenizer.ggml.merges, rank order
-  std::optional<int32_t> bos, eos, pad, unk;  // tokenizer.ggml.*_token_id
-  std::optional<bool> add_bos, add_eos;       // tokenizer.ggml.add_{bos,eos}_token
-  std::string chat_template;                  // tokenizer.chat_template; empty: absent
+  // tokenizer.ggml.*_token_id (u32 in the file: a reader narrows a value
+  // above INT32_MAX to an id FromGgufVocab refuses, e.g. -1).
+  std::optional<int32_t> bos, eos, pad, unk;
+  std::optional<bool> add_bos, add_eos;  // tokenizer.ggml.add_{bos,eos}_token
+  std::string chat_template;             // tokenizer.chat_template; empty: absent
 };
 
 // Limits on a GGUF vocabulary (hostile files): ids fit the tokenizer's

@@ -333,6 +333,12 @@ TEST(GgufVocabTest, TokenTableErrorsNameTheEntry) {
     ExpectError(v, "tokenizer.ggml.token_type[10]: unsupported token type");
   }
   v = ValidVocab();
+  for (int i = 0; i < 70000; ++i) {  // the added-token index holds 65535
+    v.tokens.push_back("<c" + std::to_string(i) + ">");
+    v.token_types.push_back(kControl);
+  }
+  ExpectError(v, "70003 added tokens, more than the limit of 65535");
+  v = ValidVocab();
   v.token_types[32] = kControl;  // 'Ġ' no longer in the BPE vocabulary
   ExpectError(v, "tokenizer.ggml.tokens (normal tokens): lacks the ByteLevel token");
 }
