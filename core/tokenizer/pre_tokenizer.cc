@@ -12,6 +12,9 @@ namespace {
 constexpr std::string_view kQwen2Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+constexpr std::string_view kLlama3Regex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 constexpr std::string_view kGpt2Regex =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -108,7 +111,9 @@ inline size_t MatchSpaceRun(std::string_view text, size_t pos) {
   return end - pos;  // \s+ : a single whitespace character before \S
 }
 
-size_t MatchQwen2(std::string_view text, size_t pos) {
+// kQwen2 (max_digits 1) and kLlama3 (max_digits 3): the two differ only in
+// the \p{N} alternative, \p{N} versus \p{N}{1,3}.
+size_t MatchQwen2Family(std::string_view text, size_t pos, int max_digits) {
   const Char c = At(text, pos);
   // (?i:'s|'t|'re|'ve|'m|'ll|'d)
   if (c.cp == '\'') {
@@ -123,8 +128,16 @@ size_t MatchQwen2(std::string_view text, size_t pos) {
       return RunEnd(text, next, kFlagLetter) - pos;
     }
   }
-  // \p{N} : a single digit-like character.
-  if (c.flags & kFlagNumber) return c.len;
+  // \p{N} or \p{N}{1,3}: greedy, up to max_digits digit-like characters.
+  if (c.flags & kFlagNumber) {
+    size_t end = pos + c.len;
+    for (int n = 1; n < max_digits && end < text.size(); ++n) {
+      const Char d = At(text, end);
+      if (!(d.flags & kFlagNumber)) break;
+      end += d.len;
+    }
+    return end - pos;
+  }
   // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
   {
     const size_t start = c.cp == ' ' ? pos + 1 : pos;
@@ -172,11 +185,27 @@ size_t MatchGpt2(std::string_view text, size_t pos) {
 }  // namespace
 
 std::string_view PreTokenizerRegex(PreTokenizerPattern pattern) {
-  return pattern == PreTokenizerPattern::kQwen2 ? kQwen2Regex : kGpt2Regex;
+  switch (pattern) {
+    case PreTokenizerPattern::kQwen2:
+      return kQwen2Regex;
+    case PreTokenizerPattern::kLlama3:
+      return kLlama3Regex;
+    case PreTokenizerPattern::kGpt2:
+      break;
+  }
+  return kGpt2Regex;
 }
 
 size_t MatchPreToken(PreTokenizerPattern pattern, std::string_view text, size_t pos) {
-  return pattern == PreTokenizerPattern::kQwen2 ? MatchQwen2(text, pos) : MatchGpt2(text, pos);
+  switch (pattern) {
+    case PreTokenizerPattern::kQwen2:
+      return MatchQwen2Family(text, pos, /*max_digits=*/1);
+    case PreTokenizerPattern::kLlama3:
+      return MatchQwen2Family(text, pos, /*max_digits=*/3);
+    case PreTokenizerPattern::kGpt2:
+      break;
+  }
+  return MatchGpt2(text, pos);
 }
 
 std::vector<std::string> PreTokenize(PreTokenizerPattern pattern, std::string_view text) {

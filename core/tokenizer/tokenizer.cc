@@ -7,27 +7,21 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
 #include "core/tokenizer/bpe_model.h"
 #include "core/tokenizer/byte_level.h"
+#include "core/tokenizer/field_errors.h"
+#include "core/tokenizer/json_object.h"
 #include "core/tokenizer/pre_tokenizer.h"
+#include "core/tokenizer/tokenizer_spec.h"
 #include "core/tokenizer/unicode.h"
 #include "core/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace cortiq::tokenizer {
 namespace internal {
-
-struct AddedToken {
-  std::string content;
-  int32_t id = 0;
-  bool special = false;
-  bool lstrip = false;
-  bool rstrip = false;
-};
 
 // Everything a Tokenizer needs, immutable after Load.
 struct TokenizerData {
@@ -57,41 +51,14 @@ struct TokenizerData {
 
 namespace {
 
-using internal::AddedToken;
+using internal::Cat;
 using internal::TokenizerData;
+using Errors = internal::FieldErrors;
 using Json = nlohmann::json;
 
 constexpr int32_t kMaxId = (1 << 24) - 1;  // bounds the per-id tables
 constexpr int kMaxJsonDepth = 64;
 constexpr uint8_t kKindVocab = 1, kKindAdded = 2, kKindSpecial = 3;
-
-// String concatenation of text and integers. (absl::StrCat is avoided: this
-// Abseil build's string_view is not std::string_view.)
-inline void AppendPiece(std::string* out, std::string_view piece) { out->append(piece); }
-template <typename T>
-requires std::is_integral_v<T>
-inline void AppendPiece(std::string* out, T value) { out->append(std::to_string(value)); }
-template <typename... Args>
-std::string Cat(const Args&... args) {
-  std::string out;
-  (AppendPiece(&out, args), ...);
-  return out;
-}
-
-// Error helper: "<source>: <field>: <message>".
-class Errors {
- public:
-  explicit Errors(std::string_view source) : source_(source) {}
-  absl::Status Field(std::string_view field, std::string_view message) const {
-    return absl::InvalidArgumentError(Cat(source_, ": ", field, ": ", message));
-  }
-  absl::Status General(std::string_view message) const {
-    return absl::InvalidArgumentError(Cat(source_, ": ", message));
-  }
-
- private:
-  std::string source_;
-};
 
 // Rejects nesting deeper than kMaxJsonDepth before nlohmann sees the text, so
 // hostile input cannot exhaust the stack.
@@ -155,12 +122,12 @@ absl::StatusOr<int32_t> TokenIdValue(const Errors& errors, const Json& value,
   return static_cast<int32_t>(id);
 }
 
-absl::Status ParseNormalizer(const Errors& errors, const Json* normalizer, TokenizerData* data) {
+absl::Status ParseNormalizer(const Errors& errors, const Json* normalizer, TokenizerSpec* spec) {
   if (IsNullOrAbsent(normalizer)) return absl::OkStatus();
   CORTIQ_ASSIGN_OR_RETURN(std::string type,
                           RequiredString(errors, *normalizer, "type", "normalizer"));
   if (type == "NFC") {
-    data->nfc = true;
+    spec->nfc = true;
     return absl::OkStatus();
   }
   if (type == "Sequence") {
@@ -175,7 +142,7 @@ absl::Status ParseNormalizer(const Errors& errors, const Json* normalizer, Token
         return errors.Field(Cat(path, ".type"),
                             Cat("unsupported normalizer \"", t, "\" (only NFC)"));
       }
-      data->nfc = true;
+      spec->nfc = true;
     }
     return absl::OkStatus();
   }
@@ -203,7 +170,7 @@ absl::Status CheckByteLevel(const Errors& errors, const Json& config, std::strin
 }
 
 absl::Status ParseSplit(const Errors& errors, const Json& split, std::string_view path,
-                        TokenizerData* data) {
+                        TokenizerSpec* spec) {
   const Json* pattern = Member(split, "pattern");
   if (pattern == nullptr || !pattern->is_object()) {
     return errors.Field(Cat(path, ".pattern"), "expected an object");
@@ -213,14 +180,18 @@ absl::Status ParseSplit(const Errors& errors, const Json& split, std::string_vie
     return errors.Field(Cat(path, ".pattern"), "only {\"Regex\": ...} is supported");
   }
   const std::string source = regex->get<std::string>();
-  if (source == PreTokenizerRegex(PreTokenizerPattern::kQwen2)) {
-    data->pattern = PreTokenizerPattern::kQwen2;
-  } else if (source == PreTokenizerRegex(PreTokenizerPattern::kGpt2)) {
-    data->pattern = PreTokenizerPattern::kGpt2;
-  } else {
+  bool known = false;
+  for (PreTokenizerPattern p :
+       {PreTokenizerPattern::kQwen2, PreTokenizerPattern::kLlama3, PreTokenizerPattern::kGpt2}) {
+    if (source == PreTokenizerRegex(p)) {
+      spec->pattern = p;
+      known = true;
+    }
+  }
+  if (!known) {
     return errors.Field(Cat(path, ".pattern.Regex"),
                         Cat("unsupported regex \"", source,
-                            "\" (only the Qwen2 and GPT-2 patterns are implemented)"));
+                            "\" (only the Qwen2, Llama-3 and GPT-2 patterns are implemented)"));
   }
   CORTIQ_ASSIGN_OR_RETURN(std::string behavior, RequiredString(errors, split, "behavior", path));
   if (behavior != "Isolated") {
@@ -232,13 +203,13 @@ absl::Status ParseSplit(const Errors& errors, const Json& split, std::string_vie
   return absl::OkStatus();
 }
 
-absl::Status ParsePreTokenizer(const Errors& errors, const Json* pre, TokenizerData* data) {
+absl::Status ParsePreTokenizer(const Errors& errors, const Json* pre, TokenizerSpec* spec) {
   if (IsNullOrAbsent(pre)) {
     return errors.Field("pre_tokenizer", "missing (a byte-level BPE needs ByteLevel)");
   }
   CORTIQ_ASSIGN_OR_RETURN(std::string type, RequiredString(errors, *pre, "type", "pre_tokenizer"));
   if (type == "ByteLevel") {
-    data->pattern = PreTokenizerPattern::kGpt2;
+    spec->pattern = PreTokenizerPattern::kGpt2;
     return CheckByteLevel(errors, *pre, "pre_tokenizer", /*want_use_regex=*/true,
                           /*check_use_regex=*/true);
   }
@@ -265,7 +236,7 @@ absl::Status ParsePreTokenizer(const Errors& errors, const Json* pre, TokenizerD
     return errors.Field("pre_tokenizer.pretokenizers[1].type",
                         Cat("expected ByteLevel, got \"", second, "\""));
   }
-  CORTIQ_RETURN_IF_ERROR(ParseSplit(errors, (*list)[0], "pre_tokenizer.pretokenizers[0]", data));
+  CORTIQ_RETURN_IF_ERROR(ParseSplit(errors, (*list)[0], "pre_tokenizer.pretokenizers[0]", spec));
   return CheckByteLevel(errors, (*list)[1], "pre_tokenizer.pretokenizers[1]",
                         /*want_use_regex=*/false, /*check_use_regex=*/true);
 }
@@ -292,14 +263,7 @@ absl::Status ParseDecoderAndPostProcessor(const Errors& errors, const Json& root
   return absl::OkStatus();
 }
 
-struct ParsedModel {
-  std::vector<std::pair<std::string, int32_t>> vocab;  // ByteLevel string, id
-  std::unordered_map<std::string, int32_t> vocab_ids;
-  std::vector<std::pair<std::string, std::string>> merges;
-  bool ignore_merges = false;
-};
-
-absl::Status ParseMerges(const Errors& errors, const Json& list, ParsedModel* model) {
+absl::Status ParseMerges(const Errors& errors, const Json& list, TokenizerSpec* model) {
   model->merges.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
     const Json& merge = list[i];
@@ -322,7 +286,7 @@ absl::Status ParseMerges(const Errors& errors, const Json& list, ParsedModel* mo
   return absl::OkStatus();
 }
 
-absl::StatusOr<ParsedModel> ParseModel(const Errors& errors, const Json& root) {
+absl::Status ParseModel(const Errors& errors, const Json& root, TokenizerSpec* parsed) {
   const Json* model = Member(root, "model");
   if (model == nullptr || !model->is_object()) return errors.Field("model", "expected an object");
   CORTIQ_ASSIGN_OR_RETURN(std::string type, RequiredString(errors, *model, "type", "model"));
@@ -343,38 +307,37 @@ absl::StatusOr<ParsedModel> ParseModel(const Errors& errors, const Json& root) {
   CORTIQ_ASSIGN_OR_RETURN(bool byte_fallback,
                           OptionalBool(errors, *model, "byte_fallback", "model", false));
   if (byte_fallback) return errors.Field("model.byte_fallback", "true is not supported");
-  ParsedModel parsed;
-  CORTIQ_ASSIGN_OR_RETURN(parsed.ignore_merges,
+  CORTIQ_ASSIGN_OR_RETURN(parsed->ignore_merges,
                           OptionalBool(errors, *model, "ignore_merges", "model", false));
 
   const Json* vocab = Member(*model, "vocab");
   if (vocab == nullptr || !vocab->is_object()) {
     return errors.Field("model.vocab", "expected an object of token -> id");
   }
-  parsed.vocab.reserve(vocab->size());
-  parsed.vocab_ids.reserve(vocab->size());
+  parsed->vocab.reserve(vocab->size());
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     CORTIQ_ASSIGN_OR_RETURN(
         int32_t id, TokenIdValue(errors, it.value(), Cat("model.vocab[\"", it.key(), "\"]")));
-    parsed.vocab.emplace_back(it.key(), id);
-    parsed.vocab_ids[it.key()] = id;
+    parsed->vocab.emplace_back(it.key(), id);
   }
   const Json* merges = Member(*model, "merges");
   if (merges == nullptr || !merges->is_array()) {
     return errors.Field("model.merges", "expected an array");
   }
-  CORTIQ_RETURN_IF_ERROR(ParseMerges(errors, *merges, &parsed));
+  CORTIQ_RETURN_IF_ERROR(ParseMerges(errors, *merges, parsed));
 
   const Json* unk = Member(*model, "unk_token");
   if (!IsNullOrAbsent(unk)) {
     if (!unk->is_string()) return errors.Field("model.unk_token", "expected a string or null");
     // A byte-level vocabulary covers every byte, so unk is never produced;
     // it must still name a real token.
-    if (!parsed.vocab_ids.contains(unk->get<std::string>())) {
+    const std::string& unk_token = unk->get_ref<const std::string&>();
+    if (std::none_of(parsed->vocab.begin(), parsed->vocab.end(),
+                     [&](const auto& entry) { return entry.first == unk_token; })) {
       return errors.Field("model.unk_token", "not in model.vocab");
     }
   }
-  return parsed;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<AddedToken>> ParseAddedTokens(const Errors& errors, const Json& root) {
@@ -412,14 +375,35 @@ absl::StatusOr<std::vector<AddedToken>> ParseAddedTokens(const Errors& errors, c
 }
 
 // Builds the per-id tables, the merge table and the added-token index.
-absl::Status BuildData(const Errors& errors, ParsedModel model, std::vector<AddedToken> added,
-                       TokenizerData* data) {
+absl::Status BuildData(const Errors& errors, TokenizerSpec model, TokenizerData* data) {
+  data->nfc = model.nfc;
+  data->pattern = model.pattern;
+  if (model.added.size() > std::numeric_limits<uint16_t>::max()) {
+    return errors.General(Cat(model.added.size(), " added tokens, more than the limit of ",
+                              std::numeric_limits<uint16_t>::max()));
+  }
+  for (const auto& [token, id] : model.vocab) {
+    if (id < 0 || id > kMaxId) {
+      return errors.Field(model.vocab_field,
+                          Cat("id ", id, " of \"", token, "\" out of range [0, ", kMaxId, "]"));
+    }
+  }
+  for (const AddedToken& t : model.added) {
+    if (t.id < 0 || t.id > kMaxId || t.content.empty()) {
+      return errors.General(Cat("added token \"", t.content, "\" (id ", t.id,
+                                ") is empty or its id is out of range [0, ", kMaxId, "]"));
+    }
+  }
+  std::unordered_map<std::string, int32_t> vocab_ids;
+  vocab_ids.reserve(model.vocab.size());
+  for (const auto& [token, id] : model.vocab) vocab_ids[token] = id;
+
   // ByteLevel alphabet.
   std::array<int32_t, 256> byte_ids{};
   for (int b = 0; b < 256; ++b) {
-    auto it = model.vocab_ids.find(std::string(ByteLevelUtf8Of(static_cast<uint8_t>(b))));
-    if (it == model.vocab_ids.end()) {
-      return errors.Field("model.vocab",
+    auto it = vocab_ids.find(std::string(ByteLevelUtf8Of(static_cast<uint8_t>(b))));
+    if (it == vocab_ids.end()) {
+      return errors.Field(model.vocab_field,
                           Cat("lacks the ByteLevel token \"",
                               ByteLevelUtf8Of(static_cast<uint8_t>(b)), "\" of byte ", b));
     }
@@ -431,15 +415,15 @@ absl::Status BuildData(const Errors& errors, ParsedModel model, std::vector<Adde
   merge_entries.reserve(model.merges.size());
   for (size_t i = 0; i < model.merges.size(); ++i) {
     const auto& [left, right] = model.merges[i];
-    auto l = model.vocab_ids.find(left);
-    auto r = model.vocab_ids.find(right);
-    auto m = model.vocab_ids.find(left + right);
-    if (l == model.vocab_ids.end() || r == model.vocab_ids.end() || m == model.vocab_ids.end()) {
-      const std::string& missing = l == model.vocab_ids.end()   ? left
-                                   : r == model.vocab_ids.end() ? right
-                                                                : left + right;
-      return errors.Field(Cat("model.merges[", i, "]"),
-                          Cat("token \"", missing, "\" is not in model.vocab"));
+    auto l = vocab_ids.find(left);
+    auto r = vocab_ids.find(right);
+    auto m = vocab_ids.find(left + right);
+    if (l == vocab_ids.end() || r == vocab_ids.end() || m == vocab_ids.end()) {
+      const std::string missing = l == vocab_ids.end()   ? left
+                                  : r == vocab_ids.end() ? right
+                                                         : left + right;
+      return errors.Field(Cat(model.merges_field, "[", i, "]"),
+                          Cat("token \"", missing, "\" is not in ", model.vocab_field));
     }
     merge_entries.push_back(
         {MergeTable::Key(l->second, r->second), {static_cast<int32_t>(i), m->second}});
@@ -450,21 +434,26 @@ absl::Status BuildData(const Errors& errors, ParsedModel model, std::vector<Adde
   // Per-id strings and bytes.
   int32_t max_id = -1;
   for (const auto& [token, id] : model.vocab) max_id = std::max(max_id, id);
-  for (const AddedToken& t : added) max_id = std::max(max_id, t.id);
+  for (const AddedToken& t : model.added) max_id = std::max(max_id, t.id);
+  if (model.min_vocab_size < 0 || model.min_vocab_size > kMaxId + 1) {
+    return errors.General(
+        Cat("vocabulary size ", model.min_vocab_size, " out of range [0, ", kMaxId + 1, "]"));
+  }
+  max_id = std::max(max_id, model.min_vocab_size - 1);
   const size_t size = static_cast<size_t>(max_id) + 1;  // max_id <= kMaxId
   std::vector<std::string_view> strings(size);
   std::vector<std::string> bytes(size);
   data->kinds.assign(size, 0);
   for (const auto& [token, id] : model.vocab) {
     if (data->kinds[id] != 0) {
-      return errors.Field("model.vocab",
+      return errors.Field(model.vocab_field,
                           Cat("id ", id, " is used by \"", strings[id], "\" and \"", token, "\""));
     }
     data->kinds[id] = kKindVocab;
     strings[id] = token;
     bytes[id] = ByteLevelDecode(token);
   }
-  for (const AddedToken& t : added) {
+  for (const AddedToken& t : model.added) {
     data->kinds[t.id] = t.special ? kKindSpecial : kKindAdded;
     strings[t.id] = t.content;
     bytes[t.id] = t.content;
@@ -480,14 +469,14 @@ absl::Status BuildData(const Errors& errors, ParsedModel model, std::vector<Adde
 
   // Token -> id (added tokens override vocab entries, as in the reference).
   std::unordered_map<std::string, int32_t> whole_word_ids;
-  if (model.ignore_merges) whole_word_ids = model.vocab_ids;
-  data->token_to_id = std::move(model.vocab_ids);
-  for (const AddedToken& t : added) data->token_to_id[t.content] = t.id;
+  if (model.ignore_merges) whole_word_ids = vocab_ids;
+  data->token_to_id = std::move(vocab_ids);
+  for (const AddedToken& t : model.added) data->token_to_id[t.content] = t.id;
 
   // Added-token index: a later entry with the same content replaces an
   // earlier one.
   std::unordered_map<std::string, size_t> seen;
-  for (AddedToken& t : added) {
+  for (AddedToken& t : model.added) {
     auto [it, inserted] = seen.emplace(t.content, data->added.size());
     if (inserted) {
       data->added.push_back(std::move(t));
@@ -518,9 +507,11 @@ absl::Status BuildData(const Errors& errors, ParsedModel model, std::vector<Adde
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const TokenizerData>> Load(std::string_view text,
-                                                          std::string_view source) {
-  const Errors errors(source);
+}  // namespace
+
+namespace internal {
+
+absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view text, const FieldErrors& errors) {
   if (!NestingWithinLimit(text)) {
     return errors.General(Cat("JSON nested deeper than ", kMaxJsonDepth, " levels"));
   }
@@ -531,22 +522,30 @@ absl::StatusOr<std::shared_ptr<const TokenizerData>> Load(std::string_view text,
     return errors.General(Cat("malformed JSON: ", e.what()));
   }
   if (!root.is_object()) return errors.General("expected a JSON object at the top level");
+  return root;
+}
+
+}  // namespace internal
+
+absl::StatusOr<TokenizerSpec> ParseTokenizerJson(std::string_view text, std::string_view source) {
+  const Errors errors(source);
+  CORTIQ_ASSIGN_OR_RETURN(Json root, internal::ParseJsonObject(text, errors));
   // Every access below checks types first; the catch is a backstop so that a
   // missed check on hostile input is an error, never a crash.
   try {
-    auto data = std::make_shared<TokenizerData>();
-    CORTIQ_ASSIGN_OR_RETURN(ParsedModel model, ParseModel(errors, root));
-    CORTIQ_RETURN_IF_ERROR(ParseNormalizer(errors, Member(root, "normalizer"), data.get()));
-    CORTIQ_RETURN_IF_ERROR(ParsePreTokenizer(errors, Member(root, "pre_tokenizer"), data.get()));
+    TokenizerSpec spec;
+    CORTIQ_RETURN_IF_ERROR(ParseModel(errors, root, &spec));
+    CORTIQ_RETURN_IF_ERROR(ParseNormalizer(errors, Member(root, "normalizer"), &spec));
+    CORTIQ_RETURN_IF_ERROR(ParsePreTokenizer(errors, Member(root, "pre_tokenizer"), &spec));
     CORTIQ_RETURN_IF_ERROR(ParseDecoderAndPostProcessor(errors, root));
-    CORTIQ_ASSIGN_OR_RETURN(std::vector<AddedToken> added, ParseAddedTokens(errors, root));
-    root = Json();  // release the DOM before building the tables
-    CORTIQ_RETURN_IF_ERROR(BuildData(errors, std::move(model), std::move(added), data.get()));
-    return std::shared_ptr<const TokenizerData>(std::move(data));
+    CORTIQ_ASSIGN_OR_RETURN(spec.added, ParseAddedTokens(errors, root));
+    return spec;  // the DOM is freed here, before a caller builds the tables
   } catch (const Json::exception& e) {
     return errors.General(Cat("unexpected JSON content: ", e.what()));
   }
 }
+
+namespace {
 
 inline std::string_view Slice(const std::string& pool, const std::vector<uint32_t>& offsets,
                               int32_t id) {
@@ -620,9 +619,14 @@ absl::StatusOr<Tokenizer> Tokenizer::FromFile(const std::string& path) {
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view json, std::string_view source_name) {
-  CORTIQ_ASSIGN_OR_RETURN(std::shared_ptr<const internal::TokenizerData> data,
-                          Load(json, source_name));
-  return Tokenizer(std::move(data));
+  CORTIQ_ASSIGN_OR_RETURN(TokenizerSpec spec, ParseTokenizerJson(json, source_name));
+  return FromSpec(std::move(spec), source_name);
+}
+
+absl::StatusOr<Tokenizer> Tokenizer::FromSpec(TokenizerSpec spec, std::string_view source_name) {
+  auto data = std::make_shared<TokenizerData>();
+  CORTIQ_RETURN_IF_ERROR(BuildData(Errors(source_name), std::move(spec), data.get()));
+  return Tokenizer(std::shared_ptr<const TokenizerData>(std::move(data)));
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view utf8, bool parse_special) const {

@@ -1,4 +1,5 @@
-// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json, as
+// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (or a
+// GGUF file's embedded vocabulary, gguf_vocab.h), as
 // Qwen2 / Qwen2.5 / Qwen3 use it: added tokens matched first (leftmost, then
 // longest), NFC normalizer, the Qwen Split pre-tokenizer regex (or GPT-2's
 // ByteLevel regex), ByteLevel byte->char mapping, BPE merges by rank;
@@ -10,8 +11,8 @@
 // pairs), no dropout, no continuing_subword_prefix / end_of_word_suffix, no
 // byte_fallback, optional ignore_merges; normalizer null, NFC or a Sequence of
 // NFC; pre_tokenizer Sequence[Split(Regex, Isolated, invert=false),
-// ByteLevel(add_prefix_space=false, use_regex=false)] with the Qwen2 or GPT-2
-// regex, or ByteLevel(add_prefix_space=false, use_regex=true); decoder
+// ByteLevel(add_prefix_space=false, use_regex=false)] with the Qwen2, Llama-3
+// or GPT-2 regex, or ByteLevel(add_prefix_space=false, use_regex=true); decoder
 // ByteLevel; post_processor null or ByteLevel; truncation and padding null;
 // added_tokens with special / lstrip / rstrip (single_word must be false; the
 // `normalized` flag is ignored, as the JS reference does).
@@ -40,12 +41,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/tokenizer/tokenizer_spec.h"
 
 namespace cortiq::tokenizer {
 
 namespace internal {
 struct TokenizerData;
 }  // namespace internal
+
+struct GgufVocab;  // gguf_vocab.h
 
 class Tokenizer {
  public:
@@ -54,6 +58,18 @@ class Tokenizer {
   // Parses tokenizer.json text; source_name (e.g. the path) prefixes errors.
   // Malformed or hostile JSON yields an error, never a crash.
   static absl::StatusOr<Tokenizer> FromJson(std::string_view json, std::string_view source_name);
+  // The tokenizer a GGUF file's embedded vocabulary describes (the
+  // tokenizer.ggml.* keys, gathered into a GgufVocab; defined and documented
+  // in gguf_vocab.h/.cc). Encodes exactly as the tokenizer.json it was
+  // converted from. Errors are InvalidArgument naming source_name (e.g. the
+  // GGUF path) and the GGUF key. Cost: linear in the tokens and merges.
+  static absl::StatusOr<Tokenizer> FromGgufVocab(const GgufVocab& vocab,
+                                                 std::string_view source_name);
+  // Builds the tables from a parsed description (tokenizer_spec.h; what
+  // FromJson and FromGgufVocab both go through).
+  // Errors name source_name and the spec's field names. Cost: linear in the
+  // vocabulary and merges; allocates the per-id tables.
+  static absl::StatusOr<Tokenizer> FromSpec(TokenizerSpec spec, std::string_view source_name);
 
   Tokenizer(const Tokenizer&) = default;
   Tokenizer& operator=(const Tokenizer&) = default;
@@ -74,7 +90,8 @@ class Tokenizer {
   // sequence cut between ids) becomes U+FFFD.
   std::string Decode(std::span<const int32_t> ids) const;
 
-  // Max id + 1 over the vocabulary and the added tokens.
+  // Max id + 1 over the vocabulary and the added tokens (at least the
+  // spec's min_vocab_size: a GGUF vocabulary's token count).
   size_t vocab_size() const;
   // Id of a token string (ByteLevel form for vocab tokens, e.g. "Ġthe"; plain
   // content for added tokens). Added tokens win over vocab entries.

