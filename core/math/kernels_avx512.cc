@@ -1114,15 +1114,16 @@ constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t
   };
 }
 
+// Int8 weights: 16-row groups (q8_avx512.cc, q8_avx512vnni.cc).
 constexpr KernelTable kTable = MakeTable(Isa::kAvx512, nullptr, nullptr, 0, nullptr, nullptr,
-                                         nullptr, 1, Q8MatMulScalar);
+                                         nullptr, 16, Q8MatMulAvx512);
 constexpr KernelTable kTableVnni = MakeTable(Isa::kAvx512Vnni, nullptr, nullptr, 0, nullptr,
-                                             nullptr, nullptr, 1, Q8MatMulScalar);
+                                             nullptr, nullptr, 16, Q8MatMulVnni);
 constexpr KernelTable kTableBf16 = MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX,
-                                             8, GemvBf16, nullptr, nullptr, 1, Q8MatMulScalar);
+                                             8, GemvBf16, nullptr, nullptr, 16, Q8MatMulVnni);
 // AMX: rows in whole 16-row tiles per thread; tile-order weights for every batch.
 constexpr KernelTable kTableAmx = MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16,
-                                            GemvAmx, AmxPackX, AmxTiledMatMul, 1, Q8MatMulScalar);
+                                            GemvAmx, AmxPackX, AmxTiledMatMul, 16, Q8MatMulVnni);
 
 }  // namespace
 

@@ -176,6 +176,10 @@ void Q8MatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end);
 // q8_avx2.cc; the kAvx2 table's, with q8_row_block kQ8Avx2RowBlock.
 void Q8MatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end);
 inline constexpr size_t kQ8Avx2RowBlock = 8;
+// AVX-512 (VPMADDWD) and AVX512_VNNI (VPDPBUSD): 16 W rows per zmm, so their
+// tables hand them row ranges starting on multiples of 16 (q8_row_block).
+void Q8MatMulAvx512(const Q8Args& a, size_t row_begin, size_t row_end);
+void Q8MatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc
 // (always built on x86-64); the dispatcher treats nullptr as "not available".
 const KernelTable* Avx2Table();

@@ -116,6 +116,65 @@ TEST(Q8ActivationsTest, RoundsTiesToEvenAndFlagsNonFinite) {
   for (int i = 64; i < 96; ++i) EXPECT_EQ(q[i], 0);
 }
 
+// The MatMul checks below take qx from QuantizeActivationsQ8 itself, so its
+// rounding is checked here on its own against std::nearbyint: random blocks
+// (ties rare) and blocks of exact halves (amax 127: scale 1, every x.5 a tie).
+TEST(Q8ActivationsTest, EqualsNearbyintOnRandomAndTiedValues) {
+  const size_t cols = 4096;
+  std::vector<float> x = RandomFloats(cols, 21, -3.0f, 3.0f);
+  for (size_t i = 0; i < cols / 2; i += kQ8Block) {
+    x[i] = 127.0f;
+    for (size_t k = 1; k < kQ8Block; ++k) {
+      x[i + k] = static_cast<float>(static_cast<int>(i / 2 + k) % 254 - 127) + 0.5f;
+    }
+  }
+  std::vector<int8_t> q(cols);
+  std::vector<float> d(cols / kQ8Block);
+  QuantizeActivationsQ8(x.data(), 1, cols, q.data(), d.data());
+  for (size_t i = 0; i < cols; ++i) {
+    const float* blk = x.data() + i / kQ8Block * kQ8Block;
+    float amax = 0.0f;
+    for (size_t k = 0; k < kQ8Block; ++k) amax = std::max(amax, std::fabs(blk[k]));
+    ASSERT_EQ(Bits(d[i / kQ8Block]), Bits(amax / 127.0f)) << i;
+    ASSERT_EQ(q[i], static_cast<int8_t>(std::nearbyint(x[i] * (127.0f / amax))))
+        << i << " " << x[i];
+  }
+}
+
+// Blocks that leave the vector path: NaN or inf at every lane position,
+// -0.0 only, and an amax so small that 127/amax overflows (every q 0, the
+// scale kept); and a negative amax, which does not.
+TEST(Q8ActivationsTest, SpecialBlocksAtEveryPosition) {
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (size_t pos = 0; pos < kQ8Block; ++pos) {
+    for (const float special : {kNan, -kNan, kInf, -kInf}) {
+      std::vector<float> x = RandomFloats(kQ8Block, 5 + pos, -1.0f, 1.0f);
+      x[pos] = special;
+      std::vector<int8_t> q(kQ8Block, 7);
+      float d = 0.0f;
+      QuantizeActivationsQ8(x.data(), 1, kQ8Block, q.data(), &d);
+      ASSERT_TRUE(std::isnan(d)) << pos;
+      for (const int8_t v : q) ASSERT_EQ(v, 0) << pos;
+    }
+  }
+  std::vector<float> x(3 * kQ8Block, -0.0f);
+  for (size_t k = 0; k < kQ8Block; ++k) x[kQ8Block + k] = (k % 2 ? 1.0f : -1.0f) * 1e-38f;
+  for (size_t k = 0; k < kQ8Block; ++k) x[2 * kQ8Block + k] = static_cast<float>(k) - 40.0f;
+  std::vector<int8_t> q(3 * kQ8Block, 7);
+  std::vector<float> d(3);
+  QuantizeActivationsQ8(x.data(), 1, 3 * kQ8Block, q.data(), d.data());
+  EXPECT_EQ(d[0], 0.0f);
+  EXPECT_EQ(Bits(d[1]), Bits(1e-38f / 127.0f));
+  for (size_t k = 0; k < 2 * kQ8Block; ++k) EXPECT_EQ(q[k], 0) << k;
+  EXPECT_EQ(d[2], 40.0f / 127.0f);
+  EXPECT_EQ(q[2 * kQ8Block], -127);
+  for (size_t k = 0; k < kQ8Block; ++k) {
+    EXPECT_EQ(q[2 * kQ8Block + k],
+              static_cast<int8_t>(std::nearbyint(x[2 * kQ8Block + k] * (127.0f / 40.0f))));
+  }
+}
+
 // Raw Q8_0 rows with every int8 value possible (-128 too: a foreign file may
 // hold it, QuantizeQ8_0 never writes it) and random normal-range f16 scales,
 // stored at a deliberately unaligned address.
