@@ -176,7 +176,7 @@ absl::Status Transformer::Bind() {
 }
 
 size_t Transformer::WeightBytesPerStep() const {
-  auto bytes = [](const WeightView& w) { return w.rows * w.cols * math::DTypeSize(w.dtype); };
+  auto bytes = [](const WeightView& w) { return w.rows * math::RowBytes(w.dtype, w.cols); };
   size_t total = bytes(lm_head_);
   for (const LayerWeights& w : layers_) {
     for (const WeightView* v : w.Projections()) total += bytes(*v);
@@ -227,7 +227,7 @@ void Transformer::RopeTables(ForwardScratch& s, size_t rows) const {
 
 void Transformer::Embed(std::span<const int32_t> tokens, float* x) const {
   const size_t hidden = config_.hidden_size;
-  const size_t row_bytes = hidden * math::DTypeSize(embed_.dtype);
+  const size_t row_bytes = math::RowBytes(embed_.dtype, hidden);  // Q8_0: whole blocks
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto* row = static_cast<const uint8_t*>(embed_.data) + size_t(tokens[i]) * row_bytes;
     math::ConvertToF32(row, embed_.dtype, hidden, x + i * hidden);

@@ -5,7 +5,8 @@
 //               x = h + down(silu(gate(n(h))) * up(n(h)))
 //   logits = lm_head(norm(x))            (lm_head = embed_tokens when tied)
 //
-// Weights stay in the memory-mapped checkpoint (f32, bf16 or f16) and are read
+// Weights stay in the memory-mapped checkpoint (f32, bf16, f16 or Q8_0, a GGUF
+// file's int8 blocks; Checkpoint converts other GGUF types) and are read
 // through math::MatMul; only norms and biases are copied to f32 at load. On
 // AMX, with bf16 weights and bf16 activations, the projections and lm_head
 // are copied once into AMX tile order and read from there, and their
