@@ -151,9 +151,9 @@ std::string Checkpoint::SearchedFiles() const {
 std::string Checkpoint::Label(std::string_view name) const {
   if (gguf_ != nullptr) {
     auto it = gguf_tensors_.find(name);
-    std::optional<std::string> g =
-        it != gguf_tensors_.end() ? std::optional<std::string>(it->second.gguf_name)
-                                  : GgufTensorName(name);
+    std::optional<std::string> g = it != gguf_tensors_.end()
+                                       ? std::optional<std::string>(it->second.gguf_name)
+                                       : GgufTensorName(name);
     if (g) return absl::StrCat(dir_, ": tensor '", *g, "' (", Sv(name), ")");
     return absl::StrCat(dir_, ": tensor '", Sv(name), "'");
   }
@@ -261,8 +261,7 @@ absl::Status Checkpoint::OpenGguf(const std::string& path) {
   if (converted > 0) {
     load_note_ = absl::StrCat(path, ": converted ", converted, " tensors (",
                               absl::StrJoin(converted_types, ", "), ") to Q8_0 at load: ",
-                              absl::StrFormat("%.1f", double(converted_bytes) / (1 << 20)),
-                              " MiB");
+                              absl::StrFormat("%.1f", double(converted_bytes) / (1 << 20)), " MiB");
     std::fprintf(stderr, "%s\n", load_note_.c_str());
   }
   return absl::OkStatus();
@@ -295,8 +294,8 @@ absl::StatusOr<Checkpoint::GgufTensor> Checkpoint::LoadGgufTensor(const GgufFile
   const size_t rows = numel / cols;
   const size_t hd = static_cast<size_t>(config_.head_dim);
   if (permute && rows % hd != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(Label(hf_name), ": ", rows,
-                                                   " rows are not whole heads of ", hd));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Label(hf_name), ": ", rows, " rows are not whole heads of ", hd));
   }
   // Vectors (norms, biases) become F32: callers read them elementwise.
   const math::DType dtype = vector ? math::DType::kF32 : in_place.value_or(math::DType::kQ8_0);

@@ -33,49 +33,49 @@ absl::string_view Sv(std::string_view s) { return {s.data(), s.size()}; }
 // Id -> traits; {nullptr, 0, 0}: unknown (removed from ggml, or never used).
 // Sizes from gguf-py/gguf/constants.py GGML_QUANT_SIZES (QK_K = 256).
 constexpr GgmlTypeTraits kTypes[] = {
-    {"F32", 1, 4},        // 0
-    {"F16", 1, 2},        // 1
-    {"Q4_0", 32, 18},     // 2
-    {"Q4_1", 32, 20},     // 3
-    {nullptr, 0, 0},      // 4 (Q4_2, removed)
-    {nullptr, 0, 0},      // 5 (Q4_3, removed)
-    {"Q5_0", 32, 22},     // 6
-    {"Q5_1", 32, 24},     // 7
-    {"Q8_0", 32, 34},     // 8
-    {"Q8_1", 32, 36},     // 9
-    {"Q2_K", 256, 84},    // 10
-    {"Q3_K", 256, 110},   // 11
-    {"Q4_K", 256, 144},   // 12
-    {"Q5_K", 256, 176},   // 13
-    {"Q6_K", 256, 210},   // 14
-    {"Q8_K", 256, 292},   // 15
-    {"IQ2_XXS", 256, 66}, // 16
-    {"IQ2_XS", 256, 74},  // 17
-    {"IQ3_XXS", 256, 98}, // 18
-    {"IQ1_S", 256, 50},   // 19
-    {"IQ4_NL", 32, 18},   // 20
-    {"IQ3_S", 256, 110},  // 21
-    {"IQ2_S", 256, 82},   // 22
-    {"IQ4_XS", 256, 136}, // 23
-    {"I8", 1, 1},         // 24
-    {"I16", 1, 2},        // 25
-    {"I32", 1, 4},        // 26
-    {"I64", 1, 8},        // 27
-    {"F64", 1, 8},        // 28
-    {"IQ1_M", 256, 56},   // 29
-    {"BF16", 1, 2},       // 30
-    {nullptr, 0, 0},      // 31 (Q4_0_4_4, removed)
-    {nullptr, 0, 0},      // 32 (Q4_0_4_8, removed)
-    {nullptr, 0, 0},      // 33 (Q4_0_8_8, removed)
-    {"TQ1_0", 256, 54},   // 34
-    {"TQ2_0", 256, 66},   // 35
-    {nullptr, 0, 0},      // 36 (IQ4_NL_4_4, removed)
-    {nullptr, 0, 0},      // 37 (IQ4_NL_4_8, removed)
-    {nullptr, 0, 0},      // 38 (IQ4_NL_8_8, removed)
-    {"MXFP4", 32, 17},    // 39
-    {"NVFP4", 64, 36},    // 40
-    {"Q1_0", 128, 18},    // 41
-    {"Q2_0", 64, 18},     // 42
+    {"F32", 1, 4},         // 0
+    {"F16", 1, 2},         // 1
+    {"Q4_0", 32, 18},      // 2
+    {"Q4_1", 32, 20},      // 3
+    {nullptr, 0, 0},       // 4 (Q4_2, removed)
+    {nullptr, 0, 0},       // 5 (Q4_3, removed)
+    {"Q5_0", 32, 22},      // 6
+    {"Q5_1", 32, 24},      // 7
+    {"Q8_0", 32, 34},      // 8
+    {"Q8_1", 32, 36},      // 9
+    {"Q2_K", 256, 84},     // 10
+    {"Q3_K", 256, 110},    // 11
+    {"Q4_K", 256, 144},    // 12
+    {"Q5_K", 256, 176},    // 13
+    {"Q6_K", 256, 210},    // 14
+    {"Q8_K", 256, 292},    // 15
+    {"IQ2_XXS", 256, 66},  // 16
+    {"IQ2_XS", 256, 74},   // 17
+    {"IQ3_XXS", 256, 98},  // 18
+    {"IQ1_S", 256, 50},    // 19
+    {"IQ4_NL", 32, 18},    // 20
+    {"IQ3_S", 256, 110},   // 21
+    {"IQ2_S", 256, 82},    // 22
+    {"IQ4_XS", 256, 136},  // 23
+    {"I8", 1, 1},          // 24
+    {"I16", 1, 2},         // 25
+    {"I32", 1, 4},         // 26
+    {"I64", 1, 8},         // 27
+    {"F64", 1, 8},         // 28
+    {"IQ1_M", 256, 56},    // 29
+    {"BF16", 1, 2},        // 30
+    {nullptr, 0, 0},       // 31 (Q4_0_4_4, removed)
+    {nullptr, 0, 0},       // 32 (Q4_0_4_8, removed)
+    {nullptr, 0, 0},       // 33 (Q4_0_8_8, removed)
+    {"TQ1_0", 256, 54},    // 34
+    {"TQ2_0", 256, 66},    // 35
+    {nullptr, 0, 0},       // 36 (IQ4_NL_4_4, removed)
+    {nullptr, 0, 0},       // 37 (IQ4_NL_4_8, removed)
+    {nullptr, 0, 0},       // 38 (IQ4_NL_8_8, removed)
+    {"MXFP4", 32, 17},     // 39
+    {"NVFP4", 64, 36},     // 40
+    {"Q1_0", 128, 18},     // 41
+    {"Q2_0", 64, 18},      // 42
 };
 
 // Fixed sizes of the scalar value types; 0 for string / array / unknown.
@@ -166,7 +166,7 @@ class Cursor {
 // ---- types ----
 
 const char* GgufValueTypeName(GgufValueType t) {
-  static const char* const kNames[] = {"u8",  "i8",   "u16",    "i16",   "u32", "i32", "f32",
+  static const char* const kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                        "bool", "string", "array", "u64", "i64", "f64"};
   const auto i = static_cast<uint32_t>(t);
   return i < std::size(kNames) ? kNames[i] : "unknown";
@@ -212,8 +212,8 @@ std::optional<math::DType> InPlaceDType(uint32_t type) {
 }
 
 bool GgufDequantizable(uint32_t type) {
-  return InPlaceDType(type).has_value() || type == ggml_type::kQ4_0 ||
-         type == ggml_type::kQ4_K || type == ggml_type::kQ6_K;
+  return InPlaceDType(type).has_value() || type == ggml_type::kQ4_0 || type == ggml_type::kQ4_K ||
+         type == ggml_type::kQ6_K;
 }
 
 const char* GgufSupportedTypeList() { return "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K"; }
@@ -302,7 +302,8 @@ absl::Status GgufFile::Parse() {
   };
 
   char magic[4] = {};
-  if (size_ < 4) return fail(absl::StrCat("file is ", size_, " bytes, shorter than the GGUF magic"));
+  if (size_ < 4)
+    return fail(absl::StrCat("file is ", size_, " bytes, shorter than the GGUF magic"));
   std::memcpy(magic, map_, 4);
   c.Skip(4);
   if (std::memcmp(magic, "GGUF", 4) != 0) {
@@ -440,8 +441,8 @@ absl::Status GgufFile::Parse() {
     const GgmlTypeTraits* traits = GgmlTypeInfo(t.type);
     if (traits == nullptr) return bad(absl::StrCat("unknown ggml type ", t.type));
     if (static_cast<uint64_t>(t.ne[0]) % traits->block_size != 0) {
-      return bad(absl::StrCat("row of ", t.ne[0], " values is not a whole number of ",
-                              traits->name, " blocks of ", traits->block_size));
+      return bad(absl::StrCat("row of ", t.ne[0], " values is not a whole number of ", traits->name,
+                              " blocks of ", traits->block_size));
     }
     if (__builtin_mul_overflow(numel / traits->block_size, uint64_t{traits->type_size},
                                &t.nbytes)) {
@@ -522,11 +523,11 @@ absl::StatusOr<std::string> GgufFile::GetString(std::string_view key) const {
   return s;
 }
 
-#define CORTIQ_GGUF_SCALAR_GETTER(Name, T, Type, type_name)                \
-  absl::StatusOr<T> GgufFile::Name(std::string_view key) const {          \
-    CORTIQ_ASSIGN_OR_RETURN(const Kv* kv, Find(key));                     \
+#define CORTIQ_GGUF_SCALAR_GETTER(Name, T, Type, type_name)                     \
+  absl::StatusOr<T> GgufFile::Name(std::string_view key) const {                \
+    CORTIQ_ASSIGN_OR_RETURN(const Kv* kv, Find(key));                           \
     if (kv->type != GgufValueType::Type) return WrongType(key, *kv, type_name); \
-    return Load<T>(map_ + kv->offset);                                     \
+    return Load<T>(map_ + kv->offset);                                          \
   }
 CORTIQ_GGUF_SCALAR_GETTER(GetU32, uint32_t, kU32, "u32")
 CORTIQ_GGUF_SCALAR_GETTER(GetI32, int32_t, kI32, "i32")
@@ -540,8 +541,7 @@ absl::StatusOr<bool> GgufFile::GetBool(std::string_view key) const {
   return map_[kv->offset] != 0;
 }
 
-absl::StatusOr<int64_t> GgufFile::IntAt(std::string_view key, GgufValueType t,
-                                        uint64_t off) const {
+absl::StatusOr<int64_t> GgufFile::IntAt(std::string_view key, GgufValueType t, uint64_t off) const {
   const uint8_t* p = map_ + off;
   switch (t) {
     case GgufValueType::kU8:
@@ -658,10 +658,9 @@ absl::StatusOr<TensorView> GgufFile::Get(std::string_view name) const {
                        ", which is not read in place (F32, F16, BF16, Q8_0): dequantize it "
                        "(DequantizeGgufRows)"));
     }
-    return absl::UnimplementedError(absl::StrCat(path_, ": tensor '", t->name, "' has type ",
-                                                 GgmlTypeName(t->type),
-                                                 ", which is not supported (supported: ",
-                                                 GgufSupportedTypeList(), ")"));
+    return absl::UnimplementedError(
+        absl::StrCat(path_, ": tensor '", t->name, "' has type ", GgmlTypeName(t->type),
+                     ", which is not supported (supported: ", GgufSupportedTypeList(), ")"));
   }
   TensorView v;
   v.name = t->name;

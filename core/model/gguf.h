@@ -89,9 +89,9 @@ const char* GgufValueTypeName(GgufValueType t);
 // the file's). Ids not listed (4, 5, 31-33, 36-38: removed from ggml) and ids
 // past the end are unknown: the file does not open.
 namespace ggml_type {
-inline constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7,
-                          kQ8_0 = 8, kQ8_1 = 9, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13,
-                          kQ6_K = 14, kQ8_K = 15, kIQ2_XXS = 16, kBF16 = 30;
+inline constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+                          kQ8_1 = 9, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+                          kQ8_K = 15, kIQ2_XXS = 16, kBF16 = 30;
 }  // namespace ggml_type
 
 struct GgmlTypeTraits {
@@ -210,8 +210,8 @@ class GgufFile {
   absl::StatusOr<int64_t> IntAt(std::string_view key, GgufValueType t, uint64_t off) const;
 
   std::string path_;
-  const uint8_t* map_ = nullptr;           // the whole file, PROT_READ (or owned_)
-  std::unique_ptr<uint8_t[]> owned_;       // FromBuffer's copy
+  const uint8_t* map_ = nullptr;      // the whole file, PROT_READ (or owned_)
+  std::unique_ptr<uint8_t[]> owned_;  // FromBuffer's copy
   uint64_t size_ = 0;
   uint32_t version_ = 0;
   uint32_t alignment_ = kDefaultAlignment;

@@ -3,6 +3,9 @@
 // the checks an HF directory does.
 #include "core/model/gguf_model.h"
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -92,9 +95,8 @@ class KeyReader {
     const std::string key = Key(suffix);
     CORTIQ_ASSIGN_OR_RETURN(int64_t v, f_.GetInt(key));
     if (v < 1 || v > limit) {
-      return absl::InvalidArgumentError(absl::StrCat(f_.path(), ": metadata key '", key,
-                                                     "': value ", v, " out of range [1, ", limit,
-                                                     "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          f_.path(), ": metadata key '", key, "': value ", v, " out of range [1, ", limit, "]"));
     }
     return v;
   }
@@ -105,10 +107,24 @@ class KeyReader {
     return std::optional<int64_t>(v);
   }
   absl::StatusOr<std::optional<double>> OptFloat(std::string_view suffix) const {
-    const std::string key = Key(suffix);
-    if (!f_.Has(key)) return std::optional<double>();
-    CORTIQ_ASSIGN_OR_RETURN(double v, f_.GetFloat(key));
+    if (!f_.Has(Key(suffix))) return std::optional<double>();
+    CORTIQ_ASSIGN_OR_RETURN(double v, Float(suffix));
     return std::optional<double>(v);
+  }
+  // An f32 value as the shortest decimal that reads back as the same f32
+  // (1e-6f -> 1e-6, as config.json writes it), so that a converted model's
+  // config equals its HF twin's; an f64 value as is.
+  absl::StatusOr<double> Float(std::string_view suffix) const {
+    const std::string key = Key(suffix);
+    CORTIQ_ASSIGN_OR_RETURN(double v, f_.GetFloat(key));
+    if (f_.TypeOf(key) != GgufValueType::kF32 || !std::isfinite(v)) return v;
+    for (int digits = 1; digits <= 9; ++digits) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%.*g", digits, v);
+      const double d = std::strtod(buf, nullptr);
+      if (static_cast<float>(d) == static_cast<float>(v)) return d;
+    }
+    return v;
   }
   absl::Status Invalid(std::string_view suffix, absl::string_view why) const {
     return absl::InvalidArgumentError(
@@ -154,15 +170,13 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& f) {
   CORTIQ_ASSIGN_OR_RETURN(const int64_t hidden, r.Dim("embedding_length"));
   CORTIQ_ASSIGN_OR_RETURN(const int64_t inter, r.Dim("feed_forward_length"));
   CORTIQ_ASSIGN_OR_RETURN(const int64_t heads, r.Dim("attention.head_count"));
-  CORTIQ_ASSIGN_OR_RETURN(const std::optional<int64_t> kv_heads, r.OptDim("attention.head_count_kv"));
+  CORTIQ_ASSIGN_OR_RETURN(const std::optional<int64_t> kv_heads,
+                          r.OptDim("attention.head_count_kv"));
   CORTIQ_ASSIGN_OR_RETURN(const std::optional<int64_t> key_len, r.OptDim("attention.key_length"));
-  CORTIQ_ASSIGN_OR_RETURN(const std::optional<int64_t> val_len,
-                          r.OptDim("attention.value_length"));
-  CORTIQ_ASSIGN_OR_RETURN(const std::optional<int64_t> rope_dims,
-                          r.OptDim("rope.dimension_count"));
+  CORTIQ_ASSIGN_OR_RETURN(const std::optional<int64_t> val_len, r.OptDim("attention.value_length"));
+  CORTIQ_ASSIGN_OR_RETURN(const std::optional<int64_t> rope_dims, r.OptDim("rope.dimension_count"));
   CORTIQ_ASSIGN_OR_RETURN(const std::optional<double> theta, r.OptFloat("rope.freq_base"));
-  CORTIQ_ASSIGN_OR_RETURN(const double eps,
-                          f.GetFloat(r.Key("attention.layer_norm_rms_epsilon")));
+  CORTIQ_ASSIGN_OR_RETURN(const double eps, r.Float("attention.layer_norm_rms_epsilon"));
 
   int64_t head_dim = 0;
   if (key_len) {
@@ -188,14 +202,15 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& f) {
   if (const std::string key = r.Key("rope.scaling.type"); f.Has(key)) {
     CORTIQ_ASSIGN_OR_RETURN(const std::string type, f.GetString(key));
     if (type != "none") {
-      return absl::UnimplementedError(absl::StrCat(path, ": metadata key '", key, "': RoPE scaling '",
-                                                   type, "' is not supported"));
+      return absl::UnimplementedError(absl::StrCat(
+          path, ": metadata key '", key, "': RoPE scaling '", type, "' is not supported"));
     }
   }
   if (f.HasTensor("rope_freqs.weight")) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": tensor 'rope_freqs.weight' (RoPE frequency factors, llama3 scaling) is not "
-              "supported"));
+    return absl::UnimplementedError(
+        absl::StrCat(path,
+                     ": tensor 'rope_freqs.weight' (RoPE frequency factors, llama3 scaling) is not "
+                     "supported"));
   }
 
   // Vocabulary: the tokenizer's list and the embedding must agree.
@@ -205,21 +220,22 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& f) {
   }
   if (embd->shape.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": tensor 'token_embd.weight': shape ",
-                                                   ShapeString(embd->shape),
-                                                   " expected [vocab, ", hidden, "]"));
+                                                   ShapeString(embd->shape), " expected [vocab, ",
+                                                   hidden, "]"));
   }
   int64_t vocab = embd->shape[0];
   if (f.Has("tokenizer.ggml.tokens")) {
     CORTIQ_ASSIGN_OR_RETURN(const uint64_t n, f.ArrayLength("tokenizer.ggml.tokens"));
     if (n != static_cast<uint64_t>(vocab)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": the vocabulary has ", n, " tokens (tokenizer.ggml.tokens) but tensor "
-          "'token_embd.weight' has ", vocab, " rows"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": the vocabulary has ", n,
+                                                     " tokens (tokenizer.ggml.tokens) but tensor "
+                                                     "'token_embd.weight' has ",
+                                                     vocab, " rows"));
     }
   }
   if (vocab > kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": vocabulary of ", vocab,
-                                                   " tokens exceeds ", kMaxDim));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": vocabulary of ", vocab, " tokens exceeds ", kMaxDim));
   }
 
   j["vocab_size"] = vocab;

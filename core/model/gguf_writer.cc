@@ -73,7 +73,8 @@ absl::StatusOr<uint64_t> Numel(const std::string& name, const std::vector<int64_
 }  // namespace
 
 GgufWriter::GgufWriter(uint32_t alignment) : alignment_(alignment) {
-  if (alignment_ == 0 || (alignment_ & (alignment_ - 1)) != 0) alignment_ = GgufFile::kDefaultAlignment;
+  if (alignment_ == 0 || (alignment_ & (alignment_ - 1)) != 0)
+    alignment_ = GgufFile::kDefaultAlignment;
   if (alignment_ != GgufFile::kDefaultAlignment) (void)AddU32("general.alignment", alignment_);
 }
 
@@ -187,9 +188,8 @@ absl::Status GgufWriter::AddTensor(std::string name, math::DType dtype, std::vec
 absl::Status GgufWriter::AddRawTensor(std::string name, uint32_t ggml_type,
                                       std::vector<int64_t> shape, std::string_view bytes) {
   if (name.empty() || name.size() > GgufFile::kMaxTensorNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor name of ", name.size(),
-                                                   " bytes (1 to ", GgufFile::kMaxTensorNameBytes,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor name of ", name.size(), " bytes (1 to ",
+                                                   GgufFile::kMaxTensorNameBytes, ")"));
   }
   const GgmlTypeTraits* t = GgmlTypeInfo(ggml_type);
   if (t == nullptr) {
@@ -199,10 +199,10 @@ absl::Status GgufWriter::AddRawTensor(std::string name, uint32_t ggml_type,
   CORTIQ_ASSIGN_OR_RETURN(const uint64_t n, Numel(name, shape));
   if (static_cast<uint64_t>(shape.back()) % t->block_size != 0 ||
       n / t->block_size * t->type_size != bytes.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "': shape ", ShapeString(shape), " in ", t->name, " (blocks of ",
-        t->block_size, " values in ", t->type_size, " bytes) does not match ", bytes.size(),
-        " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': shape ", ShapeString(shape), " in ", t->name,
+                     " (blocks of ", t->block_size, " values in ", t->type_size,
+                     " bytes) does not match ", bytes.size(), " bytes"));
   }
   for (const Pending& p : tensors_) {
     if (p.name == name) {

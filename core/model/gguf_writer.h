@@ -22,8 +22,8 @@
 // Example:
 //   GgufWriter w;
 //   CORTIQ_RETURN_IF_ERROR(w.AddString("general.architecture", "qwen3"));
-//   CORTIQ_RETURN_IF_ERROR(w.AddTensor("token_embd.weight", math::DType::kQ8_0, {vocab, hidden}, v));
-//   CORTIQ_RETURN_IF_ERROR(w.Write("/tmp/model.gguf"));
+//   CORTIQ_RETURN_IF_ERROR(w.AddTensor("token_embd.weight", math::DType::kQ8_0, {vocab, hidden},
+//   v)); CORTIQ_RETURN_IF_ERROR(w.Write("/tmp/model.gguf"));
 #pragma once
 
 #include <cstdint>

@@ -106,8 +106,7 @@ absl::StatusOr<IndexerWeights> Derive(const TensorSource& src, size_t layer,
   out.hidden = g.hidden;
   // Q8_0 (GGUF int8 blocks) widens to f32: the indexer's kernels take
   // element types.
-  out.dtype = wq.dtype == wk.dtype && wq.dtype != math::DType::kQ8_0 ? wq.dtype
-                                                                     : math::DType::kF32;
+  out.dtype = wq.dtype == wk.dtype && wq.dtype != math::DType::kQ8_0 ? wq.dtype : math::DType::kF32;
   AppendRows(wq, hpk * g.head_dim, g.hidden, out.dtype, out.qk_proj);
   AppendRows(wk, g.head_dim, g.hidden, out.dtype, out.qk_proj);
 
