@@ -117,6 +117,8 @@ std::string ServerUsage() {
   --threads N             math threads (default: every core)
   --activations bf16|f32  with bf16 weights, round projection inputs to bf16 (exact products,
                           f32 sums; AMX / AVX512_BF16 decode) or keep them f32 (default bf16)
+  --weights checkpoint|int8  the weights as stored (default), or quantized once at load to
+                          int8 Q8_0 blocks (half of bf16's bytes per token; docs/QUALITY.md)
   --max-sessions N        live session cap (default 256)
   --memory-budget BYTES   cap on projected session bytes, e.g. 8G (default 0 = unlimited)
   --memory-capacity BYTES with no --memory-budget, what cortiq_memory_utilization_ratio divides
@@ -217,6 +219,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::SecondsFlag("session-ttl", &c.session_ttl),
       util::ChoiceFlag("kv-dtype", &c.kv_dtype, {"f32", "int8"}),
       util::ChoiceFlag("activations", &c.activations, {"bf16", "f32"}),
+      util::ChoiceFlag("weights", &c.weights, {"checkpoint", "int8"}),
       util::ChoiceFlag("attention", &c.attention, {"exact", "o1", "qsa", "window"}),
       StringFlag("o1-layers", &c.o1.layers),
       IntFlag("o1-m", &c.o1.m),

@@ -28,6 +28,7 @@ struct ServerConfig {
   std::string metrics_listen = "127.0.0.1:9464";  // "" or "off" disables /metrics
   size_t threads = 0;                             // math threads; 0 = every core
   std::string activations = "bf16";               // bf16 weights: bf16 | f32 activations
+  std::string weights = "checkpoint";              // checkpoint | int8 (quantized at load)
   size_t max_sessions = 256;
   size_t memory_budget_bytes = 0;  // 0 = unlimited
   // The denominator of cortiq_memory_utilization_ratio when there is no

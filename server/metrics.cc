@@ -208,12 +208,14 @@ class Metrics::LiveState : public prometheus::Collectable {
                                 static_cast<double>(model_->QsaBackendStats().live_bytes)));
       prometheus::MetricFamily weights = NewFamily(
           "cortiq_model_weight_bytes",
-          "Bytes of the model's projection and lm_head weights, by copy: checkpoint (the "
-          "memory-mapped file, in its dtype), amx_tiles (the AMX tile-order copy decode and "
-          "prefill read instead, resident; 0 when not in use).",
+          "Bytes of the model's weight matrices (projections, lm_head, embedding) by resident "
+          "copy: checkpoint (read in place from the memory-mapped file; pages of matrices "
+          "replaced by a copy are handed back), int8 (the Q8_0 copy quantized at load, "
+          "--weights int8), amx_tiles (the AMX tile-order copy). 0 for a copy not in use.",
           prometheus::MetricType::Gauge);
-      AddSample(weights, static_cast<double>(model_->WeightBytesPerStep()),
+      AddSample(weights, static_cast<double>(model_->CheckpointWeightBytesInUse()),
                 {{"copy", "checkpoint"}});
+      AddSample(weights, static_cast<double>(model_->Int8CopyBytes()), {{"copy", "int8"}});
       AddSample(weights, static_cast<double>(model_->AmxTileBytes()), {{"copy", "amx_tiles"}});
       out.push_back(std::move(weights));
     }

@@ -76,6 +76,7 @@ absl::Status Server::Init() {
   model::LoadOptions load;
   load.pool = pool_.get();
   load.bf16_activations = c.activations == "bf16";
+  load.weights = *model::ParseWeights(c.weights);  // ChoiceFlag checked it
   CORTIQ_ASSIGN_OR_RETURN(model_, model::Transformer::Load(c.model_dir, load));
   CORTIQ_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok,
                           tokenizer::Tokenizer::FromFile(c.model_dir + "/tokenizer.json"));

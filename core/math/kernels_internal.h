@@ -173,6 +173,9 @@ const KernelTable& ScalarTable();
 // (AVX-512 without VNNI), q8_avx512vnni.cc (VPDPBUSD; the kAvx512Vnni,
 // kAvx512Bf16 and kAmx tables). Q8MatMulScalar is the reference (kernels.cc).
 void Q8MatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end);
+// q8_avx2.cc; the kAvx2 table's, with q8_row_block kQ8Avx2RowBlock.
+void Q8MatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end);
+inline constexpr size_t kQ8Avx2RowBlock = 8;
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc
 // (always built on x86-64); the dispatcher treats nullptr as "not available".
 const KernelTable* Avx2Table();

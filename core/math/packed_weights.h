@@ -1,7 +1,12 @@
 // PackedWeights: the resident copies of a model's weight matrices in a
-// kernel's own layout, and the one owner of them. Today that is the AMX tile
-// order (PackAmxTiles: 16×32 bf16 blocks of one contiguous KiB each, read by
-// MatMul through WeightView::amx_tiles); quantized copies are to join it.
+// kernel's own layout, and the one owner of them:
+//  * int8 (PackOptions::int8, `--weights int8`): every bf16/f16/f32 view is
+//    quantized once into Q8_0 blocks (math::QuantizeQ8_0, exactly as
+//    llama.cpp quantizes) and the view is pointed at its copy with dtype
+//    kQ8_0; views that share a source (tied embeddings: embed_tokens and
+//    lm_head) share one copy. Views already kQ8_0 (a GGUF file) stay in place.
+//  * AMX tile order (PackAmxTiles: 16×32 bf16 blocks of one contiguous KiB
+//    each, read by MatMul through WeightView::amx_tiles).
 //
 // Pack() decides which views get a copy (the kAmx ISA is active and the view
 // is bf16 weights with bf16 activations), lays every copy out in ONE 2 MiB-
@@ -24,11 +29,18 @@
 #include <cstdint>
 #include <span>
 
+#include "absl/status/statusor.h"
 #include "core/math/kernels.h"
 #include "core/util/huge_buffer.h"
 #include "core/util/thread_pool.h"
 
 namespace cortiq::math {
+
+struct PackOptions {
+  // Quantize every non-int8 view to Q8_0 (the views' cols must be multiples
+  // of 32: the caller checks, naming the tensor).
+  bool int8 = false;
+};
 
 class PackedWeights {
  public:
@@ -36,20 +48,35 @@ class PackedWeights {
   PackedWeights(PackedWeights&&) = default;
   PackedWeights& operator=(PackedWeights&&) = default;
 
-  // Packs the views the active kernels read packed (see the banner), sets
-  // their amx_tiles, and returns the owner of the copies. `keep_sources`:
-  // source pointers whose pages stay resident (read elsewhere).
-  static PackedWeights Pack(std::span<WeightView* const> views,
-                            std::span<const void* const> keep_sources, util::ThreadPool* pool);
+  // Makes the copies the options and the active kernels call for (see the
+  // banner), points the views at them, and returns their owner.
+  // `keep_sources`: source pointers whose pages stay resident (read
+  // elsewhere). Errors: the int8 copy could not be mapped (RESOURCE_EXHAUSTED,
+  // naming the size; nothing changed). A tile copy that cannot be mapped is
+  // skipped with a warning (MatMul reads the sources: slower, never wrong).
+  static absl::StatusOr<PackedWeights> Pack(std::span<WeightView* const> views,
+                                            std::span<const void* const> keep_sources,
+                                            util::ThreadPool* pool, const PackOptions& options = {});
 
-  // Resident bytes of the copies (0 when nothing was packed).
-  size_t MemoryBytes() const { return tiles_.MemoryBytes(); }
+  // Resident bytes of the AMX tile copy (0 when none was made).
+  size_t AmxTileBytes() const { return tiles_.MemoryBytes(); }
+  // Resident bytes of the int8 copy (0 when none was made).
+  size_t Int8Bytes() const { return int8_.MemoryBytes(); }
+  // Every copy.
+  size_t MemoryBytes() const { return AmxTileBytes() + Int8Bytes(); }
+  // Whether p points into one of the copies.
+  bool Owns(const void* p) const;
 
  private:
   // Each copy starts at a multiple of this many elements (4 KiB of bf16).
   static constexpr size_t kAlignElements = 2048;
 
+  // Quantizes the non-int8 views into int8_ (PackOptions::int8).
+  absl::Status QuantizeInt8(std::span<WeightView* const> views,
+                            std::span<const void* const> keep_sources, util::ThreadPool* pool);
+
   util::HugeBuffer<uint16_t> tiles_;  // every packed view's tiles
+  util::HugeBuffer<uint8_t> int8_;    // every quantized view's Q8_0 rows
 };
 
 }  // namespace cortiq::math

@@ -1,14 +1,15 @@
 #include "core/model/transformer.h"
 
 #include <algorithm>
-#include <utility>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/attention/qsa_attention.h"
 #include "core/qsa/indexer_weights.h"
 #include "core/util/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace cortiq::model {
 namespace {
@@ -101,15 +102,77 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
   for (LayerWeights& w : t->layers_) {
     for (WeightView* v : w.Projections()) mark(*v);
   }
-  // AMX: a tile-order copy of every bf16-activation projection (lm_head
-  // included); the embedding's pages stay (Embed reads its rows).
+  // int8: a Q8_0 copy of every matrix, the embedding included (tied: one
+  // copy), every source page handed back. AMX: a tile-order copy of every
+  // bf16-activation projection (lm_head included); the embedding's pages
+  // stay (Embed reads its rows).
+  const bool int8 = options.weights == LoadOptions::Weights::kInt8;
   std::vector<WeightView*> views = {&t->lm_head_};
+  if (int8) views.push_back(&t->embed_);
   for (LayerWeights& w : t->layers_) {
     for (WeightView* v : w.Projections()) views.push_back(v);
   }
-  const void* keep[] = {t->embed_.data};
-  t->packed_ = math::PackedWeights::Pack(views, keep, t->pool_);
+  std::vector<const void*> keep;
+  if (int8) {
+    // Q8_0 blocks tile rows of 32: a matrix whose input size is not a
+    // multiple of 32 stays in the checkpoint's dtype (as llama.cpp falls back
+    // for such tensors), said once in the log.
+    size_t kept = 0;
+    std::vector<WeightView*> quantizable;
+    for (WeightView* v : views) {
+      if (v->cols % math::kQ8Block == 0) {
+        quantizable.push_back(v);
+      } else {
+        kept += v->rows * math::RowBytes(v->dtype, v->cols);
+        keep.push_back(v->data);
+      }
+    }
+    if (quantizable.size() < views.size()) {
+      spdlog::warn(
+          "--weights int8: {} of {} weight matrices have an input size that is not a multiple of "
+          "32 and stay {} ({} bytes)",
+          views.size() - quantizable.size(), views.size(), math::DTypeName(t->embed_.dtype), kept);
+    }
+    views = std::move(quantizable);
+  } else {
+    keep.push_back(t->embed_.data);
+  }
+  math::PackOptions pack;
+  pack.int8 = int8;
+  CORTIQ_ASSIGN_OR_RETURN(t->packed_, math::PackedWeights::Pack(views, keep, t->pool_, pack));
   return t;
+}
+
+const char* WeightsName(LoadOptions::Weights w) {
+  return w == LoadOptions::Weights::kInt8 ? "int8" : "checkpoint";
+}
+
+std::optional<LoadOptions::Weights> ParseWeights(std::string_view name) {
+  if (name == "checkpoint") return LoadOptions::Weights::kCheckpoint;
+  if (name == "int8") return LoadOptions::Weights::kInt8;
+  return std::nullopt;
+}
+
+LoadOptions::Weights Transformer::weights() const {
+  bool int8 = lm_head_.dtype == math::DType::kQ8_0;
+  for (const LayerWeights& w : layers_) {
+    for (const WeightView* v : w.Projections()) int8 = int8 || v->dtype == math::DType::kQ8_0;
+  }
+  return int8 ? LoadOptions::Weights::kInt8 : LoadOptions::Weights::kCheckpoint;
+}
+
+size_t Transformer::CheckpointWeightBytesInUse() const {
+  // A view still reads the checkpoint when its data is not inside a copy.
+  auto in_place = [&](const WeightView& w) {
+    return w.amx_tiles == nullptr && !packed_.Owns(w.data);
+  };
+  auto bytes = [](const WeightView& w) { return w.rows * math::RowBytes(w.dtype, w.cols); };
+  size_t total = in_place(embed_) ? bytes(embed_) : 0;
+  if (lm_head_.data != embed_.data && in_place(lm_head_)) total += bytes(lm_head_);
+  for (const LayerWeights& w : layers_) {
+    for (const WeightView* v : w.Projections()) total += in_place(*v) ? bytes(*v) : 0;
+  }
+  return total;
 }
 
 absl::Status Transformer::Bind() {
@@ -227,7 +290,7 @@ void Transformer::RopeTables(ForwardScratch& s, size_t rows) const {
 
 void Transformer::Embed(std::span<const int32_t> tokens, float* x) const {
   const size_t hidden = config_.hidden_size;
-  const size_t row_bytes = math::RowBytes(embed_.dtype, hidden);  // Q8_0: whole blocks
+  const size_t row_bytes = math::RowBytes(embed_.dtype, hidden);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto* row = static_cast<const uint8_t*>(embed_.data) + size_t(tokens[i]) * row_bytes;
     math::ConvertToF32(row, embed_.dtype, hidden, x + i * hidden);

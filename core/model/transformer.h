@@ -5,9 +5,12 @@
 //               x = h + down(silu(gate(n(h))) * up(n(h)))
 //   logits = lm_head(norm(x))            (lm_head = embed_tokens when tied)
 //
-// Weights stay in the memory-mapped checkpoint (f32, bf16, f16 or Q8_0, a GGUF
-// file's int8 blocks; Checkpoint converts other GGUF types) and are read
-// through math::MatMul; only norms and biases are copied to f32 at load. On
+// Weights stay in the memory-mapped checkpoint (f32, bf16 or f16, or Q8_0 from
+// a GGUF file; Checkpoint converts Q4_0/Q4_K/Q6_K to Q8_0 at Open into memory
+// it owns) and are read through math::MatMul; only norms and biases are
+// copied to f32 at load. With LoadOptions::weights = kInt8 every projection,
+// lm_head and the embedding are quantized once to Q8_0 (math::PackedWeights)
+// and the checkpoint's pages are handed back. On
 // AMX, with bf16 weights and bf16 activations, the projections and lm_head
 // are copied once into AMX tile order and read from there, and their
 // checkpoint pages are handed back (math::PackedWeights, AmxTileBytes()).
@@ -31,6 +34,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,7 +63,18 @@ struct LoadOptions {
   // is what keeps batched decode bound by the weight stream. false: f32
   // activations (W widened to f32). No effect on f32 / f16 weights.
   bool bf16_activations = true;
+  // The weight format the projections, lm_head and embeddings are read in:
+  // kCheckpoint = the checkpoint's own dtype (bf16/f16/f32, or Q8_0 in place
+  // from a GGUF file); kInt8 = quantized once at load to Q8_0 blocks
+  // (math::PackedWeights, `--weights int8`), the checkpoint's pages handed
+  // back. A matrix whose input size is not a multiple of 32 stays in the
+  // checkpoint's dtype (logged).
+  enum class Weights { kCheckpoint, kInt8 };
+  Weights weights = Weights::kCheckpoint;
 };
+// "checkpoint" / "int8" (flags and logs), and the reverse (nullopt if unknown).
+const char* WeightsName(LoadOptions::Weights w);
+std::optional<LoadOptions::Weights> ParseWeights(std::string_view name);
 
 class Transformer {
  public:
@@ -102,13 +117,25 @@ class Transformer {
   // collecting. Allocates the states; O(prompt · layers).
   size_t SealO1(SequenceKv& kv) const;
 
-  // Bytes of weights one decode step reads (the roofline numerator).
+  // Bytes of weights one decode step reads (the roofline numerator): every
+  // projection and lm_head in the format MatMul reads them in.
   size_t WeightBytesPerStep() const;
+  // The weight format in use: kInt8 when the projections or lm_head are
+  // int8 (quantized at load, or Q8_0 in a GGUF file; a matrix whose input
+  // size is not a multiple of 32 may stay in the checkpoint's dtype).
+  LoadOptions::Weights weights() const;
+  // Bytes of the int8 copy made at load (0 without --weights int8, and for
+  // weights that are Q8_0 in the file: those are read in place).
+  size_t Int8CopyBytes() const { return packed_.Int8Bytes(); }
+  // Bytes of the checkpoint's weight matrices still read in place (those not
+  // replaced by a copy; their pages were handed back): the embedding and
+  // lm_head once when tied.
+  size_t CheckpointWeightBytesInUse() const;
   // Bytes of the AMX tile-order copy of the projections (mapped at load when
   // the kAmx ISA is active and activations are bf16; 0 otherwise). With it,
   // every batch runs on AMX tiles and the checkpoint's projection pages are
   // handed back to the kernel.
-  size_t AmxTileBytes() const { return packed_.MemoryBytes(); }
+  size_t AmxTileBytes() const { return packed_.AmxTileBytes(); }
 
   // ---- QSA ----
   // Binds `kv`'s per-sequence state outside the layers (QSA indexer states,

@@ -216,8 +216,9 @@ TEST_F(MetricsTest, SessionMemoryIsTheStoresExactBytes) {
             static_cast<double>(model_->QsaBackendStats().live_bytes));
   EXPECT_GE(e.Value("cortiq_qsa_backend_live_bytes"), static_cast<double>(sum[MemoryKind::kQsa]));
   EXPECT_EQ(e.Value("cortiq_model_weight_bytes", {{"copy", "checkpoint"}}),
-            static_cast<double>(model_->WeightBytesPerStep()));
+            static_cast<double>(model_->CheckpointWeightBytesInUse()));
   EXPECT_GT(e.Value("cortiq_model_weight_bytes", {{"copy", "checkpoint"}}), 0);
+  EXPECT_EQ(e.Value("cortiq_model_weight_bytes", {{"copy", "int8"}}), 0);
   EXPECT_EQ(e.Value("cortiq_model_weight_bytes", {{"copy", "amx_tiles"}}),
             static_cast<double>(model_->AmxTileBytes()));
   for (size_t r = 0; r < session::kNumReleaseReasons; ++r) {

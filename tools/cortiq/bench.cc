@@ -67,6 +67,7 @@ int RunBench(const BenchOptions& o) {
   model::LoadOptions lo;
   lo.pool = &pool;
   lo.bf16_activations = o.bf16_activations;
+  lo.weights = o.weights;
   auto loaded = model::Transformer::Load(dir, lo);
   if (!loaded.ok()) return Fail(loaded.status());
   const model::Transformer& tf = **loaded;
@@ -76,6 +77,10 @@ int RunBench(const BenchOptions& o) {
   std::printf("cortiq-tool bench: model %s, isa %s, threads %zu, kv %s, activations %s\n",
               dir.c_str(), math::IsaName(math::ActiveIsa()), pool.num_threads(), o.kv.c_str(),
               tf.bf16_activations() ? "bf16" : "f32");
+  std::printf("cortiq-tool bench: weights %s (%s), %.1f MB read per decode step\n",
+              model::WeightsName(tf.weights()),
+              tf.Int8CopyBytes() > 0 ? "quantized to Q8_0 at load" : "as stored in the checkpoint",
+              static_cast<double>(tf.WeightBytesPerStep()) / 1e6);
   std::printf(
       "shape: hidden %lld, layers %lld, heads %lld/%lld, head_dim %lld, inter %lld, vocab %lld\n",
       (long long)c.hidden_size, (long long)c.num_hidden_layers, (long long)c.num_attention_heads,

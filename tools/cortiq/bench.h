@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/kv/o1_config.h"
+#include "core/model/transformer.h"
 
 namespace cortiq::tools {
 
@@ -21,6 +22,7 @@ struct BenchOptions {
   size_t bandwidth_bytes = size_t(2) << 30;
   size_t threads = 0;  // 0 = hardware
   bool bf16_activations = true;  // model::LoadOptions
+  model::LoadOptions::Weights weights = model::LoadOptions::Weights::kCheckpoint;
 };
 
 int RunBench(const BenchOptions& options);

@@ -68,7 +68,10 @@ constexpr const char* kUsage = R"(usage:
 shapes: tiny, tiny-gqa, tiny-qwen2, tiny-llama, qwen3-0.6b
 logits, ppl, generate and bench take --activations bf16|f32 (default bf16): with bf16
 weights, projections round their inputs to bf16 (exact products, f32 sums); f32 keeps
-them in f32. No effect on f32 or f16 weights.
+them in f32. No effect on f32 or f16 weights. They also take --weights checkpoint|int8
+(default checkpoint): int8 quantizes every weight matrix once at load to Q8_0 blocks
+(int8 values, one f16 scale per 32) and computes on them; activations are quantized to
+int8 per block of 32 at each projection.
 Flags are --name value or --name=value; --help prints this text. Exit status: 0 success,
 1 runtime error, 2 usage error.
 )";
@@ -101,6 +104,13 @@ Flag ActivationsFlag(bool* bf16) {
   return util::EnumFlag("activations", bf16, {{"bf16", true}, {"f32", false}});
 }
 
+// --weights checkpoint|int8 (default checkpoint): model::LoadOptions::weights.
+Flag WeightsFlag(model::LoadOptions::Weights* w) {
+  return util::EnumFlag("weights", w,
+                        {{"checkpoint", model::LoadOptions::Weights::kCheckpoint},
+                         {"int8", model::LoadOptions::Weights::kInt8}});
+}
+
 // --o1 SPEC --o1-m M --o1-w W --o1-sink S: request-level O(1) overrides.
 std::vector<Flag> O1Flags(kv::O1Overrides* o1) {
   return {StringFlag("o1", &o1->layers), IntFlag("o1-m", &o1->m), IntFlag("o1-w", &o1->w),
@@ -126,6 +136,7 @@ struct PromptRunArgs {
   std::optional<std::string> prompt;
   kv::KvMode kv = kv::KvMode::kF32;
   bool bf16_activations = true;
+  model::LoadOptions::Weights weights = model::LoadOptions::Weights::kCheckpoint;
 };
 
 // Parses `command`'s own `flags` and the shared ones into `p`.
@@ -141,6 +152,7 @@ absl::Status ParsePromptRunArgs(std::string_view command, const std::vector<std:
                                              StringFlag("prompt", &p->prompt),
                                              KvFlag(&p->kv),
                                              ActivationsFlag(&p->bf16_activations),
+                                             WeightsFlag(&p->weights),
                                          }})));
   if (parsed.Given("ids") == parsed.Given("prompt")) {
     return absl::InvalidArgumentError("give exactly one of --ids and --prompt");
@@ -164,6 +176,7 @@ absl::StatusOr<PromptRun> LoadPromptRun(const PromptRunArgs& p) {
   }
   model::LoadOptions lo;
   lo.bf16_activations = p.bf16_activations;
+  lo.weights = p.weights;
   CORTIQ_ASSIGN_OR_RETURN(run.model, model::Transformer::Load(p.model_dir, lo));
   return run;
 }
@@ -307,6 +320,7 @@ absl::StatusOr<PplOptions> ParsePplArgs(const std::vector<std::string>& args) {
           IntFlag("baseline", &baseline),
           util::ParsedFlag("o1-rect", &o1.rect, kv::ParseO1Rect),
           ActivationsFlag(&o.bf16_activations),
+          WeightsFlag(&o.weights),
       },
       O1Flags(&o1),
       QsaFlags(&o.qsa, &o.qsa_ratio, &o.qsa_budget),
@@ -451,6 +465,7 @@ absl::StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args
                             util::NumberFlag("bandwidth-gb", &bandwidth_gb, {.min = 0}),
                             IntFlag("threads", &o.threads),
                             ActivationsFlag(&o.bf16_activations),
+                            WeightsFlag(&o.weights),
                         })
           .status());
   o.bandwidth_bytes = static_cast<size_t>(bandwidth_gb * double(1 << 30));

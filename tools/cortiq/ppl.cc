@@ -103,6 +103,7 @@ int RunPpl(const PplOptions& o) {
   if (!tok.ok()) return Fail(tok.status());
   model::LoadOptions lo;
   lo.bf16_activations = o.bf16_activations;
+  lo.weights = o.weights;
   auto tf = model::Transformer::Load(o.model_dir, lo);
   if (!tf.ok()) return Fail(tf.status());
   const std::vector<int32_t> ids = tok->Encode(text, /*parse_special=*/false);

@@ -17,6 +17,7 @@
 
 #include "core/kv/layer_kv_cache.h"
 #include "core/kv/o1_config.h"
+#include "core/model/transformer.h"
 
 namespace cortiq::tools {
 
@@ -28,6 +29,7 @@ struct PplOptions {
   long max_windows = -1;  // -1: every full or partial window
   kv::KvMode kv_mode = kv::KvMode::kF32;
   bool bf16_activations = true;  // model::LoadOptions (bf16 weights only)
+  model::LoadOptions::Weights weights = model::LoadOptions::Weights::kCheckpoint;
   // Set: run the O(1) mode with these request-level overrides (the rest
   // resolves through env > config.json hint > defaults, as in the server).
   std::optional<kv::O1Overrides> o1;
