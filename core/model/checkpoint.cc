@@ -190,6 +190,13 @@ absl::StatusOr<TensorView> Checkpoint::Get(std::string_view name,
   return v;
 }
 
+bool Checkpoint::OwnsData(const void* p) const {
+  const auto* q = static_cast<const uint8_t*>(p);
+  return std::any_of(owned_.begin(), owned_.end(), [q](const OwnedBuffer& b) {
+    return q >= b.data.get() && q < b.data.get() + b.bytes;
+  });
+}
+
 std::vector<std::string> Checkpoint::TensorNames() const {
   std::vector<std::string> names;
   if (gguf_ != nullptr) {
@@ -281,6 +288,15 @@ absl::StatusOr<Checkpoint::GgufTensor> Checkpoint::LoadGgufTensor(const GgufFile
   const bool vector = t.ne.size() == 1;
   if (in_place && !permute && !(vector && *in_place == math::DType::kQ8_0)) {
     CORTIQ_ASSIGN_OR_RETURN(out.view, gguf_->Get(t.name));
+    // The kernels read elements (Q8_0: its f16 scales) by their type: a file
+    // whose general.alignment puts a tensor off that boundary is refused.
+    const size_t align = *in_place == math::DType::kF32 ? 4 : 2;
+    if (reinterpret_cast<uintptr_t>(out.view.data) % align != 0) {
+      return absl::DataLossError(
+          absl::StrCat(Label(hf_name), ": data at byte ", gguf_->data_start() + t.offset,
+                       " of the file is not ", align, "-byte aligned for ", GgmlTypeName(t.type),
+                       " (general.alignment ", gguf_->alignment(), ")"));
+    }
     out.view.name = hf_name;
     return out;
   }
@@ -327,7 +343,7 @@ absl::StatusOr<Checkpoint::GgufTensor> Checkpoint::LoadGgufTensor(const GgufFile
   out.view.data = buf.get();
   out.view.nbytes = rows * dst_row;
   *converted_bytes = out.view.nbytes;
-  owned_.push_back(std::move(buf));
+  owned_.push_back({std::move(buf), out.view.nbytes});
   return out;
 }
 

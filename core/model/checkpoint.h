@@ -92,6 +92,13 @@ class Checkpoint {
                             : where_.find(name) != where_.end();
   }
 
+  // Whether `p` points into memory this Checkpoint owns (a GGUF tensor
+  // converted or un-permuted at Open) rather than into a read-only file
+  // mapping. Owned memory is anonymous: MADV_DONTNEED would zero it, so a
+  // caller that hands source pages back (math::PackedWeights::Pack) must keep
+  // these (its keep_sources).
+  bool OwnsData(const void* p) const;
+
   // The tensor, checked against `expected_shape` (exact rank and dims).
   absl::StatusOr<TensorView> Get(std::string_view name,
                                  std::span<const int64_t> expected_shape) const;
@@ -153,7 +160,11 @@ class Checkpoint {
   // owned_ stay put on moves.
   std::unique_ptr<GgufFile> gguf_;
   std::map<std::string, GgufTensor, std::less<>> gguf_tensors_;  // HF name -> tensor
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;                // converted / permuted data
+  struct OwnedBuffer {
+    std::unique_ptr<uint8_t[]> data;
+    size_t bytes = 0;
+  };
+  std::vector<OwnedBuffer> owned_;  // converted / permuted data
   std::string load_note_;
   uint64_t fingerprint_ = 0;
 };

@@ -137,6 +137,12 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
   } else {
     keep.push_back(t->embed_.data);
   }
+  // A GGUF tensor converted or un-permuted at Open lives in memory the
+  // checkpoint owns, not in the file mapping: handing its pages back would
+  // zero it (and QSA derives its indexer from q/k later). Kept resident.
+  for (const WeightView* v : views) {
+    if (t->checkpoint_->OwnsData(v->data)) keep.push_back(v->data);
+  }
   math::PackOptions pack;
   pack.int8 = int8;
   CORTIQ_ASSIGN_OR_RETURN(t->packed_, math::PackedWeights::Pack(views, keep, t->pool_, pack));
