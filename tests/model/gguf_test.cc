@@ -103,8 +103,8 @@ TEST(GgufWriterTest, MetadataOfEveryTypeRoundTrips) {
   const std::vector<float> floats = {0.5f, -0.25f};
   ASSERT_TRUE(w.AddF32Array("floats", floats).ok());
   const uint16_t u16s[] = {7, 65535};
-  ASSERT_TRUE(w.AddArray("u16s", GgufValueType::kU16, 2, {reinterpret_cast<const char*>(u16s), 4})
-                  .ok());
+  ASSERT_TRUE(
+      w.AddArray("u16s", GgufValueType::kU16, 2, {reinterpret_cast<const char*>(u16s), 4}).ok());
   EXPECT_TRUE(absl::IsAlreadyExists(w.AddU8("u8", 1)));
   EXPECT_TRUE(absl::IsInvalidArgument(w.AddArray("bad", GgufValueType::kU16, 3, "abcd")));
   EXPECT_TRUE(absl::IsInvalidArgument(w.AddArray("bad", GgufValueType::kString, 0, "")));
@@ -173,10 +173,10 @@ TEST(GgufWriterTest, TensorsOfEveryInPlaceTypeRoundTripInPyTorchOrder) {
     ASSERT_TRUE(w.AddTensor("q8", math::DType::kQ8_0, {3, 64}, v).ok());
     ASSERT_TRUE(w.AddTensor("vec", math::DType::kF32, {5}, std::span(v).first(5)).ok());
     ASSERT_TRUE(w.AddTensor("cube", math::DType::kF32, {2, 3, 32}, v).ok());
-    EXPECT_TRUE(absl::IsInvalidArgument(w.AddTensor("q8bad", math::DType::kQ8_0, {2, 48},
-                                                    std::span(v).first(96))));
-    EXPECT_TRUE(absl::IsAlreadyExists(
-        w.AddTensor("f32", math::DType::kF32, {1}, std::span(v).first(1))));
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        w.AddTensor("q8bad", math::DType::kQ8_0, {2, 48}, std::span(v).first(96))));
+    EXPECT_TRUE(
+        absl::IsAlreadyExists(w.AddTensor("f32", math::DType::kF32, {1}, std::span(v).first(1))));
     auto f = Parse(w.Serialize());
     ASSERT_TRUE(f.ok()) << f.status();
     EXPECT_EQ(f->alignment(), alignment == 1 ? 1u : alignment);
@@ -341,8 +341,9 @@ TEST(GgufMalformedTest, HeaderDefects) {
                  "metadata key 'k': unknown value type 13");
   ExpectDataLoss(Bytes().Header(0, 1).Str("k").Put<uint32_t>(8).Put<uint64_t>(1000).s,
                  "the value of metadata key 'k'");
-  ExpectDataLoss(Bytes().Header(0, 1).Str("k").Put<uint32_t>(9).Put<uint32_t>(99).Put<uint64_t>(0).s,
-                 "unknown array element type 99");
+  ExpectDataLoss(
+      Bytes().Header(0, 1).Str("k").Put<uint32_t>(9).Put<uint32_t>(99).Put<uint64_t>(0).s,
+      "unknown array element type 99");
   ExpectDataLoss(Bytes().Header(0, 1).Str("k").Put<uint32_t>(9).Put<uint32_t>(9).Put<uint64_t>(0).s,
                  "arrays of arrays");
   ExpectDataLoss(
@@ -351,15 +352,15 @@ TEST(GgufMalformedTest, HeaderDefects) {
   ExpectDataLoss(
       Bytes().Header(0, 1).Str("k").Put<uint32_t>(9).Put<uint32_t>(8).Put<uint64_t>(1ull << 40).s,
       "array of 1099511627776 strings cannot fit");
-  ExpectDataLoss(Bytes().Header(0, 1).Str("k").Put<uint32_t>(7).Put<uint8_t>(2).s,
-                 "bool value 2");
+  ExpectDataLoss(Bytes().Header(0, 1).Str("k").Put<uint32_t>(7).Put<uint8_t>(2).s, "bool value 2");
   ExpectDataLoss(Bytes().Header(0, 2).KvU32("k", 1).KvU32("k", 2).s,
                  "metadata key 'k': appears twice");
   ExpectDataLoss(Bytes().Header(0, 1).KvU32("general.alignment", 48).s,
                  "general.alignment 48 is not a power of two");
   ExpectDataLoss(Bytes().Header(0, 1).KvU32("general.alignment", 0).s, "is not a power of two");
-  ExpectDataLoss(Bytes().Header(0, 1).Str("general.alignment").Put<uint32_t>(10).Put<uint64_t>(32).s,
-                 "'general.alignment' has type u64, expected u32");
+  ExpectDataLoss(
+      Bytes().Header(0, 1).Str("general.alignment").Put<uint32_t>(10).Put<uint64_t>(32).s,
+      "'general.alignment' has type u64, expected u32");
 }
 
 TEST(GgufMalformedTest, TensorInfoDefects) {
@@ -378,20 +379,22 @@ TEST(GgufMalformedTest, TensorInfoDefects) {
   ExpectDataLoss(one("t", {1ull << 62}, 0, 0), "byte count overflows");
   ExpectDataLoss(one("t", {32}, 4, 0), "tensor 't': unknown ggml type 4");
   ExpectDataLoss(one("t", {32}, 99, 0), "unknown ggml type 99");
-  ExpectDataLoss(one("t", {48}, ggml_type::kQ8_0, 0), "row of 48 values is not a whole number "
-                                                      "of Q8_0 blocks of 32");
+  ExpectDataLoss(one("t", {48}, ggml_type::kQ8_0, 0),
+                 "row of 48 values is not a whole number "
+                 "of Q8_0 blocks of 32");
   ExpectDataLoss(one("t", {4}, 0, 16), "data offset 16 is not a multiple of the alignment 32");
-  ExpectDataLoss(one("t", {32}, 0, 0, 100), "tensor 't': data [0, +128) is outside the data "
-                                            "section of 100 bytes");
+  ExpectDataLoss(one("t", {32}, 0, 0, 100),
+                 "tensor 't': data [0, +128) is outside the data "
+                 "section of 100 bytes");
   ExpectDataLoss(one("t", {4}, 0, 1ull << 63), "is outside the data section");
   ExpectDataLoss(Bytes().Header(1, 0).Tensor("t", {4}, 0, 0).s + "x",
                  "data section would start at byte");
-  ExpectDataLoss(Bytes().Header(2, 0).Tensor("a", {16}, 0, 0).Tensor("b", {4}, 0, 32).PadTo(32)
-                     .Zeros(64).s,
-                 "tensor 'b': data at offset 32 overlaps tensor 'a' [0, 64)");
-  ExpectDataLoss(Bytes().Header(2, 0).Tensor("a", {4}, 0, 0).Tensor("a", {4}, 0, 32).PadTo(32)
-                     .Zeros(64).s,
-                 "tensor 'a': appears twice");
+  ExpectDataLoss(
+      Bytes().Header(2, 0).Tensor("a", {16}, 0, 0).Tensor("b", {4}, 0, 32).PadTo(32).Zeros(64).s,
+      "tensor 'b': data at offset 32 overlaps tensor 'a' [0, 64)");
+  ExpectDataLoss(
+      Bytes().Header(2, 0).Tensor("a", {4}, 0, 0).Tensor("a", {4}, 0, 32).PadTo(32).Zeros(64).s,
+      "tensor 'a': appears twice");
   // Zero tensors and no data section: fine.
   EXPECT_TRUE(Parse(Bytes().Header(0, 0).s).ok());
   EXPECT_TRUE(absl::IsDataLoss(Parse("").status()));
