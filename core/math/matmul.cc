@@ -131,8 +131,8 @@ void AmxTiled(const internal::KernelTable& t, const float* x, size_t batch, cons
 
 // int8 weights: x quantized per block (QuantizeActivationsQ8, in parallel
 // for prefill-sized batches), then the rows of W split over the pool.
-void Q8(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w,
-        float* y, util::ThreadPool* pool) {
+void Q8(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w, float* y,
+        util::ThreadPool* pool) {
   const size_t blocks = w.cols / kQ8Block;
   thread_local util::AlignedBuffer<int8_t> qbuf;
   thread_local util::AlignedBuffer<uint8_t> ubuf;
@@ -149,7 +149,8 @@ void Q8(const internal::KernelTable& t, const float* x, size_t batch, const Weig
       ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
     }
   };
-  const bool parallel = pool != nullptr && RowBytes(w.dtype, w.cols) * w.rows >= kMinParallelWeightBytes;
+  const bool parallel =
+      pool != nullptr && RowBytes(w.dtype, w.cols) * w.rows >= kMinParallelWeightBytes;
   if (parallel && batch >= 64) {
     pool->ParallelFor(batch, quantize, 16);
   } else {
@@ -185,13 +186,16 @@ void QuantizeActivationsQ8(const float* x, size_t batch, size_t cols, int8_t* qx
       amax = a > amax ? a : amax;
       finite = finite && a <= std::numeric_limits<float>::max();  // false for NaN and inf
     }
-    if (!finite || amax == 0.0f) {
+    // A block below 127 / FLT_MAX (~3.7e-37: denormals) would scale by an
+    // infinite inverse (inf -> int8 is undefined): it counts as zero, below
+    // the resolution of any product.
+    const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+    if (!finite || !(inv != 0.0f && inv <= std::numeric_limits<float>::max())) {
       dx[i] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
       std::memset(q, 0, kQ8Block);
       continue;
     }
     dx[i] = amax / 127.0f;
-    const float inv = 127.0f / amax;
     for (size_t k = 0; k < kQ8Block; ++k) {
       q[k] = static_cast<int8_t>(std::nearbyint(v[k] * inv));
     }
