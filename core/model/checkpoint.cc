@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -18,6 +17,7 @@
 #include "core/model/gguf_model.h"
 #include "core/util/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 
 namespace cortiq::model {
 namespace {
@@ -269,7 +269,7 @@ absl::Status Checkpoint::OpenGguf(const std::string& path) {
     load_note_ = absl::StrCat(path, ": converted ", converted, " tensors (",
                               absl::StrJoin(converted_types, ", "), ") to Q8_0 at load: ",
                               absl::StrFormat("%.1f", double(converted_bytes) / (1 << 20)), " MiB");
-    std::fprintf(stderr, "%s\n", load_note_.c_str());
+    spdlog::info("{}", load_note_);
   }
   return absl::OkStatus();
 }

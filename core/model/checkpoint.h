@@ -14,7 +14,7 @@
 //   F32 / F16 / BF16 / Q8_0 tensors are read in place from the mapping;
 //   Q4_0 / Q4_K / Q6_K are dequantized once at Open (ggml's definitions) and
 //     re-quantized with math::QuantizeQ8_0 (Q8_0 rows; vectors become F32) into
-//     buffers the Checkpoint owns, logged as ONE line on stderr
+//     buffers the Checkpoint owns, logged as ONE info line (spdlog)
 //     ("<path>: converted N tensors (Q4_K, Q6_K) to Q8_0 at load: X MiB", also
 //     in load_note()); cost: one pass over those tensors, ~1.9x their bytes;
 //   llama's q_proj / k_proj rows, permuted by convert_hf_to_gguf.py for ggml's

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@
 #include "core/model/transformer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spdlog/spdlog.h"
+#include "tests/common/log_capture.h"
 #include "tests/common/model_test_util.h"
 
 namespace cortiq::model {
@@ -286,8 +289,15 @@ TEST(GgufModelTest, KQuantsLoadAsTheQ8_0OfTheirValues) {
   for (auto arch : {ModelConfig::Arch::kQwen3, ModelConfig::Arch::kLlama}) {
     const std::string tag = ModelConfig::ArchName(arch);
     const ConvertedPair p = WriteConvertedPair(arch, "kq_" + tag);
+    // ONE log line for the whole conversion.
+    auto sink = std::make_shared<cortiq::testing::CaptureSink>();
+    const std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("", sink));
     auto a = Checkpoint::Open(p.quant);
+    spdlog::set_default_logger(saved);
     ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_EQ(sink->Lines().size(), 1u) << sink->All();
+    EXPECT_THAT(sink->Lines()[0], HasSubstr(a->load_note()));
     EXPECT_THAT(a->load_note(),
                 HasSubstr(absl::StrCat(": converted ", p.matrices,
                                        " tensors (Q4_0, Q4_K, Q6_K) to Q8_0 at load: ")));
