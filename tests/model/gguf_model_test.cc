@@ -150,6 +150,11 @@ TEST(GgufModelTest, Q8_0RunsCloseToF32) {
     auto ck = Checkpoint::Open(gguf);
     ASSERT_TRUE(ck.ok()) << ck.status();
     EXPECT_EQ(ck->GetAnyShape("model.layers.0.mlp.up_proj.weight")->dtype, math::DType::kQ8_0);
+    // Read in place: the views point into the file mapping, not a copy.
+    EXPECT_FALSE(ck->OwnsData(ck->GetAnyShape("model.layers.0.mlp.up_proj.weight")->data));
+    EXPECT_FALSE(ck->OwnsData(ck->GetAnyShape("model.embed_tokens.weight")->data));
+    EXPECT_EQ(ck->OwnsData(ck->GetAnyShape("model.layers.0.self_attn.q_proj.weight")->data),
+              std::string(shape) == "tiny-llama");  // un-permuted rows are a copy
     EXPECT_EQ(ck->GetAnyShape("model.embed_tokens.weight")->dtype, math::DType::kQ8_0);
     EXPECT_EQ(ck->GetAnyShape("model.norm.weight")->dtype, math::DType::kF32);
     const std::vector<float> x = RunModel(dir), y = RunModel(gguf);
