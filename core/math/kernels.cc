@@ -464,7 +464,10 @@ void QuantizeQ8_0(const float* x, size_t n, void* out) {
       finite = finite && std::isfinite(x[i]);
     }
     const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    // d below 1 / FLT_MAX (a block of denormals; its f16 scale is 0 anyway):
+    // an infinite inverse would make inf -> int8 (undefined), so 0.
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = inv <= std::numeric_limits<float>::max() ? inv : 0.0f;
     const uint16_t h = F32ToF16(d);
     o[0] = static_cast<uint8_t>(h & 0xff);
     o[1] = static_cast<uint8_t>(h >> 8);
@@ -479,7 +482,8 @@ void DequantizeQ8_0(const void* src, size_t n, float* out) {
   const uint8_t* s = static_cast<const uint8_t*>(src);
   for (size_t b = 0; b < n / kQ8Block; ++b, s += kQ8BlockBytes, out += kQ8Block) {
     const float d = F16ToF32(LoadU16(s));
-    for (size_t i = 0; i < kQ8Block; ++i) out[i] = d * static_cast<float>(static_cast<int8_t>(s[2 + i]));
+    for (size_t i = 0; i < kQ8Block; ++i)
+      out[i] = d * static_cast<float>(static_cast<int8_t>(s[2 + i]));
   }
 }
 

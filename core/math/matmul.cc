@@ -242,13 +242,16 @@ void QuantizeActivationsQ8(const float* x, size_t batch, size_t cols, int8_t* qx
       amax = a > amax ? a : amax;
       finite = finite && a <= std::numeric_limits<float>::max();  // false for NaN and inf
     }
-    if (!finite || amax == 0.0f) {
+    // A block below 127 / FLT_MAX (~3.7e-37: denormals) would scale by an
+    // infinite inverse (inf -> int8 is undefined): it counts as zero, below
+    // the resolution of any product.
+    const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+    if (!finite || !(inv != 0.0f && inv <= std::numeric_limits<float>::max())) {
       dx[i] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
       std::memset(q, 0, kQ8Block);
       continue;
     }
     dx[i] = amax / 127.0f;
-    const float inv = 127.0f / amax;
     for (size_t k = 0; k < kQ8Block; ++k) {
       q[k] = static_cast<int8_t>(RoundToInt(v[k] * inv));
     }

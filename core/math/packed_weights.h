@@ -51,12 +51,15 @@ class PackedWeights {
   // Makes the copies the options and the active kernels call for (see the
   // banner), points the views at them, and returns their owner.
   // `keep_sources`: source pointers whose pages stay resident (read
-  // elsewhere). Errors: the int8 copy could not be mapped (RESOURCE_EXHAUSTED,
-  // naming the size; nothing changed). A tile copy that cannot be mapped is
-  // skipped with a warning (MatMul reads the sources: slower, never wrong).
+  // elsewhere), and every source that is not a file mapping (anonymous
+  // memory would read back as zeros). Errors: the int8 copy could not be
+  // mapped (RESOURCE_EXHAUSTED, naming the size; nothing changed). A tile copy
+  // that cannot be mapped is skipped with a warning (MatMul reads the
+  // sources: slower, never wrong).
   static absl::StatusOr<PackedWeights> Pack(std::span<WeightView* const> views,
                                             std::span<const void* const> keep_sources,
-                                            util::ThreadPool* pool, const PackOptions& options = {});
+                                            util::ThreadPool* pool,
+                                            const PackOptions& options = {});
 
   // Resident bytes of the AMX tile copy (0 when none was made).
   size_t AmxTileBytes() const { return tiles_.MemoryBytes(); }

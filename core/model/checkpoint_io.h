@@ -1,5 +1,5 @@
 // Small POSIX file helpers shared by the checkpoint loaders (config.json,
-// model.safetensors.index.json). Internal to core/model.
+// model.safetensors.index.json) and writers (safetensors, GGUF). Internal to core/model.
 //
 // Errors name the path: unreadable -> the errno's code (NOT_FOUND for ENOENT,
 // PERMISSION_DENIED, ...); larger than `max_bytes` -> INVALID_ARGUMENT.
@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
@@ -26,5 +27,10 @@ struct OpenedFile {
 absl::StatusOr<OpenedFile> OpenRegularFile(const std::string& path);
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes);
+
+// Writes `bytes` to path + ".tmp" and renames it onto `path` (readers never
+// see a partial file). Errors: the errno's code, naming the path; the
+// temporary file is removed on failure.
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 
 }  // namespace cortiq::model

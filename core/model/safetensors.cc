@@ -391,33 +391,7 @@ std::string SafetensorsWriter::Serialize() const {
 }
 
 absl::Status SafetensorsWriter::Write(const std::string& path) const {
-  const std::string image = Serialize();
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(tmp, ": cannot create"));
-  size_t done = 0;
-  while (done < image.size()) {
-    ssize_t n = ::write(fd, image.data() + done, image.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::ErrnoToStatus(err, absl::StrCat(tmp, ": write failed"));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::ErrnoToStatus(err, absl::StrCat(tmp, ": close failed"));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": rename failed"));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, Serialize());
 }
 
 }  // namespace cortiq::model

@@ -1,9 +1,9 @@
 #include "core/model/transformer.h"
 
 #include <algorithm>
-#include <utility>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/attention/qsa_attention.h"
@@ -136,6 +136,12 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
     views = std::move(quantizable);
   } else {
     keep.push_back(t->embed_.data);
+  }
+  // A GGUF tensor converted or un-permuted at Open lives in memory the
+  // checkpoint owns, not in the file mapping: handing its pages back would
+  // zero it (and QSA derives its indexer from q/k later). Kept resident.
+  for (const WeightView* v : views) {
+    if (t->checkpoint_->OwnsData(v->data)) keep.push_back(v->data);
   }
   math::PackOptions pack;
   pack.int8 = int8;

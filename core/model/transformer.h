@@ -6,7 +6,8 @@
 //   logits = lm_head(norm(x))            (lm_head = embed_tokens when tied)
 //
 // Weights stay in the memory-mapped checkpoint (f32, bf16 or f16, or Q8_0 from
-// a GGUF file) and are read through math::MatMul; only norms and biases are
+// a GGUF file; Checkpoint converts Q4_0/Q4_K/Q6_K to Q8_0 at Open into memory
+// it owns) and are read through math::MatMul; only norms and biases are
 // copied to f32 at load. With LoadOptions::weights = kInt8 every projection,
 // lm_head and the embedding are quantized once to Q8_0 (math::PackedWeights)
 // and the checkpoint's pages are handed back. On

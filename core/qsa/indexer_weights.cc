@@ -104,7 +104,9 @@ absl::StatusOr<IndexerWeights> Derive(const TensorSource& src, size_t layer,
   out.n_heads = hpk;
   out.hd = g.head_dim;
   out.hidden = g.hidden;
-  out.dtype = wq.dtype == wk.dtype ? wq.dtype : math::DType::kF32;
+  // Q8_0 (GGUF int8 blocks) widens to f32: the indexer's kernels take
+  // element types.
+  out.dtype = wq.dtype == wk.dtype && wq.dtype != math::DType::kQ8_0 ? wq.dtype : math::DType::kF32;
   AppendRows(wq, hpk * g.head_dim, g.hidden, out.dtype, out.qk_proj);
   AppendRows(wk, g.head_dim, g.hidden, out.dtype, out.qk_proj);
 

@@ -21,7 +21,7 @@
 //    slices of q_proj.bias / k_proj.bias when present, norms the layer's
 //    self_attn.q_norm / k_norm (qwen3) or none (qwen2, llama); hd = head_dim.
 //    Bytes are copied in the checkpoint's dtype (both converted to f32 when
-//    q_proj and k_proj differ). With rot = head_dim and theta = the model's
+//    q_proj and k_proj differ, or are Q8_0). With rot = head_dim and theta = the model's
 //    rope_theta (what `derived` suggests) the indexer's q·k is then exactly
 //    group 0's own pre-softmax logit (times sqrt(head_dim)), so a block's
 //    score is the sum over that group's heads of its mean logit, clipped at

@@ -94,6 +94,33 @@ TEST(Q8FormatTest, ZeroAndNonFiniteBlocks) {
   for (int i = 0; i < 32; ++i) EXPECT_EQ(out[36 + i], 0u);
 }
 
+// Blocks whose largest magnitude is a denormal: scaling by the inverse would
+// overflow to inf (and inf -> int8 is undefined; found by the GGUF fuzzer).
+// They quantize as zero blocks; a normal-range neighbour is unaffected.
+TEST(Q8FormatTest, DenormalBlocksQuantizeToZero) {
+  std::vector<float> x(96, 0.0f);
+  x[0] = -std::numeric_limits<float>::denorm_min();
+  x[1] = 1e-40f;
+  x[32] = 1e-38f;  // d = 7.9e-41: 1 / d overflows
+  x[33] = -1e-38f;
+  x[64] = 1.0f;
+  uint8_t out[3 * 34];
+  QuantizeQ8_0(x.data(), 96, out);
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_EQ(ScaleBits(out + 34 * b), 0u);
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(out[34 * b + 2 + i], 0u) << b << " " << i;
+  }
+  EXPECT_EQ(static_cast<int8_t>(out[68 + 2]), 127);
+  std::vector<int8_t> q(96, 1);
+  std::vector<float> d(3);
+  QuantizeActivationsQ8(x.data(), 1, 96, q.data(), d.data());
+  EXPECT_EQ(d[0], 0.0f);
+  EXPECT_EQ(d[1], 0.0f);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(q[i], 0) << i;
+  EXPECT_EQ(d[2], 1.0f / 127.0f);
+  EXPECT_EQ(q[64], 127);
+}
+
 TEST(Q8ActivationsTest, RoundsTiesToEvenAndFlagsNonFinite) {
   std::vector<float> x(96, 0.0f);
   x[0] = 127.0f;  // block 0: scale 1
@@ -270,7 +297,8 @@ TEST_P(Q8MatMulTest, DecodeBatchesEqualTheDefinitionBitForBit) {
   for (size_t batch = 1; batch <= 33; ++batch) {
     CheckShape(scoped.active(), 100, 96, batch, batch % 3, batch % 2 ? &pool : nullptr);
   }
-  for (size_t rows : {1, 7, 15, 16, 17, 31, 33, 48}) CheckShape(scoped.active(), rows, 64, 5, 1, &pool);
+  for (size_t rows : {1, 7, 15, 16, 17, 31, 33, 48})
+    CheckShape(scoped.active(), rows, 64, 5, 1, &pool);
 }
 
 TEST_P(Q8MatMulTest, ModelShapesAndPrefillBatches) {

@@ -6,9 +6,6 @@
 // imported into a state that re-exports, imports again and decodes. Files
 // named valid_* (written by tests/fuzz/make_corpus.cc) must import.
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -17,31 +14,19 @@
 #include "core/session/session_store.h"
 #include "core/session/session_wire.h"
 #include "gtest/gtest.h"
+#include "tests/common/corpus_util.h"
 #include "tests/common/model_test_util.h"
 #include "tests/fuzz/wire_fuzz_util.h"
 
 namespace cortiq::session {
 namespace {
 
-namespace fs = std::filesystem;
 using fuzz::kWireFuzzFingerprint;
 
-struct CorpusFile {
-  std::string name;
-  std::string bytes;
-};
+using testing::CorpusFile;
 
 std::vector<CorpusFile> ReadCorpus() {
-  std::vector<CorpusFile> files;
-  for (const auto& e : fs::directory_iterator(CORTIQ_SOURCE_DIR "/tests/fuzz/corpus/wire_import")) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream f(e.path(), std::ios::binary);
-    files.push_back(
-        {e.path().filename().string(), std::string(std::istreambuf_iterator<char>(f), {})});
-  }
-  std::sort(files.begin(), files.end(),
-            [](const CorpusFile& a, const CorpusFile& b) { return a.name < b.name; });
-  return files;
+  return testing::ReadCorpusDir(CORTIQ_SOURCE_DIR "/tests/fuzz/corpus/wire_import");
 }
 
 bool IsRefusal(const absl::Status& s) {
