@@ -224,12 +224,12 @@ absl::StatusOr<MkModelArgs> ParseMkModelArgs(const std::vector<std::string>& arg
   MkModelArgs a;
   CORTIQ_ASSIGN_OR_RETURN(
       util::ParsedArgs parsed,
-      ParseCommandFlags("mkmodel", args,
-                        {util::ChoiceFlag("dtype", &a.dtype, {"f32", "bf16", "f16"}),
-                         IntFlag("seed", &a.seed), StringFlag("text", &a.text),
-                         StringFlag("after", &a.after),
-                         StringFlag("tokenizer-from", &a.tokenizer_from)},
-                        util::Positionals::kInterleaved));
+      ParseCommandFlags(
+          "mkmodel", args,
+          {util::ChoiceFlag("dtype", &a.dtype, {"f32", "bf16", "f16"}), IntFlag("seed", &a.seed),
+           StringFlag("text", &a.text), StringFlag("after", &a.after),
+           StringFlag("tokenizer-from", &a.tokenizer_from)},
+          util::Positionals::kInterleaved));
   if (parsed.positional.size() != 2)
     return absl::InvalidArgumentError("mkmodel needs SHAPE and DIR");
   a.shape = parsed.positional[0];
@@ -262,9 +262,8 @@ int MkScriptModel(const MkModelArgs& a) {
   if (!plan.ok()) return Fail(plan.status());
   std::vector<std::string> escaped;
   for (const std::string& piece : plan->pieces) escaped.push_back(absl::CEscape(piece));
-  std::cerr << "wrote a script model (" << plan->pieces.size() << " tokens, "
-            << plan->added_tokens << " added) to " << a.dir << ": "
-            << absl::StrJoin(escaped, "|") << "\n";
+  std::cerr << "wrote a script model (" << plan->pieces.size() << " tokens, " << plan->added_tokens
+            << " added) to " << a.dir << ": " << absl::StrJoin(escaped, "|") << "\n";
   return 0;
 }
 
