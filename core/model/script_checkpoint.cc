@@ -1,10 +1,8 @@
 #include "core/model/script_checkpoint.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -38,15 +36,15 @@ CharClass ClassOf(char c) {
   return c == '\n' ? CharClass::kNewline : CharClass::kOther;
 }
 
-bool IsAsciiAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 
 // Length of the tag `</?[A-Za-z_][A-Za-z0-9_]*>` at the start of `s`, or 0.
 size_t TagLength(std::string_view s) {
   size_t i = 1;
   if (s.empty() || s[0] != '<') return 0;
   if (i < s.size() && s[i] == '/') ++i;
-  if (i >= s.size() || !IsAsciiAlpha(s[i])) return 0;
-  while (i < s.size() && (IsAsciiAlpha(s[i]) || (s[i] >= '0' && s[i] <= '9'))) ++i;
+  if (i >= s.size() || !IsNameStart(s[i])) return 0;
+  while (i < s.size() && (IsNameStart(s[i]) || (s[i] >= '0' && s[i] <= '9'))) ++i;
   return i < s.size() && s[i] == '>' ? i + 1 : 0;
 }
 
