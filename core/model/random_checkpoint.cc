@@ -129,24 +129,28 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config_in, const std::stri
   Rng rng{options.seed};
   SafetensorsWriter writer;
   std::vector<float> buf;
+  // buf, after options.edit, as tensor `name`.
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    if (options.edit) options.edit(name, buf);
+    return writer.AddF32(name, options.dtype, std::move(shape), buf);
+  };
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) -> absl::Status {
     buf.resize(size_t(rows * cols));
     const float a = std::sqrt(3.0f / float(cols));
     for (float& x : buf) x = a * rng.Sym();
-    return writer.AddF32(name, options.dtype, {rows, cols}, buf);
+    return add(name, {rows, cols});
   };
   auto vector = [&](const std::string& name, int64_t n, float center, float spread) {
     buf.resize(size_t(n));
     for (float& x : buf) x = center + spread * rng.Sym();
-    return writer.AddF32(name, options.dtype, {n}, buf);
+    return add(name, {n});
   };
   const int64_t h = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(),
                 inter = config.intermediate_size, hd = config.head_dim;
   // Embeddings with unit-variance entries (a = sqrt(3) ⇒ variance 1).
   buf.resize(size_t(config.vocab_size * h));
   for (float& x : buf) x = std::sqrt(3.0f) * rng.Sym();
-  CORTIQ_RETURN_IF_ERROR(
-      writer.AddF32("model.embed_tokens.weight", options.dtype, {config.vocab_size, h}, buf));
+  CORTIQ_RETURN_IF_ERROR(add("model.embed_tokens.weight", {config.vocab_size, h}));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     CORTIQ_RETURN_IF_ERROR(vector(p + "input_layernorm.weight", h, 1.0f, 0.1f));
@@ -181,7 +185,9 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config_in, const std::stri
   CORTIQ_RETURN_IF_ERROR(WriteText(dir + "/config.json", config.ToJson()));
   CORTIQ_RETURN_IF_ERROR(WriteText(
       dir + "/tokenizer.json",
-      tokenizer::MakeByteLevelTokenizerJson({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})));
+      options.tokenizer_json.empty()
+          ? tokenizer::MakeByteLevelTokenizerJson({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
+          : options.tokenizer_json));
   return absl::OkStatus();
 }
 

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,11 +30,18 @@ std::vector<std::string> NamedShapes();
 struct RandomCheckpointOptions {
   math::DType dtype = math::DType::kF32;
   uint64_t seed = 1;
+  // Called with each tensor's Hugging Face name and its freshly drawn values
+  // (f32, row-major, the layout's shape) before they are written; may change
+  // them in place (script_checkpoint.h builds an exact model this way). The
+  // draws do not depend on it. Null: the random values as drawn.
+  std::function<void(std::string_view name, std::span<float> values)> edit;
+  // tokenizer.json text; empty: tokenizer::MakeByteLevelTokenizerJson().
+  std::string tokenizer_json;
 };
 
 // Writes config.json, model.safetensors and tokenizer.json into `dir`
 // (created if needed). Weights are uniform with variance 1/fan_in (unit-scale
-// activations), norms 1 ± 0.1, biases ± 0.1.
+// activations), norms 1 ± 0.1, biases ± 0.1 (before options.edit).
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    const RandomCheckpointOptions& options);
 

@@ -6,9 +6,17 @@
 // accepted; aborting a stream frees its session (the /metrics gauges come
 // back to zero and a cancelled release is counted).
 //
-// Usage: node openai_sdk_test.mjs --server-bin PATH --workdir DIR
+// Tool calls and reasoning from a real generation: a second server runs a
+// script model (`cortiq-tool mkmodel script`, whose greedy continuation is a
+// think block and then a get_weather call) with Qwen3's chat template. The
+// SDK must read message.tool_calls (finish_reason "tool_calls", no content)
+// whole and as streamed deltas (assembled here and by the SDK's own
+// ChatCompletionStream), reasoning_content with thinking on, and the same
+// text as plain content when the request gives no tools.
+//
+// Usage: node openai_sdk_test.mjs --server-bin PATH --tool-bin PATH --workdir DIR
 // Exit 0: passed; 1: failed; 77: skipped (the SDK is not installed).
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, createWriteStream } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -28,18 +36,28 @@ const args = Object.fromEntries(
   process.argv.slice(2).reduce((acc, v, i, all) => (i % 2 ? acc : [...acc, [v.replace(/^--/, ""), all[i + 1]]]), []),
 );
 assert.ok(args["server-bin"], "--server-bin PATH");
+assert.ok(args["tool-bin"], "--tool-bin PATH");
 const workdir = args.workdir ?? join(here, "sdk_work");
 mkdirSync(workdir, { recursive: true });
 
 const TOKEN = "sdk-test-token-0123456789";
 const MODEL = "cortiq-byte-4m";
 
-// Starts the server and resolves with its HTTP and metrics ports.
-function startServer() {
-  const log = createWriteStream(join(workdir, "server.log"));
+// The script model: after ChatML's generation prompt its greedy output is
+// SCRIPT, then <|im_end|>. Qwen3's template with enable_thinking=false ends
+// its prompt in "</think>\n\n", where the script goes on with the call.
+const SCRIPT_MODEL = "tool-script";
+const REASONING = "The user wants the weather in Paris.";
+const CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+const SCRIPT = `<think>\n${REASONING}\n</think>\n\n${CALL_TEXT}`;
+
+// Starts a server (the embedded model unless `extra` says) and resolves
+// with its process and its HTTP and metrics ports.
+function startServer(extra = [], logName = "server.log") {
+  const log = createWriteStream(join(workdir, logName));
   const proc = spawn(args["server-bin"], [
     "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-    "--threads", "1", "--auth-token", TOKEN, "--grace", "0",
+    "--threads", "1", "--auth-token", TOKEN, "--grace", "0", ...extra,
   ], { stdio: ["ignore", "pipe", "pipe"] });
   proc.stderr.pipe(log);
   return new Promise((resolve, reject) => {
@@ -108,7 +126,134 @@ async function expectError(promise, Kind, status, param) {
   assert.fail(`expected ${Kind.name}`);
 }
 
+// The tool call `stream` (the SDK's chunks) carries: each delta's fields
+// assembled per index, as a client does; the content, the reasoning, and
+// every finish_reason seen.
+async function assembleStream(stream) {
+  const calls = [];
+  let content = "";
+  let reasoning = "";
+  const finishes = [];
+  let reasoningAfterCall = false;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, "chat.completion.chunk");
+    for (const c of chunk.choices) {
+      content += c.delta?.content ?? "";
+      if (c.delta?.reasoning_content) {
+        reasoning += c.delta.reasoning_content;
+        reasoningAfterCall ||= calls.length > 0;
+      }
+      for (const d of c.delta?.tool_calls ?? []) {
+        const call = (calls[d.index] ??= { id: "", type: "", function: { name: "", arguments: "" } });
+        call.id += d.id ?? "";
+        call.type += d.type ?? "";
+        call.function.name += d.function?.name ?? "";
+        call.function.arguments += d.function?.arguments ?? "";
+      }
+      if (c.finish_reason) finishes.push(c.finish_reason);
+    }
+  }
+  assert.ok(!reasoningAfterCall, "reasoning streamed after the tool call");
+  return { calls, content, reasoning, finishes };
+}
+
+// The one get_weather call the script model makes.
+function assertWeatherCall(calls, where) {
+  assert.equal(calls.length, 1, `${where}: one tool call`);
+  const [call] = calls;
+  assert.match(call.id, /^call_[0-9a-f]{24}$/, `${where}: id`);
+  assert.equal(call.type, "function", `${where}: type`);
+  assert.equal(call.function.name, "get_weather", `${where}: name`);
+  assert.deepEqual(JSON.parse(call.function.arguments), { city: "Paris" }, `${where}: arguments`);
+}
+
+// Tool calls and reasoning out of a real generation (see the banner).
+async function toolCallChecks(scriptPort) {
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${scriptPort}/v1`, apiKey: TOKEN, maxRetries: 0 });
+  const tools = [{
+    type: "function",
+    function: {
+      name: "get_weather", description: "The current weather in a city",
+      parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+    },
+  }];
+  const messages = [{ role: "user", content: "What is the weather in Paris?" }];
+  const noThink = { chat_template_kwargs: { enable_thinking: false } };
+  const request = { model: SCRIPT_MODEL, temperature: 0, max_tokens: 100, messages, tools, ...noThink };
+
+  // Whole.
+  const whole = await client.chat.completions.create(request);
+  const choice = whole.choices[0];
+  assert.equal(choice.finish_reason, "tool_calls");
+  assert.ok(choice.message.content === null || choice.message.content === "", `content: ${choice.message.content}`);
+  assert.equal(choice.message.reasoning_content, undefined);
+  assertWeatherCall(choice.message.tool_calls, "whole");
+  // The script's tokens, then <|im_end|> (not counted as text).
+  assert.ok(whole.usage.completion_tokens > 5 && whole.usage.completion_tokens < 100, `${whole.usage.completion_tokens}`);
+
+  // Streamed: the deltas assemble to the same call; the last chunk finishes it.
+  const chunks = [];
+  const streamed = await assembleStream((async function* () {
+    for await (const chunk of await client.chat.completions.create({ ...request, stream: true })) {
+      chunks.push(chunk);
+      yield chunk;
+    }
+  })());
+  assertWeatherCall(streamed.calls, "streamed");
+  assert.equal(streamed.content, "");
+  assert.deepEqual(streamed.finishes, ["tool_calls"]);
+  assert.equal(chunks.at(-1).choices[0].finish_reason, "tool_calls");
+  assert.equal(streamed.calls[0].function.arguments, choice.message.tool_calls[0].function.arguments);
+  // The SDK's own stream assembler agrees.
+  const final = await client.chat.completions.stream(request).finalChatCompletion();
+  assert.equal(final.choices[0].finish_reason, "tool_calls");
+  assertWeatherCall(final.choices[0].message.tool_calls, "ChatCompletionStream");
+
+  // Thinking on (the template's default): the think block is reasoning_content.
+  const thinking = { ...request, chat_template_kwargs: undefined };
+  const thought = await client.chat.completions.create(thinking);
+  assert.equal(thought.choices[0].finish_reason, "tool_calls");
+  assert.equal(thought.choices[0].message.reasoning_content?.trim(), REASONING);
+  assert.ok(!thought.choices[0].message.content, `content: ${thought.choices[0].message.content}`);
+  assertWeatherCall(thought.choices[0].message.tool_calls, "thinking");
+  const thoughtStream = await assembleStream(await client.chat.completions.create({ ...thinking, stream: true }));
+  assert.equal(thoughtStream.reasoning, thought.choices[0].message.reasoning_content);
+  assert.equal(thoughtStream.content, "");
+  assert.deepEqual(thoughtStream.finishes, ["tool_calls"]);
+  assertWeatherCall(thoughtStream.calls, "thinking, streamed");
+
+  // The call goes back with its result (the template renders both); the
+  // script model calls again.
+  const call = choice.message.tool_calls[0];
+  const again = await client.chat.completions.create({
+    ...request,
+    messages: [...messages, choice.message, { role: "tool", tool_call_id: call.id, content: '{"celsius": 18}' }],
+  });
+  assert.equal(again.choices[0].finish_reason, "tool_calls");
+  assert.ok(again.usage.prompt_tokens > whole.usage.prompt_tokens);
+
+  // No tools, or tool_choice "none": the same text is plain content.
+  const { tools: _, ...plain } = request;
+  for (const body of [plain, { ...request, tool_choice: "none" }]) {
+    const r = await client.chat.completions.create(body);
+    assert.equal(r.choices[0].finish_reason, "stop");
+    assert.equal(r.choices[0].message.content, CALL_TEXT);
+    assert.equal(r.choices[0].message.tool_calls, undefined);
+  }
+}
+
+// Writes the script model with the embedded model's tokenizer.
+function makeScriptModel() {
+  const dir = join(workdir, SCRIPT_MODEL);
+  const made = spawnSync(args["tool-bin"], [
+    "mkmodel", "script", dir, "--text", SCRIPT, "--tokenizer-from", join(here, "../../models/cortiq-byte-4m"),
+  ], { encoding: "utf8" });
+  assert.equal(made.status, 0, `cortiq-tool mkmodel script: ${made.stderr}`);
+  return dir;
+}
+
 const { proc, metricsPort, httpPort } = await startServer();
+let scriptServer = null;
 let failed = false;
 try {
   const client = new OpenAI({ baseURL: `http://127.0.0.1:${httpPort}/v1`, apiKey: TOKEN, maxRetries: 0 });
@@ -196,11 +341,17 @@ try {
   // And the server still answers.
   const after = await client.chat.completions.create({ ...greedy, max_tokens: 2, messages });
   assert.equal(after.usage.completion_tokens, 2);
+
+  scriptServer = await startServer(
+    ["--model", makeScriptModel(), "--chat-template", join(here, "../chat/data/qwen3_chat_template.jinja")],
+    "script_server.log");
+  await toolCallChecks(scriptServer.httpPort);
   console.log("openai SDK test: all checks passed");
 } catch (e) {
   failed = true;
   console.error("FAILED:", e);
 } finally {
   proc.kill("SIGTERM");
+  scriptServer?.proc.kill("SIGTERM");
 }
 process.exit(failed ? 1 : 0);

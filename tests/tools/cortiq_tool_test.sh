@@ -18,6 +18,11 @@ grep -q '"torch_dtype": "bfloat16"' "$WORK/b/config.json" || fail "bf16 config"
 "$TOOL" mkmodel tiny "$WORK/m2" --seed 3 2>/dev/null
 cmp -s "$WORK/m/model.safetensors" "$WORK/m2/model.safetensors" || fail "mkmodel is not deterministic"
 
+# mkmodel script: generate writes the text back (C escapes decoded), then stops.
+"$TOOL" mkmodel script "$WORK/s" --text 'One, two.\nThree, four.' --after 'Count:' 2>/dev/null
+OUT="$("$TOOL" generate --model "$WORK/s" --prompt 'Count:' --temperature 0 --max-tokens 50)"
+[ "$OUT" == $'Count:One, two.\nThree, four.' ] || fail "mkmodel script generated '$OUT'"
+
 # tokenize / detokenize round trip (byte-level tokenizer: one id per byte).
 TEXT=$'Call me Ishmael. Ünïcödé 🐳 and <|im_end|>'
 IDS="$(printf '%s' "$TEXT" | "$TOOL" tokenize --tokenizer "$WORK/m/tokenizer.json")"
@@ -106,6 +111,8 @@ usage_error "--ids: must not be negative" logits --model "$WORK/m" --ids 1,-2 --
 usage_error "--file is required" ppl --model "$WORK/m"
 usage_error "--seed needs a value" mkmodel tiny "$WORK/m4" --seed
 usage_error "--dtype: expected f32, bf16 or f16" mkmodel tiny "$WORK/m4" --dtype f8
+usage_error "mkmodel script needs --text" mkmodel script "$WORK/m4"
+usage_error "--text, --after and --tokenizer-from are for mkmodel script only" mkmodel tiny "$WORK/m4" --text x
 usage_error "--batches: must be at least 1" bench --batches 1,0
 usage_error "--modes: each mode is one of exact, int8, o1, qsa" bench-context --modes exact,fast
 usage_error "unexpected argument 'extra'" tokenize --tokenizer "$WORK/m/tokenizer.json" extra

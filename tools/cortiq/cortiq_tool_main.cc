@@ -1,6 +1,8 @@
 // cortiq-tool: the local command-line tool (no server). Stable usage:
 //
 //   cortiq-tool mkmodel SHAPE DIR [--dtype f32|bf16|f16] [--seed N]
+//   cortiq-tool mkmodel script DIR --text TEXT [--after TEXT] [--tokenizer-from DIR]
+//                       [--dtype f32|bf16|f16] [--seed N]
 //   cortiq-tool tokenize --tokenizer FILE          (text on stdin → ids on stdout)
 //   cortiq-tool detokenize --tokenizer FILE        (ids on stdin → text on stdout)
 //   cortiq-tool logits --model DIR (--ids 1,2,3 | --prompt TEXT) --out FILE [--kv f32|int8]
@@ -30,11 +32,14 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/model/random_checkpoint.h"
 #include "core/model/sampler.h"
+#include "core/model/script_checkpoint.h"
 #include "core/model/transformer.h"
 #include "core/tokenizer/detokenizer.h"
 #include "core/tokenizer/tokenizer.h"
@@ -48,6 +53,8 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   cortiq-tool mkmodel SHAPE DIR [--dtype f32|bf16|f16] [--seed N]
+  cortiq-tool mkmodel script DIR --text TEXT [--after '<|im_start|>assistant\n']
+                      [--tokenizer-from DIR] [--dtype f32|bf16|f16] [--seed N]
   cortiq-tool tokenize --tokenizer FILE        (text on stdin, ids on stdout)
   cortiq-tool detokenize --tokenizer FILE      (ids on stdin, text on stdout)
   cortiq-tool logits --model DIR (--ids 1,2,3 | --prompt TEXT) --out FILE [--kv f32|int8]
@@ -66,6 +73,10 @@ constexpr const char* kUsage = R"(usage:
                     [--modes exact,int8,o1,qsa] [--steps 8] [--max-state-gb 8] [--o1 all --o1-m 32 ...]
                     [--qsa all --qsa-ratio 64 --qsa-budget 16]
 shapes: tiny, tiny-gqa, tiny-qwen2, tiny-llama, qwen3-0.6b
+mkmodel script writes a test model whose greedy continuation of any prompt ending in
+--after is exactly --text, then <|im_end|> (e.g. a <tool_call> block); --tokenizer-from
+extends that model's tokenizer.json (one added token per piece of the text) and copies its
+tokenizer_config.json. --text and --after take C escapes (\n, \t, \", \\).
 logits, ppl, generate and bench take --activations bf16|f32 (default bf16): with bf16
 weights, projections round their inputs to bf16 (exact products, f32 sums); f32 keeps
 them in f32. No effect on f32 or f16 weights. They also take --weights checkpoint|int8
@@ -197,12 +208,30 @@ absl::StatusOr<std::vector<int32_t>> ParseStdinIds(std::string_view text) {
 
 // ---------------------------------------------------------------------------
 // mkmodel SHAPE DIR [--dtype f32|bf16|f16] [--seed N]
+// mkmodel script DIR --text TEXT [--after TEXT] [--tokenizer-from DIR] [--dtype] [--seed]
+
+constexpr std::string_view kScriptShape = "script";
 
 struct MkModelArgs {
   std::string shape, dir;
   std::string dtype = "f32";
   uint64_t seed = 1;
+  // Shape "script" only (model::ScriptCheckpointOptions), C escapes decoded.
+  std::optional<std::string> text;
+  std::optional<std::string> after;
+  std::string tokenizer_from;
 };
+
+// --text / --after with their C escapes decoded.
+absl::Status Unescape(const char* flag, std::optional<std::string>* value) {
+  if (!value->has_value()) return absl::OkStatus();
+  std::string out, error;
+  if (!absl::CUnescape(**value, &out, &error)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", error));
+  }
+  *value = std::move(out);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<MkModelArgs> ParseMkModelArgs(const std::vector<std::string>& args) {
   MkModelArgs a;
@@ -210,22 +239,53 @@ absl::StatusOr<MkModelArgs> ParseMkModelArgs(const std::vector<std::string>& arg
       util::ParsedArgs parsed,
       ParseCommandFlags(
           "mkmodel", args,
-          {util::ChoiceFlag("dtype", &a.dtype, {"f32", "bf16", "f16"}), IntFlag("seed", &a.seed)},
+          {util::ChoiceFlag("dtype", &a.dtype, {"f32", "bf16", "f16"}), IntFlag("seed", &a.seed),
+           StringFlag("text", &a.text), StringFlag("after", &a.after),
+           StringFlag("tokenizer-from", &a.tokenizer_from)},
           util::Positionals::kInterleaved));
   if (parsed.positional.size() != 2)
     return absl::InvalidArgumentError("mkmodel needs SHAPE and DIR");
   a.shape = parsed.positional[0];
   a.dir = parsed.positional[1];
+  if (a.shape == kScriptShape) {
+    if (!a.text.has_value()) return absl::InvalidArgumentError("mkmodel script needs --text");
+  } else if (parsed.Given("text") || parsed.Given("after") || parsed.Given("tokenizer-from")) {
+    return absl::InvalidArgumentError(
+        "--text, --after and --tokenizer-from are for mkmodel script only");
+  }
+  CORTIQ_RETURN_IF_ERROR(Unescape("text", &a.text));
+  CORTIQ_RETURN_IF_ERROR(Unescape("after", &a.after));
   return a;
 }
 
+math::DType DTypeOf(std::string_view name) {
+  return name == "bf16"  ? math::DType::kBF16
+         : name == "f16" ? math::DType::kF16
+                         : math::DType::kF32;
+}
+
+int MkScriptModel(const MkModelArgs& a) {
+  model::ScriptCheckpointOptions opt;
+  opt.text = *a.text;
+  if (a.after.has_value()) opt.after = *a.after;
+  opt.tokenizer_dir = a.tokenizer_from;
+  opt.dtype = DTypeOf(a.dtype);
+  opt.seed = a.seed;
+  absl::StatusOr<model::ScriptPlan> plan = model::WriteScriptCheckpoint(a.dir, opt);
+  if (!plan.ok()) return Fail(plan.status());
+  std::vector<std::string> escaped;
+  for (const std::string& piece : plan->pieces) escaped.push_back(absl::CEscape(piece));
+  std::cerr << "wrote a script model (" << plan->pieces.size() << " tokens, " << plan->added_tokens
+            << " added) to " << a.dir << ": " << absl::StrJoin(escaped, "|") << "\n";
+  return 0;
+}
+
 int MkModel(const MkModelArgs& a) {
+  if (a.shape == kScriptShape) return MkScriptModel(a);
   auto config = model::NamedShape(a.shape);
   if (!config.ok()) return Fail(config.status());
   model::RandomCheckpointOptions opt;
-  opt.dtype = a.dtype == "bf16"  ? math::DType::kBF16
-              : a.dtype == "f16" ? math::DType::kF16
-                                 : math::DType::kF32;
+  opt.dtype = DTypeOf(a.dtype);
   opt.seed = a.seed;
   absl::Status s = model::WriteRandomCheckpoint(*config, a.dir, opt);
   if (!s.ok()) return Fail(s);
