@@ -110,7 +110,9 @@ bool IsLoopbackListen(std::string_view listen) {
 std::string ServerUsage() {
   return R"(usage: cortiq-server [flags]
 
-  --model DIR             model directory (config.json, model.safetensors, tokenizer.json);
+  --model DIR|FILE.gguf   model directory (config.json, model.safetensors, tokenizer.json) or
+                          a llama.cpp GGUF file (qwen3, qwen2, llama; its own tokenizer and
+                          chat template);
                           default: the embedded model ($CORTIQ_MODEL overrides)
   --listen HOST:PORT      gRPC address (default 127.0.0.1:50051; port 0 = any free port)
   --metrics-listen H:P    Prometheus /metrics address (default 127.0.0.1:9464; "off" disables)

@@ -9,16 +9,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/math/kernels.h"
+#include "core/model/model_files.h"
+#include "core/session/session_wire.h"
+#include "core/util/log_escape.h"
+#include "core/util/status_macros.h"
+#include "core/util/strings.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "core/math/kernels.h"
-#include "core/session/session_wire.h"
-#include "core/util/log_escape.h"
-#include "core/util/status_macros.h"
 #include "server/migration.h"
-#include "core/util/strings.h"
 #include "spdlog/spdlog.h"
 
 namespace cortiq::server {
@@ -67,20 +68,15 @@ void ConfigureAllocator() {
 absl::Status Server::Init() {
   const ServerConfig& c = config_;
   ConfigureAllocator();
-  if (c.model_dir.empty() || !std::filesystem::exists(c.model_dir + "/config.json")) {
-    return absl::NotFoundError(absl::StrCat(
-        "--model: no model at '", c.model_dir,
-        "' (give --model DIR with config.json, model.safetensors and tokenizer.json)"));
-  }
+  CORTIQ_RETURN_IF_ERROR(model::CheckModelPath(c.model_dir));
   pool_ = std::make_unique<util::ThreadPool>(c.threads);
   model::LoadOptions load;
   load.pool = pool_.get();
   load.bf16_activations = c.activations == "bf16";
   load.weights = *model::ParseWeights(c.weights);  // ChoiceFlag checked it
   CORTIQ_ASSIGN_OR_RETURN(model_, model::Transformer::Load(c.model_dir, load));
-  CORTIQ_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok,
-                          tokenizer::Tokenizer::FromFile(c.model_dir + "/tokenizer.json"));
-  tokenizer_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok));
+  CORTIQ_ASSIGN_OR_RETURN(model::ModelTokenizer tok, model::LoadModelTokenizer(c.model_dir));
+  tokenizer_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok.tokenizer));
 
   session::StoreOptions so;
   so.max_sessions = c.max_sessions;
@@ -96,11 +92,11 @@ absl::Status Server::Init() {
     MetricsSources src;
     src.store = store_.get();
     src.model = model_.get();
-    src.model_name = std::filesystem::path(c.model_dir).filename().string();
+    src.model_name = model::ModelName(c.model_dir);
     src.version = "0.1.0";
     src.tenants = [auth = auth_.get()] { return auth->Tenants(); };
-    src.memory_capacity_bytes = c.memory_capacity_bytes > 0 ? c.memory_capacity_bytes
-                                                            : MachineMemoryBytes().value_or(0);
+    src.memory_capacity_bytes =
+        c.memory_capacity_bytes > 0 ? c.memory_capacity_bytes : MachineMemoryBytes().value_or(0);
     CORTIQ_ASSIGN_OR_RETURN(metrics_, Metrics::Create(src));
   }
   session::EngineOptions eo;
@@ -132,20 +128,17 @@ absl::Status Server::Init() {
   ctx_->store = store_.get();
   ctx_->engine = engine_.get();
   ctx_->metrics = metrics_.get();
-  ctx_->model_name = std::filesystem::path(c.model_dir).filename().string();
+  ctx_->model_name = model::ModelName(c.model_dir);
   if (config_.node_name.empty()) config_.node_name = DefaultNodeName(c.listen);
   ctx_->node_name = config_.node_name;
-  CORTIQ_ASSIGN_OR_RETURN(std::string tokenizer_json,
-                          ReadFlagFile(c.model_dir + "/tokenizer.json", "--model"));
-  ctx_->wire_fingerprint = session::ModelWireFingerprint(model_->checkpoint(), tokenizer_json);
+  ctx_->wire_fingerprint = session::ModelWireFingerprint(model_->checkpoint(), tok.identity);
   ctx_->fingerprint = absl::StrFormat("%016x", ctx_->wire_fingerprint);
-  CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session,
-                          DefaultSessionConfig(c, *model_, c.model_dir));
+  CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session, DefaultSessionConfig(c, *model_, c.model_dir));
   background_ = std::make_unique<util::TaskRunner>(kBackgroundWorkers, kBackgroundQueue);
   ctx_->background = background_.get();
   ctx_->drain = [this](std::optional<double> grace_s) {
-    const auto grace = grace_s ? std::chrono::milliseconds(static_cast<int64_t>(*grace_s * 1000))
-                               : config_.grace;
+    const auto grace =
+        grace_s ? std::chrono::milliseconds(static_cast<int64_t>(*grace_s * 1000)) : config_.grace;
     return Drain(grace);
   };
   service_ = std::make_unique<InferenceService>(ctx_.get());
@@ -163,7 +156,8 @@ absl::Status Server::Init() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(c.listen, creds, &port_);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(c.max_message_bytes, INT32_MAX)));
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<size_t>(c.max_message_bytes, INT32_MAX)));
   builder.RegisterService(service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || port_ == 0) {
@@ -178,7 +172,10 @@ absl::Status Server::Init() {
     CORTIQ_ASSIGN_OR_RETURN(metrics_server_, MetricsServer::Start(c.metrics_listen, *metrics_));
   }
   if (!c.http_listen.empty() && c.http_listen != "off") {
-    CORTIQ_ASSIGN_OR_RETURN(http::ChatRenderer chat, http::LoadChatRenderer(c));
+    CORTIQ_ASSIGN_OR_RETURN(http::ChatRenderer chat,
+                            http::LoadChatRenderer(c, {.source = tok.chat_template,
+                                                       .bos_token = tok.bos_token,
+                                                       .eos_token = tok.eos_token}));
     CORTIQ_ASSIGN_OR_RETURN(http_, http::HttpServer::Start(ctx_.get(), std::move(chat)));
   }
   reaper_ = std::thread([this] { ReaperLoop(); });
@@ -264,11 +261,12 @@ DrainReport::Entry Server::DrainOne(const std::string& session_id,
                              "--drain-timeout passed before a migration to ", peer, " started");
       break;
     }
-    absl::StatusOr<MigrateOutcome> out =
-        MigrateOut(*ctx_, session_id, peer, config_.peer_token,
-                   /*f16=*/false,
-                   {.deadline = deadline, .cancel = nullptr, .deadline_name = "--drain-timeout",
-                    .traceparent = {}});
+    absl::StatusOr<MigrateOutcome> out = MigrateOut(*ctx_, session_id, peer, config_.peer_token,
+                                                    /*f16=*/false,
+                                                    {.deadline = deadline,
+                                                     .cancel = nullptr,
+                                                     .deadline_name = "--drain-timeout",
+                                                     .traceparent = {}});
     if (out.ok()) {
       e.migrated = true;
       e.peer = peer;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -287,11 +288,93 @@ absl::Status AddGgufModelKeys(const ModelConfig& c, GgufWriter& w) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<tokenizer::GgufVocab> ReadGgufVocab(const GgufFile& f) {
+  constexpr const char* kTokens = "tokenizer.ggml.tokens";
+  if (!f.Has(kTokens)) {
+    return absl::NotFoundError(
+        absl::StrCat(f.path(), ": no tokenizer (tokenizer.ggml.tokens absent)"));
+  }
+  tokenizer::GgufVocab v;
+  CORTIQ_ASSIGN_OR_RETURN(v.model, f.GetString("tokenizer.ggml.model"));
+  if (f.Has("tokenizer.ggml.pre")) {
+    CORTIQ_ASSIGN_OR_RETURN(v.pre, f.GetString("tokenizer.ggml.pre"));
+  }
+  CORTIQ_ASSIGN_OR_RETURN(v.tokens, f.GetStringArray(kTokens));
+  const auto narrow = [](int64_t x) {
+    return x >= std::numeric_limits<int32_t>::min() && x <= std::numeric_limits<int32_t>::max()
+               ? static_cast<int32_t>(x)
+               : -1;
+  };
+  if (f.Has("tokenizer.ggml.token_type")) {
+    CORTIQ_ASSIGN_OR_RETURN(const std::vector<int64_t> types,
+                            f.GetIntArray("tokenizer.ggml.token_type"));
+    v.token_types.reserve(types.size());
+    for (const int64_t t : types) v.token_types.push_back(narrow(t));
+  }
+  if (f.Has("tokenizer.ggml.merges")) {
+    CORTIQ_ASSIGN_OR_RETURN(v.merges, f.GetStringArray("tokenizer.ggml.merges"));
+  }
+  for (const auto& [key, field] : {std::pair{"tokenizer.ggml.bos_token_id", &v.bos},
+                                   {"tokenizer.ggml.eos_token_id", &v.eos},
+                                   {"tokenizer.ggml.padding_token_id", &v.pad},
+                                   {"tokenizer.ggml.unknown_token_id", &v.unk}}) {
+    if (!f.Has(key)) continue;
+    CORTIQ_ASSIGN_OR_RETURN(const int64_t id, f.GetInt(key));
+    *field = narrow(id);
+  }
+  for (const auto& [key, field] : {std::pair{"tokenizer.ggml.add_bos_token", &v.add_bos},
+                                   {"tokenizer.ggml.add_eos_token", &v.add_eos}}) {
+    if (!f.Has(key)) continue;
+    CORTIQ_ASSIGN_OR_RETURN(*field, f.GetBool(key));
+  }
+  if (f.Has("tokenizer.chat_template")) {
+    CORTIQ_ASSIGN_OR_RETURN(v.chat_template, f.GetString("tokenizer.chat_template"));
+  }
+  return v;
+}
+
+absl::Status AddGgufVocabKeys(const tokenizer::GgufVocab& v, GgufWriter& w) {
+  CORTIQ_RETURN_IF_ERROR(w.AddString("tokenizer.ggml.model", v.model));
+  if (!v.pre.empty()) CORTIQ_RETURN_IF_ERROR(w.AddString("tokenizer.ggml.pre", v.pre));
+  CORTIQ_RETURN_IF_ERROR(w.AddStringArray("tokenizer.ggml.tokens", v.tokens));
+  if (!v.token_types.empty()) {
+    CORTIQ_RETURN_IF_ERROR(w.AddI32Array("tokenizer.ggml.token_type", v.token_types));
+  }
+  // llama.cpp requires the key for a gpt2 model even with no merges.
+  CORTIQ_RETURN_IF_ERROR(w.AddStringArray("tokenizer.ggml.merges", v.merges));
+  for (const auto& [key, field] : {std::pair{"tokenizer.ggml.bos_token_id", &v.bos},
+                                   {"tokenizer.ggml.eos_token_id", &v.eos},
+                                   {"tokenizer.ggml.padding_token_id", &v.pad},
+                                   {"tokenizer.ggml.unknown_token_id", &v.unk}}) {
+    if (!field->has_value()) continue;
+    if (**field < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": negative id ", **field));
+    }
+    CORTIQ_RETURN_IF_ERROR(w.AddU32(key, static_cast<uint32_t>(**field)));
+  }
+  for (const auto& [key, field] : {std::pair{"tokenizer.ggml.add_bos_token", &v.add_bos},
+                                   {"tokenizer.ggml.add_eos_token", &v.add_eos}}) {
+    if (field->has_value()) CORTIQ_RETURN_IF_ERROR(w.AddBool(key, **field));
+  }
+  if (!v.chat_template.empty()) {
+    CORTIQ_RETURN_IF_ERROR(w.AddString("tokenizer.chat_template", v.chat_template));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteGgufModel(const Checkpoint& ckpt, const std::string& path,
                             const GgufExportOptions& options) {
   const ModelConfig& c = ckpt.config();
   GgufWriter w;
-  CORTIQ_RETURN_IF_ERROR(AddGgufModelKeys(c, w));
+  if (options.vocab != nullptr) {
+    ModelConfig keys = c;  // the vocabulary's own ids go in its keys
+    keys.bos_token_id.reset();
+    keys.eos_token_ids.clear();
+    CORTIQ_RETURN_IF_ERROR(AddGgufModelKeys(keys, w));
+    CORTIQ_RETURN_IF_ERROR(AddGgufVocabKeys(*options.vocab, w));
+  } else {
+    CORTIQ_RETURN_IF_ERROR(AddGgufModelKeys(c, w));
+  }
   std::vector<float> values, permuted;
   for (const std::string& hf : ckpt.TensorNames()) {
     const std::optional<std::string> name = GgufTensorName(hf);

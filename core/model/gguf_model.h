@@ -55,6 +55,7 @@
 #include "core/math/kernels.h"
 #include "core/model/gguf.h"
 #include "core/model/model_config.h"
+#include "core/tokenizer/gguf_vocab.h"
 
 namespace cortiq::model {
 
@@ -85,16 +86,31 @@ class GgufWriter;
 // o1_hint aside (GGUF has no such keys).
 absl::Status AddGgufModelKeys(const ModelConfig& config, GgufWriter& w);
 
+// The tokenizer keys of `file` (tokenizer.ggml.*, tokenizer.chat_template;
+// field by field as core/tokenizer/gguf_vocab.h lists them) as a GgufVocab,
+// for Tokenizer::FromGgufVocab. NOT_FOUND when the file has no
+// tokenizer.ggml.tokens; a key of the wrong type -> INVALID_ARGUMENT naming
+// it. An id above INT32_MAX reads as -1 (refused by FromGgufVocab); a
+// token_type outside int32 likewise.
+absl::StatusOr<tokenizer::GgufVocab> ReadGgufVocab(const GgufFile& file);
+
+// Adds `vocab`'s keys to `w` (the inverse: ReadGgufVocab gives it back).
+absl::Status AddGgufVocabKeys(const tokenizer::GgufVocab& vocab, GgufWriter& w);
+
 struct GgufExportOptions {
   // Storage of the matrices (rank-2 tensors): F32, F16, BF16 or Q8_0. Q8_0
   // needs rows of a multiple of 32 values; a matrix without them is stored
   // F32 (as llama.cpp falls back). Vectors (norms, biases) are always F32.
   math::DType dtype = math::DType::kF32;
+  // The tokenizer to embed (AddGgufVocabKeys; its ids replace the config's
+  // bos/eos keys), or nullptr: none, as llama.cpp cannot then load the file.
+  const tokenizer::GgufVocab* vocab = nullptr;
 };
 
 // Writes `ckpt` as a GGUF model at `path` (atomically), with the keys above,
 // llama's q/k rows permuted as convert_hf_to_gguf.py does, general.name
-// "cortiq-export". No tokenizer keys beyond bos/eos. Errors name the tensor.
+// "cortiq-export", and options.vocab's keys when given (else bos/eos only).
+// Errors name the tensor.
 // Cost: converts every tensor to f32 and then to the storage type in memory
 // (holds the whole file image until written).
 absl::Status WriteGgufModel(const Checkpoint& ckpt, const std::string& path,

@@ -19,11 +19,11 @@
 #include "server/generation.h"
 #include "server/http/api_error.h"
 #include "server/http/generation_stream.h"
+#include "server/http/openai_response.h"
 #include "server/http/owner_relay.h"
+#include "server/log_format.h"
 #include "server/peer_dialer.h"
 #include "server/session_router.h"
-#include "server/http/openai_response.h"
-#include "server/log_format.h"
 #include "spdlog/spdlog.h"
 
 namespace cortiq::server::http {
@@ -296,8 +296,8 @@ absl::Status Outcome(const session::GenerationResult& r) {
 class SseStream {
  public:
   SseStream(std::unique_ptr<HttpCall> call, util::InFlight::Token in_flight,
-            std::unique_ptr<GenerationStream> watch, ResponseBuilder builder, Clock::time_point deadline,
-            std::string session_id)
+            std::unique_ptr<GenerationStream> watch, ResponseBuilder builder,
+            Clock::time_point deadline, std::string session_id)
       : call_(std::move(call)),
         in_flight_(std::move(in_flight)),
         watch_(std::move(watch)),
@@ -380,7 +380,7 @@ class SseStream {
   }
 
   std::unique_ptr<HttpCall> call_;
-  util::InFlight::Token in_flight_;  // in streams_in_flight until written
+  util::InFlight::Token in_flight_;          // in streams_in_flight until written
   std::unique_ptr<GenerationStream> watch_;  // a local job or a relayed call
   ResponseBuilder builder_;
   const Clock::time_point deadline_;
@@ -706,8 +706,8 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   // A conversation whose session another node holds runs there
   // (owner_relay.h); one that no node holds is created here.
   if (ShouldRelay(*ctx_, p.target, *caller)) {
-    absl::StatusOr<std::optional<Relayed>> relayed = RelayToOwner(
-        ctx_, *caller, p.g, p.target, Header(req, "traceparent").value_or(""));
+    absl::StatusOr<std::optional<Relayed>> relayed =
+        RelayToOwner(ctx_, *caller, p.g, p.target, Header(req, "traceparent").value_or(""));
     if (!relayed.ok()) return fail(relayed.status());
     if (*relayed) {
       watch = relays_.Track(std::move((*relayed)->stream));
@@ -762,11 +762,19 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   call->Done(200, "");
 }
 
-absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config) {
+absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config,
+                                              const EmbeddedChatTemplate& embedded) {
   const std::filesystem::path model_config =
       std::filesystem::path(config.model_dir) / "tokenizer_config.json";
   absl::StatusOr<chat::ChatTemplate> model_template =
-      chat::ChatTemplate::FromTokenizerConfig(model_config);
+      embedded.source.empty()
+          ? chat::ChatTemplate::FromTokenizerConfig(model_config)
+          : chat::ChatTemplate::Parse(embedded.source, embedded.bos_token, embedded.eos_token);
+  if (!model_template.ok() && !embedded.source.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model ", config.model_dir,
+                     ": tokenizer.chat_template: ", model_template.status().message()));
+  }
   if (!model_template.ok() && !absl::IsNotFound(model_template.status())) {
     return model_template.status();
   }
@@ -783,7 +791,11 @@ absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config) {
     }
     t = *std::move(parsed);
   } else if (model_template.ok()) {
-    CORTIQ_ASSIGN_OR_RETURN(text, ReadFlagFile(model_config.string(), "--model"));
+    if (embedded.source.empty()) {
+      CORTIQ_ASSIGN_OR_RETURN(text, ReadFlagFile(model_config.string(), "--model"));
+    } else {
+      text = embedded.source;
+    }
     t = *std::move(model_template);
   } else {
     text = std::string(chat::ChatMlTemplate());

@@ -55,13 +55,21 @@ struct ChatRenderer {
   bool thinks = false;  // the template writes <think> blocks (Qwen3)
 };
 
+// A chat template the model file carries itself (a GGUF's
+// tokenizer.chat_template) with the text of its bos / eos tokens; an empty
+// source: none (a model directory's lives in tokenizer_config.json).
+struct EmbeddedChatTemplate {
+  std::string source, bos_token, eos_token;
+};
+
 // The chat endpoint's template: --chat-template FILE (rendered with the
-// model's bos / eos tokens from tokenizer_config.json), else the model's own
-// (tokenizer_config.json's "chat_template"), else ChatML
+// model's bos / eos tokens), else the model's own (`embedded`, or
+// tokenizer_config.json's "chat_template"), else ChatML
 // (chat::ChatMlTemplate). `thinks` when the template's text writes <think>.
 // INVALID_ARGUMENT naming --chat-template or the file for a template the
 // Jinja subset cannot render (at start-up, not at the first request).
-absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config);
+absl::StatusOr<ChatRenderer> LoadChatRenderer(const ServerConfig& config,
+                                              const EmbeddedChatTemplate& embedded = {});
 
 class HttpServer {
  public:

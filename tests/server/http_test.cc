@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/model/model_files.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/server.h"
@@ -563,6 +564,39 @@ TEST(HttpTest, ChatCompletionWholeAndStreamed) {
   }
   EXPECT_EQ(streamed, content);
   EXPECT_EQ(Json::parse(data[data.size() - 2])["choices"][0]["finish_reason"], "length");
+}
+
+// --model FILE.gguf: the embedded model exported to GGUF serves under the
+// file's name, with the tokenizer and chat template the file carries, and
+// answers exactly as the directory does (chat over HTTP and Generate over
+// gRPC); its wire fingerprint differs (another tokenizer source).
+TEST(HttpTest, ServesAGgufModelWithItsOwnTokenizerAndTemplate) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_http_gguf_", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string gguf = dir + "/cortiq-byte-4m.gguf";
+  ASSERT_TRUE(model::ExportGgufModel(DefaultModelDir(), gguf, math::DType::kF32).ok());
+  ServerConfig c;
+  c.model_dir = gguf;
+  HttpNode g = StartHttpNode(c);
+  HttpNode d = StartHttpNode();
+  ASSERT_TRUE(g.http && d.http);
+  EXPECT_EQ(Get(g, "/v1/models").json()["data"][0]["id"], "cortiq-byte-4m");
+  const Json b = Chat("Where is the whale?", 12);
+  const Reply rg = Post(g, "/v1/chat/completions", b), rd = Post(d, "/v1/chat/completions", b);
+  ASSERT_EQ(rg.status, 200) << rg.body;
+  ASSERT_EQ(rd.status, 200) << rd.body;
+  EXPECT_EQ(rg.json()["choices"][0]["message"]["content"],
+            rd.json()["choices"][0]["message"]["content"]);
+  EXPECT_EQ(rg.json()["usage"], rd.json()["usage"]);
+  v1::GenerateRequest r = testing::KeptTurnRequest("", "Call me Ishmael.");
+  r.set_keep_session(false);
+  const testing::StreamOut og = testing::RunGenerate(*g.node.stub, r);
+  const testing::StreamOut od = testing::RunGenerate(*d.node.stub, r);
+  ASSERT_TRUE(og.status.ok()) << og.status.error_message();
+  ASSERT_TRUE(od.status.ok()) << od.status.error_message();
+  EXPECT_EQ(og.ids, od.ids);
+  EXPECT_EQ(og.ids.size(), 8u);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HttpTest, ChatToolsAndThinkingThroughTheTemplate) {

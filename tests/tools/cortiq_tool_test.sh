@@ -61,6 +61,15 @@ set +e
 [ $? -eq 1 ] || fail "--qsa with --o1 should be refused"
 set -e
 
+# gguf: the model as one GGUF file, which every --model takes and which
+# generates exactly what the directory does (f32); q8_0 is smaller.
+"$TOOL" gguf --model "$WORK/m" --out "$WORK/m.gguf" 2>/dev/null || fail "gguf export"
+"$TOOL" gguf --model "$WORK/m" --out "$WORK/m8.gguf" --type q8_0 2>/dev/null || fail "gguf q8_0 export"
+[ "$(stat -c %s "$WORK/m8.gguf")" -lt "$(stat -c %s "$WORK/m.gguf")" ] || fail "q8_0 GGUF not smaller"
+GD="$("$TOOL" generate --model "$WORK/m" --prompt "Hello" --max-tokens 12 --temperature 0)"
+GF="$("$TOOL" generate --model "$WORK/m.gguf" --prompt "Hello" --max-tokens 12 --temperature 0)"
+[ "$GD" == "$GF" ] || fail "GGUF generated '$GF', the directory '$GD'"
+
 # generate: prompt echoed, then tokens; seeded runs repeat exactly.
 G1="$("$TOOL" generate --model "$WORK/m" --prompt "Hello" --max-tokens 12 --temperature 0.9 --seed 5)"
 G2="$("$TOOL" generate --model "$WORK/m" --prompt "Hello" --max-tokens 12 --temperature 0.9 --seed 5)"
@@ -112,6 +121,7 @@ usage_error "--file is required" ppl --model "$WORK/m"
 usage_error "--seed needs a value" mkmodel tiny "$WORK/m4" --seed
 usage_error "--dtype: expected f32, bf16 or f16" mkmodel tiny "$WORK/m4" --dtype f8
 usage_error "mkmodel script needs --text" mkmodel script "$WORK/m4"
+usage_error "--type: expected f32, f16, bf16 or q8_0" gguf --model "$WORK/m" --out "$WORK/x.gguf" --type q4_0
 usage_error "--text, --after and --tokenizer-from are for mkmodel script only" mkmodel tiny "$WORK/m4" --text x
 usage_error "--batches: must be at least 1" bench --batches 1,0
 usage_error "--modes: each mode is one of exact, int8, o1, qsa" bench-context --modes exact,fast

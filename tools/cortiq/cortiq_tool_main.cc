@@ -37,6 +37,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/model/gguf_model.h"
+#include "core/model/model_files.h"
 #include "core/model/random_checkpoint.h"
 #include "core/model/sampler.h"
 #include "core/model/script_checkpoint.h"
@@ -55,6 +57,7 @@ constexpr const char* kUsage = R"(usage:
   cortiq-tool mkmodel SHAPE DIR [--dtype f32|bf16|f16] [--seed N]
   cortiq-tool mkmodel script DIR --text TEXT [--after '<|im_start|>assistant\n']
                       [--tokenizer-from DIR] [--dtype f32|bf16|f16] [--seed N]
+  cortiq-tool gguf --model DIR --out FILE.gguf [--type f32|f16|bf16|q8_0]
   cortiq-tool tokenize --tokenizer FILE        (text on stdin, ids on stdout)
   cortiq-tool detokenize --tokenizer FILE      (ids on stdin, text on stdout)
   cortiq-tool logits --model DIR (--ids 1,2,3 | --prompt TEXT) --out FILE [--kv f32|int8]
@@ -77,6 +80,9 @@ mkmodel script writes a test model whose greedy continuation of any prompt endin
 --after is exactly --text, then <|im_end|> (e.g. a <tool_call> block); --tokenizer-from
 extends that model's tokenizer.json (one added token per piece of the text) and copies its
 tokenizer_config.json. --text and --after take C escapes (\n, \t, \", \\).
+gguf writes a model directory as one llama.cpp GGUF file (weights, tokenizer, chat
+template); --type stores the matrices (default f32; q8_0 keeps a matrix whose rows are
+not a multiple of 32 in f32). Every --model DIR also takes such a FILE.gguf.
 logits, ppl, generate and bench take --activations bf16|f32 (default bf16): with bf16
 weights, projections round their inputs to bf16 (exact products, f32 sums); f32 keeps
 them in f32. No effect on f32 or f16 weights. They also take --weights checkpoint|int8
@@ -135,8 +141,10 @@ std::vector<Flag> QsaFlags(Layers* layers, size_t* ratio, size_t* budget) {
           IntFlag("qsa-budget", budget, {.min = 2})};
 }
 
-absl::StatusOr<tokenizer::Tokenizer> ModelTokenizer(const std::string& dir) {
-  return tokenizer::Tokenizer::FromFile(dir + "/tokenizer.json");
+// A model directory's tokenizer.json, or a GGUF file's embedded vocabulary.
+absl::StatusOr<tokenizer::Tokenizer> ModelTokenizer(const std::string& model) {
+  CORTIQ_ASSIGN_OR_RETURN(model::ModelTokenizer t, model::LoadModelTokenizer(model));
+  return std::move(t.tokenizer);
 }
 
 // What logits and generate share: --model DIR (required), the prompt as
@@ -290,6 +298,32 @@ int MkModel(const MkModelArgs& a) {
   absl::Status s = model::WriteRandomCheckpoint(*config, a.dir, opt);
   if (!s.ok()) return Fail(s);
   std::cerr << "wrote " << a.shape << " (" << a.dtype << ") to " << a.dir << "\n";
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// gguf --model DIR --out FILE [--type f32|f16|bf16|q8_0]
+
+struct GgufArgs {
+  std::string model_dir, out;
+  std::string type = "f32";
+};
+
+absl::StatusOr<GgufArgs> ParseGgufArgs(const std::vector<std::string>& args) {
+  GgufArgs a;
+  CORTIQ_RETURN_IF_ERROR(
+      ParseCommandFlags(
+          "gguf", args,
+          {StringFlag("model", &a.model_dir).Required(), StringFlag("out", &a.out).Required(),
+           util::ChoiceFlag("type", &a.type, {"f32", "f16", "bf16", "q8_0"})})
+          .status());
+  return a;
+}
+
+int WriteGguf(const GgufArgs& a) {
+  const math::DType dtype = a.type == "q8_0" ? math::DType::kQ8_0 : DTypeOf(a.type);
+  if (absl::Status s = model::ExportGgufModel(a.model_dir, a.out, dtype); !s.ok()) return Fail(s);
+  std::cerr << "wrote " << a.out << " (" << a.type << ") from " << a.model_dir << "\n";
   return 0;
 }
 
@@ -556,6 +590,7 @@ int Main(const std::vector<std::string>& argv) {
   const std::string& cmd = positional[0];
   const std::vector<std::string> args(positional.begin() + 1, positional.end());
   if (cmd == "mkmodel") return ParseThenRun(ParseMkModelArgs(args), MkModel);
+  if (cmd == "gguf") return ParseThenRun(ParseGgufArgs(args), WriteGguf);
   if (cmd == "tokenize") return ParseThenRun(ParseTokenizerArgs(cmd, args), Tokenize);
   if (cmd == "detokenize") return ParseThenRun(ParseTokenizerArgs(cmd, args), Detokenize);
   if (cmd == "logits") return ParseThenRun(ParseLogitsArgs(args), Logits);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/model/model_files.h"
 #include "core/model/transformer.h"
 #include "core/tokenizer/tokenizer.h"
 
@@ -99,14 +100,14 @@ int RunPpl(const PplOptions& o) {
   std::ifstream in(o.text_file, std::ios::binary);
   if (!in) return Fail(absl::NotFoundError(absl::StrCat(o.text_file, ": cannot open")));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto tok = tokenizer::Tokenizer::FromFile(o.model_dir + "/tokenizer.json");
+  auto tok = model::LoadModelTokenizer(o.model_dir);
   if (!tok.ok()) return Fail(tok.status());
   model::LoadOptions lo;
   lo.bf16_activations = o.bf16_activations;
   lo.weights = o.weights;
   auto tf = model::Transformer::Load(o.model_dir, lo);
   if (!tf.ok()) return Fail(tf.status());
-  const std::vector<int32_t> ids = tok->Encode(text, /*parse_special=*/false);
+  const std::vector<int32_t> ids = tok->tokenizer.Encode(text, /*parse_special=*/false);
 
   std::optional<kv::O1Config> o1;
   std::string label = o.kv_mode == kv::KvMode::kInt8 ? "int8" : "exact";
@@ -152,12 +153,12 @@ int RunPpl(const PplOptions& o) {
   modes.window = sink_window;
   std::printf("text: %s, %zu bytes, %zu tokens; window %zu, prefill %zu\n", o.text_file.c_str(),
               text.size(), ids.size(), o.window, o.prefill);
-  auto mode_score = Run(**tf, *tok, ids, o, o.kv_mode, modes);
+  auto mode_score = Run(**tf, tok->tokenizer, ids, o, o.kv_mode, modes);
   if (!mode_score.ok()) return Fail(mode_score.status());
   const bool is_exact = !o1.has_value() && !qsa.has_value() && !sink_window.has_value() &&
                         o.kv_mode == kv::KvMode::kF32;
   if (o.baseline && !is_exact) {
-    auto exact = Run(**tf, *tok, ids, o, kv::KvMode::kF32, attention::AttentionConfig{});
+    auto exact = Run(**tf, tok->tokenizer, ids, o, kv::KvMode::kF32, attention::AttentionConfig{});
     if (!exact.ok()) return Fail(exact.status());
     Print("exact", *exact);
     Print(label.c_str(), *mode_score);
