@@ -178,6 +178,12 @@ void Q8MatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end);
 inline constexpr size_t kQ8Avx2RowBlock = 8;
 // AVX-512 (VPMADDWD) and AVX512_VNNI (VPDPBUSD): 16 W rows per zmm, so their
 // tables hand them row ranges starting on multiples of 16 (q8_row_block).
+// Below kQ8FrameMinBatch x rows both hand the call to Q8MatMulAvx2 (the
+// same numbers, bit for bit): their in-register transpose of W is shared by
+// the x rows, and with fewer than 4 it costs more than W's stream (2 threads
+// of a Zen 4, cortiq-bench-math Q8 at 3072 x 1024: VNNI 243 / 227 / 237 us
+// at batch 1 / 2 / 4, AVX2 127 / 149 / 231 us; at batch 8 VNNI 264, AVX2 350).
+inline constexpr size_t kQ8FrameMinBatch = 4;
 void Q8MatMulAvx512(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8MatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc

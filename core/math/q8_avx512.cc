@@ -59,6 +59,7 @@ struct Avx512Kernel {
 }  // namespace
 
 void Q8MatMulAvx512(const Q8Args& a, size_t row_begin, size_t row_end) {
+  if (a.batch < kQ8FrameMinBatch) return Q8MatMulAvx2(a, row_begin, row_end);
   Q8Run<Avx512Kernel>(a, row_begin, row_end);
 }
 

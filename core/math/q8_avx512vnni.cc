@@ -52,6 +52,7 @@ struct VnniKernel {
 }  // namespace
 
 void Q8MatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end) {
+  if (a.batch < kQ8FrameMinBatch) return Q8MatMulAvx2(a, row_begin, row_end);
   Q8Run<VnniKernel>(a, row_begin, row_end);
 }
 
