@@ -304,6 +304,7 @@ const internal::KernelTable kScalar = {
     .amx_matmul = nullptr,
     .q8_row_block = 1,
     .q8_matmul = internal::Q8MatMulScalar,
+    .q8_lanes_matmul = nullptr,
     .gemm_mr = 0,
     .gemm_nr = 0,
     .gemm_kc = 0,

@@ -154,7 +154,32 @@ struct WeightView {
   size_t cols = 0;
   bool bf16_activations = false;
   const uint16_t* amx_tiles = nullptr;
+  // kQ8_0 only (optional): the same matrix in lane order (PackQ8Lanes),
+  // owned by whoever made the view. When set, MatMul reads it and never
+  // `data` (which may then be null): every ISA computes the same bits from
+  // it (a VPDPBUSD stream on AVX512_VNNI, a scalar loop elsewhere).
+  const uint8_t* q8_lanes = nullptr;
 };
+
+// Lane order of a Q8_0 matrix [rows][cols / 32 blocks], 64-byte aligned:
+// groups of 16 rows (group g: rows 16g .. 16g + 15) of blocks · 576 bytes
+// each: first blocks · 8 vectors of 64 bytes
+// (block j, vector v, lane l: bytes 4v .. 4v + 3 of row 16g + l's block j,
+// each XOR 0x80: unsigned w + 128), then blocks · 16 f32 (block j, lane l:
+// row 16g + l's scale, widened from f16). Rows past `rows`: zero values, zero
+// scale. Q8LaneBytes is the size of the whole; PackQ8Lanes writes the groups
+// of rows [row_begin, row_end) (row_begin a multiple of 16; row_end a
+// multiple of 16 or `rows`) from Q8_0 rows `q8` (34-byte blocks).
+inline constexpr size_t kQ8LaneRows = 16;
+size_t Q8LaneBytes(size_t rows, size_t cols);
+void PackQ8Lanes(const uint8_t* q8, size_t rows, size_t cols, uint8_t* out, size_t row_begin,
+                 size_t row_end);
+// Row `row` of a lane-order matrix dequantized to f32 (scale · value, as
+// DequantizeQ8_0): an embedding lookup on a tied lm_head's copy.
+void Q8LaneRowToF32(const uint8_t* lanes, size_t cols, size_t row, float* out);
+// True when the active ISA multiplies lane-order int8 weights natively
+// (AVX512_VNNI): model loaders pack them only then.
+bool Q8LanesUsed();
 
 // Tile order of a bf16 matrix [rows][cols] for AMX: blocks of 16 rows x 32
 // columns, one contiguous KiB each, block (i, j) at tile index

@@ -765,6 +765,7 @@ const KernelTable kTable = {
     .amx_matmul = nullptr,
     .q8_row_block = kQ8Avx2RowBlock,
     .q8_matmul = Q8MatMulAvx2,
+    .q8_lanes_matmul = nullptr,
     .gemm_mr = kMr,
     .gemm_nr = kNr,
     .gemm_kc = kKc,

@@ -1064,66 +1064,68 @@ double FmaLoop(uint64_t iters) {
 // kAvx512Bf16 and one for kAmx. constexpr: both are constant
 // data (no code runs to build them, so nothing executes AVX-512 instructions
 // before CPUID has been read).
-constexpr KernelTable MakeTable(Isa isa, size_t (*bf16_pack_size)(size_t, size_t),
-                                void (*bf16_pack)(const float*, size_t, size_t, uint16_t*),
-                                size_t bf16_row_block,
-                                void (*bf16_gemv)(const GemvArgs&, size_t, size_t),
-                                void (*amx_pack_x)(const float*, size_t, size_t, uint16_t*, size_t,
-                                                   size_t),
-                                void (*amx_matmul)(const AmxArgs&, size_t, size_t),
-                                size_t q8_row_block,
-                                void (*q8_matmul)(const Q8Args&, size_t, size_t)) {
+constexpr KernelTable MakeTable(
+    Isa isa, size_t (*bf16_pack_size)(size_t, size_t),
+    void (*bf16_pack)(const float*, size_t, size_t, uint16_t*), size_t bf16_row_block,
+    void (*bf16_gemv)(const GemvArgs&, size_t, size_t),
+    void (*amx_pack_x)(const float*, size_t, size_t, uint16_t*, size_t, size_t),
+    void (*amx_matmul)(const AmxArgs&, size_t, size_t), size_t q8_row_block,
+    void (*q8_matmul)(const Q8Args&, size_t, size_t),
+    void (*q8_lanes_matmul)(const Q8Args&, size_t, size_t)) {
   return {
-    .isa = isa,
-    .dot = Dot,
-    .axpy = Axpy,
-    .dot_rows = DotRows,
-    .axpy_rows = AxpyRows,
-    .scale = Scale,
-    .dot_i8 = DotI8,
-    .axpy_i8 = AxpyI8,
-    .dot_rows_i8 = DotRowsI8,
-    .axpy_rows_i8 = AxpyRowsI8,
-    .quantize_row_i8 = QuantizeRowI8,
-    .rms_norm = RmsNorm,
-    .softmax = Softmax,
-    .swiglu = SwiGlu,
-    .rope_rotate_half = Rope,
-    .convert_to_f32 = ConvertToF32,
-    .convert_from_f32 = ConvertFromF32,
-    .gemv_col_block = kGemvBlock,
-    .gemv_bf16_even_odd = true,
-    .gemv_pack_x = GemvPackX,
-    .gemv = Gemv,
-    .gemv_bf16_pack_size = bf16_pack_size,
-    .gemv_bf16_pack_x = bf16_pack,
-    .gemv_bf16_row_block = bf16_row_block,
-    .gemv_bf16 = bf16_gemv,
-    .amx_pack_x = amx_pack_x,
-    .amx_matmul = amx_matmul,
-    .q8_row_block = q8_row_block,
-    .q8_matmul = q8_matmul,
-    .gemm_mr = kMr,
-    .gemm_nr = kNr,
-    .gemm_kc = kKc,
-    .gemm_nc = kNc,
-    .gemm_pack_x = GemmPackX,
-    .gemm = Gemm,
-    .read_stream = ReadStream,
-    .fma_loop = FmaLoop,
+      .isa = isa,
+      .dot = Dot,
+      .axpy = Axpy,
+      .dot_rows = DotRows,
+      .axpy_rows = AxpyRows,
+      .scale = Scale,
+      .dot_i8 = DotI8,
+      .axpy_i8 = AxpyI8,
+      .dot_rows_i8 = DotRowsI8,
+      .axpy_rows_i8 = AxpyRowsI8,
+      .quantize_row_i8 = QuantizeRowI8,
+      .rms_norm = RmsNorm,
+      .softmax = Softmax,
+      .swiglu = SwiGlu,
+      .rope_rotate_half = Rope,
+      .convert_to_f32 = ConvertToF32,
+      .convert_from_f32 = ConvertFromF32,
+      .gemv_col_block = kGemvBlock,
+      .gemv_bf16_even_odd = true,
+      .gemv_pack_x = GemvPackX,
+      .gemv = Gemv,
+      .gemv_bf16_pack_size = bf16_pack_size,
+      .gemv_bf16_pack_x = bf16_pack,
+      .gemv_bf16_row_block = bf16_row_block,
+      .gemv_bf16 = bf16_gemv,
+      .amx_pack_x = amx_pack_x,
+      .amx_matmul = amx_matmul,
+      .q8_row_block = q8_row_block,
+      .q8_matmul = q8_matmul,
+      .q8_lanes_matmul = q8_lanes_matmul,
+      .gemm_mr = kMr,
+      .gemm_nr = kNr,
+      .gemm_kc = kKc,
+      .gemm_nc = kNc,
+      .gemm_pack_x = GemmPackX,
+      .gemm = Gemm,
+      .read_stream = ReadStream,
+      .fma_loop = FmaLoop,
   };
 }
 
 // Int8 weights: 16-row groups (q8_avx512.cc, q8_avx512vnni.cc).
 constexpr KernelTable kTable = MakeTable(Isa::kAvx512, nullptr, nullptr, 0, nullptr, nullptr,
-                                         nullptr, 16, Q8MatMulAvx512);
+                                         nullptr, 16, Q8MatMulAvx512, nullptr);
 constexpr KernelTable kTableVnni = MakeTable(Isa::kAvx512Vnni, nullptr, nullptr, 0, nullptr,
-                                             nullptr, nullptr, 16, Q8MatMulVnni);
-constexpr KernelTable kTableBf16 = MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX,
-                                             8, GemvBf16, nullptr, nullptr, 16, Q8MatMulVnni);
+                                             nullptr, nullptr, 16, Q8MatMulVnni, Q8LanesMatMulVnni);
+constexpr KernelTable kTableBf16 =
+    MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX, 8, GemvBf16, nullptr, nullptr,
+              16, Q8MatMulVnni, Q8LanesMatMulVnni);
 // AMX: rows in whole 16-row tiles per thread; tile-order weights for every batch.
-constexpr KernelTable kTableAmx = MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16,
-                                            GemvAmx, AmxPackX, AmxTiledMatMul, 16, Q8MatMulVnni);
+constexpr KernelTable kTableAmx =
+    MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16, GemvAmx, AmxPackX, AmxTiledMatMul, 16,
+              Q8MatMulVnni, Q8LanesMatMulVnni);
 
 }  // namespace
 

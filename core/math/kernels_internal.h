@@ -56,6 +56,8 @@ struct Q8Args {
   const float* dx;    // [batch][cols / 32] activation block scales
   size_t batch;
   const uint8_t* w;  // [rows][cols / 32] Q8_0 blocks of 34 bytes, unaligned
+  // The same in lane order (PackQ8Lanes), for q8_lanes_matmul; else null.
+  const uint8_t* lanes = nullptr;
   size_t rows;
   size_t cols;  // a multiple of 32
   float* y;     // [batch][rows]
@@ -147,6 +149,9 @@ struct KernelTable {
   // Row ranges handed to q8_matmul start on multiples of q8_row_block.
   size_t q8_row_block;
   void (*q8_matmul)(const Q8Args& a, size_t row_begin, size_t row_end);
+  // The same product from Q8Args::lanes (row ranges start on multiples of
+  // 16); nullptr: MatMul runs Q8LanesMatMulScalar.
+  void (*q8_lanes_matmul)(const Q8Args& a, size_t row_begin, size_t row_end);
 
   // ---- Prefill (packed GEMM); gemm == nullptr: use gemv for every batch ----
   size_t gemm_mr;  // x rows per micro-tile (broadcast operand)
@@ -186,6 +191,12 @@ inline constexpr size_t kQ8Avx2RowBlock = 8;
 inline constexpr size_t kQ8FrameMinBatch = 4;
 void Q8MatMulAvx512(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8MatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
+// Lane-order W (Q8Args::lanes): the reference (matmul.cc) and VPDPBUSD
+// (q8_avx512vnni.cc; the kAvx512Vnni, kAvx512Bf16 and kAmx tables').
+void Q8LanesMatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end);
+void Q8LanesMatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
+// Bytes of one 16-row group of the lane order over `blocks` blocks.
+inline constexpr size_t kQ8LaneBlockBytes = 16 * 32 + 16 * 4;
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc
 // (always built on x86-64); the dispatcher treats nullptr as "not available".
 const KernelTable* Avx2Table();

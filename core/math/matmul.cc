@@ -165,15 +165,24 @@ void Q8(const internal::KernelTable& t, const float* x, size_t batch, const Weig
   args.dx = dx;
   args.batch = batch;
   args.w = static_cast<const uint8_t*>(w.data);
+  args.lanes = w.q8_lanes;
   args.rows = w.rows;
   args.cols = w.cols;
   args.y = y;
+  // Lane order when the view has it (then `data` may be gone): natively on
+  // VNNI, else the scalar reference of the same definition.
+  void (*fn)(const internal::Q8Args&, size_t, size_t) = t.q8_matmul;
+  size_t row_block = t.q8_row_block;
+  if (w.q8_lanes != nullptr) {
+    fn = t.q8_lanes_matmul != nullptr ? t.q8_lanes_matmul : internal::Q8LanesMatMulScalar;
+    row_block = kQ8LaneRows;
+  }
   if (!parallel) {
-    t.q8_matmul(args, 0, w.rows);
+    fn(args, 0, w.rows);
     return;
   }
   pool->ParallelFor(
-      w.rows, [&](size_t begin, size_t end) { t.q8_matmul(args, begin, end); }, t.q8_row_block);
+      w.rows, [&](size_t begin, size_t end) { fn(args, begin, end); }, row_block);
 }
 
 // nearbyint(v) as an int for |v| <= 127. glibc's nearbyintf is a call that
@@ -257,6 +266,78 @@ void QuantizeActivationsQ8(const float* x, size_t batch, size_t cols, int8_t* qx
     }
   }
 }
+
+namespace internal {
+
+// Lane order read back lane by lane: kernels.h's definition, as
+// Q8MatMulScalar computes it from the rows.
+void Q8LanesMatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end) {
+  const size_t blocks = a.cols / kQ8Block;
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* group = a.lanes + r / kQ8LaneRows * blocks * kQ8LaneBlockBytes;
+    const size_t lane = r % kQ8LaneRows;
+    const auto* scales = reinterpret_cast<const float*>(group + blocks * kQ8LaneRows * kQ8Block);
+    for (size_t b = 0; b < a.batch; ++b) {
+      const int8_t* qx = a.qx + b * a.cols;
+      const float* dx = a.dx + b * blocks;
+      float acc = 0.0f;
+      for (size_t j = 0; j < blocks; ++j) {
+        const uint8_t* blk = group + j * kQ8LaneRows * kQ8Block;
+        int32_t sum = 0;
+        for (size_t i = 0; i < kQ8Block; ++i) {
+          const auto qw = static_cast<int8_t>(blk[i / 4 * 64 + lane * 4 + i % 4] ^ 0x80u);
+          sum += int32_t{qw} * int32_t{qx[j * kQ8Block + i]};
+        }
+        const float s = scales[j * kQ8LaneRows + lane] * dx[j];
+        acc = std::fma(static_cast<float>(sum), s, acc);
+      }
+      a.y[b * a.rows + r] = acc;
+    }
+  }
+}
+
+}  // namespace internal
+
+size_t Q8LaneBytes(size_t rows, size_t cols) {
+  return (rows + kQ8LaneRows - 1) / kQ8LaneRows * (cols / kQ8Block) * internal::kQ8LaneBlockBytes;
+}
+
+void PackQ8Lanes(const uint8_t* q8, size_t rows, size_t cols, uint8_t* out, size_t row_begin,
+                 size_t row_end) {
+  const size_t blocks = cols / kQ8Block, row_bytes = blocks * kQ8BlockBytes;
+  for (size_t r0 = row_begin; r0 < row_end; r0 += kQ8LaneRows) {
+    uint8_t* group = out + r0 / kQ8LaneRows * blocks * internal::kQ8LaneBlockBytes;
+    auto* scales = reinterpret_cast<float*>(group + blocks * kQ8LaneRows * kQ8Block);
+    for (size_t j = 0; j < blocks; ++j) {
+      uint8_t* dst = group + j * kQ8LaneRows * kQ8Block;
+      for (size_t l = 0; l < kQ8LaneRows; ++l) {
+        const size_t r = r0 + l;
+        const uint8_t* blk = r < rows ? q8 + r * row_bytes + j * kQ8BlockBytes : nullptr;
+        for (size_t i = 0; i < kQ8Block; ++i) {
+          dst[i / 4 * 64 + l * 4 + i % 4] = (blk != nullptr ? blk[2 + i] : 0) ^ 0x80u;
+        }
+        scales[j * kQ8LaneRows + l] =
+            blk != nullptr ? F16ToF32(static_cast<uint16_t>(blk[0] | blk[1] << 8)) : 0.0f;
+      }
+    }
+  }
+}
+
+void Q8LaneRowToF32(const uint8_t* lanes, size_t cols, size_t row, float* out) {
+  const size_t blocks = cols / kQ8Block, lane = row % kQ8LaneRows;
+  const uint8_t* group = lanes + row / kQ8LaneRows * blocks * internal::kQ8LaneBlockBytes;
+  const auto* scales = reinterpret_cast<const float*>(group + blocks * kQ8LaneRows * kQ8Block);
+  for (size_t j = 0; j < blocks; ++j) {
+    const uint8_t* blk = group + j * kQ8LaneRows * kQ8Block;
+    const float d = scales[j * kQ8LaneRows + lane];
+    for (size_t i = 0; i < kQ8Block; ++i) {
+      const auto q = static_cast<int8_t>(blk[i / 4 * 64 + lane * 4 + i % 4] ^ 0x80u);
+      out[j * kQ8Block + i] = d * static_cast<float>(q);
+    }
+  }
+}
+
+bool Q8LanesUsed() { return internal::Active().q8_lanes_matmul != nullptr; }
 
 size_t AmxTileElements(size_t rows, size_t cols) {
   using internal::kAmxTileCols, internal::kAmxTileElems, internal::kAmxTileRows;

@@ -28,24 +28,30 @@ bool Kept(std::span<const void* const> keep, const void* p) {
   return std::find(keep.begin(), keep.end(), p) != keep.end();
 }
 
+// One copy of a source matrix in a packed buffer, at `offset` bytes.
+struct Copy {
+  const void* source;
+  DType dtype;
+  size_t rows, cols, offset;
+};
+
+bool HasSource(const std::vector<Copy>& copies, const void* p) {
+  return std::any_of(copies.begin(), copies.end(), [&](const Copy& c) { return c.source == p; });
+}
+
 }  // namespace
 
 absl::Status PackedWeights::QuantizeInt8(std::span<WeightView* const> views,
                                          std::span<const void* const> keep_sources,
-                                         util::ThreadPool* pool) {
+                                         util::ThreadPool* pool, bool lanes,
+                                         const WeightView* only) {
   // One copy per distinct source, each at a 4 KiB boundary.
-  struct Copy {
-    const void* source;
-    DType dtype;
-    size_t rows, cols, offset;
-  };
   std::vector<Copy> copies;
   size_t total = 0;
   for (WeightView* v : views) {
     if (v->dtype == DType::kQ8_0) continue;
-    const bool seen = std::any_of(copies.begin(), copies.end(),
-                                  [&](const Copy& c) { return c.source == v->data; });
-    if (seen) continue;
+    if (lanes && (only == nullptr || v->data != only->data)) continue;
+    if (HasSource(copies, v->data)) continue;
     copies.push_back({v->data, v->dtype, v->rows, v->cols, total});
     total += (v->rows * RowBytes(DType::kQ8_0, v->cols) + 4095) / 4096 * 4096;
   }
@@ -53,9 +59,8 @@ absl::Status PackedWeights::QuantizeInt8(std::span<WeightView* const> views,
   try {
     int8_ = util::HugeBuffer<uint8_t>(total);
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("--weights int8: the int8 copy of the weights (", total,
-                     " bytes) could not be mapped"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--weights int8: the int8 copy of the weights (", total, " bytes) could not be mapped"));
   }
   for (const Copy& c : copies) {
     uint8_t* dst = int8_.data() + c.offset;
@@ -82,13 +87,84 @@ absl::Status PackedWeights::QuantizeInt8(std::span<WeightView* const> views,
   return absl::OkStatus();
 }
 
+absl::Status PackedWeights::PackLanes(std::span<WeightView* const> views,
+                                      std::span<const void* const> keep_sources,
+                                      util::ThreadPool* pool, const WeightView* rows_only,
+                                      bool int8) {
+  std::vector<Copy> copies;
+  size_t total = 0;
+  bool from_float = false;
+  for (const WeightView* v : views) {
+    if (v == rows_only || v->data == nullptr || v->cols % kQ8Block != 0) continue;
+    const bool q8 = v->dtype == DType::kQ8_0;
+    if (!q8 && !(int8 && DTypeSize(v->dtype) > 0)) continue;
+    if (HasSource(copies, v->data)) continue;
+    from_float = from_float || !q8;
+    copies.push_back({v->data, v->dtype, v->rows, v->cols, total});
+    total += (Q8LaneBytes(v->rows, v->cols) + 4095) / 4096 * 4096;
+  }
+  if (copies.empty()) return absl::OkStatus();
+  try {
+    lanes_ = util::HugeBuffer<uint8_t>(total);
+  } catch (const std::bad_alloc&) {
+    if (from_float) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("--weights int8: the lane-order copy of the weights (", total,
+                       " bytes) could not be mapped"));
+    }
+    spdlog::warn(
+        "model: the lane-order copy of the int8 weights ({} bytes) could not be mapped; "
+        "reading them in place",
+        total);
+    return absl::OkStatus();
+  }
+  for (const Copy& c : copies) {
+    uint8_t* dst = lanes_.data() + c.offset;
+    const auto* src = static_cast<const uint8_t*>(c.source);
+    const size_t src_row = RowBytes(c.dtype, c.cols), q8_row = RowBytes(DType::kQ8_0, c.cols);
+    const size_t group_bytes = Q8LaneBytes(kQ8LaneRows, c.cols);
+    pool->ParallelFor(
+        c.rows,
+        [&](size_t begin, size_t end) {
+          if (c.dtype == DType::kQ8_0) return PackQ8Lanes(src, c.rows, c.cols, dst, begin, end);
+          // A float source: 16 rows at a time quantized exactly as
+          // QuantizeInt8 would, then laid out (load time only).
+          std::vector<float> row(c.cols);
+          std::vector<uint8_t> q(kQ8LaneRows * q8_row);
+          for (size_t r0 = begin; r0 < end; r0 += kQ8LaneRows) {
+            const size_t n = std::min(kQ8LaneRows, c.rows - r0);
+            for (size_t i = 0; i < n; ++i) {
+              ConvertToF32(src + (r0 + i) * src_row, c.dtype, c.cols, row.data());
+              QuantizeQ8_0(row.data(), c.cols, q.data() + i * q8_row);
+            }
+            PackQ8Lanes(q.data(), n, c.cols, dst + r0 / kQ8LaneRows * group_bytes, 0, n);
+          }
+        },
+        kQ8LaneRows);
+    for (WeightView* v : views) {
+      if (v->data != c.source || v == rows_only) continue;
+      v->q8_lanes = dst;
+      if (v->dtype != DType::kQ8_0) {  // no Q8_0 rows of it exist
+        v->data = nullptr;
+        v->dtype = DType::kQ8_0;
+        v->bf16_activations = false;
+      }
+    }
+    if (!Kept(keep_sources, c.source) && !Owns(c.source)) {
+      DropPages(c.source, c.rows * src_row);
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool PackedWeights::Owns(const void* p) const {
   auto in = [p](const void* base, size_t bytes) {
     const auto* b = static_cast<const uint8_t*>(base);
     const auto* q = static_cast<const uint8_t*>(p);
     return base != nullptr && q >= b && q < b + bytes;
   };
-  return in(tiles_.data(), tiles_.MemoryBytes()) || in(int8_.data(), int8_.MemoryBytes());
+  return in(tiles_.data(), tiles_.MemoryBytes()) || in(int8_.data(), int8_.MemoryBytes()) ||
+         in(lanes_.data(), lanes_.MemoryBytes());
 }
 
 absl::StatusOr<PackedWeights> PackedWeights::Pack(std::span<WeightView* const> views,
@@ -96,8 +172,25 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(std::span<WeightView* const> v
                                                   util::ThreadPool* pool,
                                                   const PackOptions& options) {
   PackedWeights out;
+  const bool lanes = Q8LanesUsed();
+  // Tied (the row-read view shares its source with a multiplied one): the
+  // lane-order copy serves both (Q8LaneRowToF32), no Q8_0 rows are made.
+  const WeightView* rows = options.rows_only;
+  const bool tied = rows != nullptr && std::any_of(views.begin(), views.end(), [&](const auto* v) {
+                      return v != rows && v->data == rows->data;
+                    });
   if (options.int8) {
-    if (absl::Status s = out.QuantizeInt8(views, keep_sources, pool); !s.ok()) return s;
+    if (absl::Status s = out.QuantizeInt8(views, keep_sources, pool, lanes, tied ? nullptr : rows);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (lanes) {
+    if (absl::Status s =
+            out.PackLanes(views, keep_sources, pool, tied ? nullptr : rows, options.int8);
+        !s.ok()) {
+      return s;
+    }
   }
   if (!AmxTilesUsed()) return out;
   std::vector<WeightView*> packed;

@@ -5,6 +5,13 @@
 //    llama.cpp quantizes) and the view is pointed at its copy with dtype
 //    kQ8_0; views that share a source (tied embeddings: embed_tokens and
 //    lm_head) share one copy. Views already kQ8_0 (a GGUF file) stay in place.
+//  * int8 lane order (PackQ8Lanes, where the ISA multiplies it natively:
+//    AVX512_VNNI): every multiplied Q8_0 view — a GGUF's, or under int8 a
+//    float one quantized straight into it — gets a 16-row lane-order copy
+//    (WeightView::q8_lanes) that a decode step streams with no transpose; a
+//    float view then keeps no Q8_0 rows (data = nullptr). The row-read view
+//    (PackOptions::rows_only: the embedding) keeps Q8_0 rows when untied,
+//    and reads the lm_head's lane-order copy when tied (Q8LaneRowToF32).
 //  * AMX tile order (PackAmxTiles: 16×32 bf16 blocks of one contiguous KiB
 //    each, read by MatMul through WeightView::amx_tiles).
 //
@@ -40,6 +47,10 @@ struct PackOptions {
   // Quantize every non-int8 view to Q8_0 (the views' cols must be multiples
   // of 32: the caller checks, naming the tensor).
   bool int8 = false;
+  // The view read by rows rather than multiplied (the embedding): untied,
+  // it keeps Q8_0 rows under `int8` and gets no lane-order copy; tied to a
+  // multiplied view, it shares that view's lane-order copy.
+  const WeightView* rows_only = nullptr;
 };
 
 class PackedWeights {
@@ -63,8 +74,8 @@ class PackedWeights {
 
   // Resident bytes of the AMX tile copy (0 when none was made).
   size_t AmxTileBytes() const { return tiles_.MemoryBytes(); }
-  // Resident bytes of the int8 copy (0 when none was made).
-  size_t Int8Bytes() const { return int8_.MemoryBytes(); }
+  // Resident bytes of the int8 copies, Q8_0 rows and lane order (0: none).
+  size_t Int8Bytes() const { return int8_.MemoryBytes() + lanes_.MemoryBytes(); }
   // Every copy.
   size_t MemoryBytes() const { return AmxTileBytes() + Int8Bytes(); }
   // Whether p points into one of the copies.
@@ -75,11 +86,21 @@ class PackedWeights {
   static constexpr size_t kAlignElements = 2048;
 
   // Quantizes the non-int8 views into int8_ (PackOptions::int8).
+  // `only`: copy only that view's source (the others get lane order).
   absl::Status QuantizeInt8(std::span<WeightView* const> views,
-                            std::span<const void* const> keep_sources, util::ThreadPool* pool);
+                            std::span<const void* const> keep_sources, util::ThreadPool* pool,
+                            bool lanes, const WeightView* only);
+  // Lane-order copies (PackQ8Lanes) of every multiplied Q8_0 view, and of
+  // every float view straight from its source under options.int8.
+  // `rows_only`: a view that keeps its rows (untied embedding); `int8`:
+  // float views are quantized into lanes too.
+  absl::Status PackLanes(std::span<WeightView* const> views,
+                         std::span<const void* const> keep_sources, util::ThreadPool* pool,
+                         const WeightView* rows_only, bool int8);
 
   util::HugeBuffer<uint16_t> tiles_;  // every packed view's tiles
   util::HugeBuffer<uint8_t> int8_;    // every quantized view's Q8_0 rows
+  util::HugeBuffer<uint8_t> lanes_;   // every lane-order view (Q8LanesUsed)
 };
 
 }  // namespace cortiq::math

@@ -51,6 +51,33 @@ struct VnniKernel {
 
 }  // namespace
 
+// Lane-order W (PackQ8Lanes): the layout VnniKernel::PackBlock writes, made
+// once at load, so a call streams each 16-row group (blocks · 576 bytes,
+// in order) straight into VPDPBUSD with no transpose: every batch, decode
+// and prefill, runs at the speed of that stream or of the VPDPBUSDs.
+void Q8LanesMatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end) {
+  const size_t blocks = a.cols / kQ8Block;
+  if (blocks > kQ8GroupCap) return Q8LanesMatMulScalar(a, row_begin, row_end);
+  const size_t group = kQ8GroupCap / blocks;
+  Q8XGroup xs;
+  for (size_t g0 = 0; g0 < a.batch; g0 += group) {
+    const size_t g1 = a.batch - g0 < group ? a.batch : g0 + group;
+    Q8PrepareGroup(a, g0, g1, VnniKernel::kCorr, &xs);
+    for (size_t r0 = row_begin; r0 < row_end; r0 += kQ8Lanes) {
+      const uint8_t* base = a.lanes + r0 / kQ8Lanes * blocks * kQ8LaneBlockBytes;
+      Q8Chunk ch;
+      ch.w = reinterpret_cast<const __m512i*>(base);
+      ch.dw = reinterpret_cast<const __m512*>(base + blocks * kQ8Lanes * kQ8Block);
+      ch.c0 = 0;
+      ch.nb = blocks;
+      ch.r0 = r0;
+      ch.mask = Mask16(MinSz(kQ8Lanes, row_end - r0));
+      ch.first = true;
+      Q8Tiles<VnniKernel>(a, xs, ch, g0, g1);
+    }
+  }
+}
+
 void Q8MatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end) {
   if (a.batch < kQ8FrameMinBatch) return Q8MatMulAvx2(a, row_begin, row_end);
   Q8Run<VnniKernel>(a, row_begin, row_end);

@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string
   }
   math::PackOptions pack;
   pack.int8 = int8;
+  pack.rows_only = &t->embed_;
   CORTIQ_ASSIGN_OR_RETURN(t->packed_, math::PackedWeights::Pack(views, keep, t->pool_, pack));
   return t;
 }
@@ -170,7 +171,7 @@ LoadOptions::Weights Transformer::weights() const {
 size_t Transformer::CheckpointWeightBytesInUse() const {
   // A view still reads the checkpoint when its data is not inside a copy.
   auto in_place = [&](const WeightView& w) {
-    return w.amx_tiles == nullptr && !packed_.Owns(w.data);
+    return w.amx_tiles == nullptr && w.q8_lanes == nullptr && !packed_.Owns(w.data);
   };
   auto bytes = [](const WeightView& w) { return w.rows * math::RowBytes(w.dtype, w.cols); };
   size_t total = in_place(embed_) ? bytes(embed_) : 0;
@@ -245,7 +246,10 @@ absl::Status Transformer::Bind() {
 }
 
 size_t Transformer::WeightBytesPerStep() const {
-  auto bytes = [](const WeightView& w) { return w.rows * math::RowBytes(w.dtype, w.cols); };
+  auto bytes = [](const WeightView& w) {
+    return w.q8_lanes != nullptr ? math::Q8LaneBytes(w.rows, w.cols)
+                                 : w.rows * math::RowBytes(w.dtype, w.cols);
+  };
   size_t total = bytes(lm_head_);
   for (const LayerWeights& w : layers_) {
     for (const WeightView* v : w.Projections()) total += bytes(*v);
@@ -296,6 +300,12 @@ void Transformer::RopeTables(ForwardScratch& s, size_t rows) const {
 
 void Transformer::Embed(std::span<const int32_t> tokens, float* x) const {
   const size_t hidden = config_.hidden_size;
+  if (embed_.q8_lanes != nullptr) {  // tied to a lane-order lm_head: its rows
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      math::Q8LaneRowToF32(embed_.q8_lanes, hidden, size_t(tokens[i]), x + i * hidden);
+    }
+    return;
+  }
   const size_t row_bytes = math::RowBytes(embed_.dtype, hidden);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto* row = static_cast<const uint8_t*>(embed_.data) + size_t(tokens[i]) * row_bytes;

@@ -5,6 +5,7 @@
 // unaligned rows, the -128 a foreign file may hold, NaN, thread counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/math/kernels.h"
+#include "core/util/aligned_buffer.h"
 #include "core/util/thread_pool.h"
 #include "tests/math/test_util.h"
 
@@ -274,19 +276,33 @@ Expected Reference(const float* x, size_t batch, const RawWeights& w) {
 
 class Q8MatMulTest : public ::testing::TestWithParam<Isa> {};
 
+// `lanes`: the view also carries the lane-order copy (PackQ8Lanes, packed
+// here in two row ranges as threads would) and its data is withdrawn, so
+// MatMul can only read the copy.
 void CheckShape(Isa isa, size_t rows, size_t cols, size_t batch, size_t misalign,
-                util::ThreadPool* pool) {
-  const RawWeights w = MakeRaw(rows, cols, static_cast<uint32_t>(rows * 131 + cols), misalign);
+                util::ThreadPool* pool, bool lanes = false) {
+  RawWeights w = MakeRaw(rows, cols, static_cast<uint32_t>(rows * 131 + cols), misalign);
+  util::AlignedBuffer<uint8_t> packed;
+  WeightView view = w.view;
+  if (lanes) {
+    packed.Resize(Q8LaneBytes(rows, cols));
+    const size_t mid = std::min(rows, (rows / 2 + kQ8LaneRows - 1) / kQ8LaneRows * kQ8LaneRows);
+    PackQ8Lanes(w.base, rows, cols, packed.data(), 0, mid);
+    PackQ8Lanes(w.base, rows, cols, packed.data(), mid, rows);
+    view.q8_lanes = packed.data();
+    view.data = nullptr;
+  }
   auto x = RandomFloats(batch * cols, static_cast<uint32_t>(batch * 7 + cols), -2.0f, 2.0f);
   // An outlier per row, as real activations have: the block scales differ.
   for (size_t b = 0; b < batch; ++b) x[b * cols + (b * 37) % cols] = 40.0f;
   const Expected e = Reference(x.data(), batch, w);
   std::vector<float> y(batch * rows, -1.0f);
-  MatMul(x.data(), batch, w.view, y.data(), pool);
+  MatMul(x.data(), batch, view, y.data(), pool);
   for (size_t i = 0; i < y.size(); ++i) {
     ASSERT_EQ(Bits(y[i]), Bits(e.exact[i]))
-        << IsaName(isa) << " rows=" << rows << " cols=" << cols << " batch=" << batch
-        << " misalign=" << misalign << " at " << i << ": " << y[i] << " vs " << e.exact[i];
+        << IsaName(isa) << (lanes ? " lanes" : "") << " rows=" << rows << " cols=" << cols
+        << " batch=" << batch << " misalign=" << misalign << " at " << i << ": " << y[i] << " vs "
+        << e.exact[i];
     ASSERT_LE(std::fabs(y[i] - e.ref[i]), e.bound[i]) << IsaName(isa) << " at " << i;
   }
 }
@@ -299,6 +315,41 @@ TEST_P(Q8MatMulTest, DecodeBatchesEqualTheDefinitionBitForBit) {
   }
   for (size_t rows : {1, 7, 15, 16, 17, 31, 33, 48})
     CheckShape(scoped.active(), rows, 64, 5, 1, &pool);
+}
+
+// Lane order (natively where Q8LanesUsed, else the scalar loop over it):
+// the same bits as the rows, every batch, row count and thread split.
+TEST_P(Q8MatMulTest, LaneOrderEqualsTheDefinitionBitForBit) {
+  testing::ScopedIsa scoped(GetParam());
+  util::ThreadPool pool(2);
+  for (size_t batch = 1; batch <= 33; ++batch) {
+    CheckShape(scoped.active(), 100, 96, batch, 0, batch % 2 ? &pool : nullptr, true);
+  }
+  for (size_t rows : {1, 7, 15, 16, 17, 31, 33, 48})
+    CheckShape(scoped.active(), rows, 64, 5, 0, &pool, true);
+  for (size_t batch : {1, 8, 64, 100})
+    CheckShape(scoped.active(), 257, 1024, batch, 0, &pool, true);
+}
+
+TEST(Q8LanesTest, LayoutAndSize) {
+  const RawWeights w = MakeRaw(17, 64, 5, 0);
+  EXPECT_EQ(Q8LaneBytes(17, 64), 2u * 2u * (16u * 32u + 16u * 4u));  // 2 groups of 2 blocks
+  std::vector<uint8_t> out(Q8LaneBytes(17, 64));
+  PackQ8Lanes(w.base, 17, 64, out.data(), 0, 17);
+  const size_t blocks = 2, group = blocks * (16 * 32 + 16 * 4);
+  for (size_t r = 0; r < 32; ++r) {
+    for (size_t j = 0; j < blocks; ++j) {
+      const uint8_t* g = out.data() + r / 16 * group;
+      const uint8_t* blk = r < 17 ? w.base + (r * blocks + j) * kQ8BlockBytes : nullptr;
+      for (size_t i = 0; i < kQ8Block; ++i) {
+        const uint8_t want = blk != nullptr ? blk[2 + i] ^ 0x80u : 0x80u;
+        ASSERT_EQ(g[j * 512 + i / 4 * 64 + r % 16 * 4 + i % 4], want) << r << " " << j << " " << i;
+      }
+      float scale;
+      std::memcpy(&scale, g + blocks * 512 + (j * 16 + r % 16) * 4, 4);
+      EXPECT_EQ(scale, blk != nullptr ? F16ToF32(ScaleBits(blk)) : 0.0f) << r;
+    }
+  }
 }
 
 TEST_P(Q8MatMulTest, ModelShapesAndPrefillBatches) {
