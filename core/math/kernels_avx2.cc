@@ -442,11 +442,22 @@ void GemvTile(const GemvArgs& a, size_t r0, size_t b0, size_t c0, size_t c1, __m
     }
   };
   const size_t full = c0 + (c1 - c0) / kGemvBlock * kGemvBlock;
+  // The batch-1 tile over whole rows (decode): the next 8 rows, one
+  // contiguous run, are pulled into L2 a slice per step, so the DRAM stream
+  // never waits on the 8 row streams' own misses (as q8_avx2.cc does).
+  // Touches memory only through prefetch hints: results are unchanged.
+  const size_t steps = (full - c0) / kGemvBlock;
+  const bool ahead = R == 8 && B == 1 && c0 == 0 && c1 == a.cols && steps > 0 &&
+                     r0 + 2 * R <= a.rows;
+  const char* pf = w0 + R * row_bytes;
+  const size_t pf_step = ahead ? (R * row_bytes + steps - 1) / steps : 0;
   size_t c = c0;
   for (; c < full; c += kGemvBlock) {
     const char* wp[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wp[r] = w0 + r * row_bytes + c * L::kElem;
+    for (size_t k = 0; k < pf_step; k += 64) _mm_prefetch(pf + k, _MM_HINT_T1);
+    pf += pf_step;
     step(c, wp);
   }
   if (c < c1) {
