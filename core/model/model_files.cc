@@ -96,17 +96,22 @@ absl::StatusOr<ModelTokenizer> LoadModelTokenizer(const std::string& path) {
     const std::string file = (std::filesystem::path(path) / "tokenizer.json").string();
     CORTIQ_ASSIGN_OR_RETURN(std::string json, ReadSmallFile(file));
     CORTIQ_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::FromJson(json, file));
-    return ModelTokenizer{.tokenizer = std::move(tok), .identity = std::move(json)};
+    return ModelTokenizer{.tokenizer = std::move(tok),
+                          .identity = std::move(json),
+                          .chat_template = {},
+                          .bos_token = {},
+                          .eos_token = {}};
   }
   CORTIQ_ASSIGN_OR_RETURN(const GgufFile f, GgufFile::Open(path));
   CORTIQ_ASSIGN_OR_RETURN(tokenizer::GgufVocab vocab, ReadGgufVocab(f));
   CORTIQ_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok,
                           tokenizer::Tokenizer::FromGgufVocab(vocab, path));
-  ModelTokenizer out{.tokenizer = std::move(tok), .identity = VocabIdentity(vocab)};
-  out.chat_template = std::move(vocab.chat_template);
-  out.bos_token = TokenText(out.tokenizer, vocab.bos);
-  out.eos_token = TokenText(out.tokenizer, vocab.eos);
-  return out;
+  std::string bos = TokenText(tok, vocab.bos), eos = TokenText(tok, vocab.eos);
+  return ModelTokenizer{.tokenizer = std::move(tok),
+                        .identity = VocabIdentity(vocab),
+                        .chat_template = std::move(vocab.chat_template),
+                        .bos_token = std::move(bos),
+                        .eos_token = std::move(eos)};
 }
 
 absl::Status ExportGgufModel(const std::string& dir, const std::string& path, math::DType dtype) {

@@ -36,7 +36,9 @@ TEST(GgufCorpusTest, EveryFileRunsCleanAndTheValidOnesOpen) {
     fuzz::GgufRun run;
     const absl::Status s = fuzz::RunGgufInput(f.bytes, TempPath(), &run);
     EXPECT_TRUE(s.ok()) << s;
-    if (f.name.rfind("valid_", 0) == 0) EXPECT_TRUE(run.parsed);
+    if (f.name.rfind("valid_", 0) == 0) {
+      EXPECT_TRUE(run.parsed);
+    }
     if (f.name.rfind("valid_model_", 0) == 0) {
       ++models;
       EXPECT_TRUE(run.config && run.opened && run.loaded);
