@@ -269,6 +269,11 @@ void QuantizeActivationsQ8(const float* x, size_t batch, size_t cols, int8_t* qx
 
 namespace internal {
 
+// Value i of lane `lane` in one block of a lane-order group (kernels.h).
+static int8_t LaneValue(const uint8_t* blk, size_t lane, size_t i) {
+  return static_cast<int8_t>(blk[i / 4 * 64 + lane * 4 + i % 4] ^ 0x80u);
+}
+
 // Lane order read back lane by lane: kernels.h's definition, as
 // Q8MatMulScalar computes it from the rows.
 void Q8LanesMatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end) {
@@ -285,8 +290,7 @@ void Q8LanesMatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end) {
         const uint8_t* blk = group + j * kQ8LaneRows * kQ8Block;
         int32_t sum = 0;
         for (size_t i = 0; i < kQ8Block; ++i) {
-          const auto qw = static_cast<int8_t>(blk[i / 4 * 64 + lane * 4 + i % 4] ^ 0x80u);
-          sum += int32_t{qw} * int32_t{qx[j * kQ8Block + i]};
+          sum += int32_t{LaneValue(blk, lane, i)} * int32_t{qx[j * kQ8Block + i]};
         }
         const float s = scales[j * kQ8LaneRows + lane] * dx[j];
         acc = std::fma(static_cast<float>(sum), s, acc);
@@ -331,8 +335,7 @@ void Q8LaneRowToF32(const uint8_t* lanes, size_t cols, size_t row, float* out) {
     const uint8_t* blk = group + j * kQ8LaneRows * kQ8Block;
     const float d = scales[j * kQ8LaneRows + lane];
     for (size_t i = 0; i < kQ8Block; ++i) {
-      const auto q = static_cast<int8_t>(blk[i / 4 * 64 + lane * 4 + i % 4] ^ 0x80u);
-      out[j * kQ8Block + i] = d * static_cast<float>(q);
+      out[j * kQ8Block + i] = d * static_cast<float>(internal::LaneValue(blk, lane, i));
     }
   }
 }

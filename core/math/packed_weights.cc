@@ -35,6 +35,18 @@ struct Copy {
   size_t rows, cols, offset;
 };
 
+// Rows [begin, end) of a float matrix quantized to Q8_0 rows at `dst` (load
+// time only: one row of scratch per call).
+void QuantizeRows(const uint8_t* src, DType dtype, size_t cols, size_t begin, size_t end,
+                  uint8_t* dst) {
+  const size_t src_row = RowBytes(dtype, cols), dst_row = RowBytes(DType::kQ8_0, cols);
+  std::vector<float> row(cols);
+  for (size_t r = begin; r < end; ++r) {
+    ConvertToF32(src + r * src_row, dtype, cols, row.data());
+    QuantizeQ8_0(row.data(), cols, dst + (r - begin) * dst_row);
+  }
+}
+
 bool HasSource(const std::vector<Copy>& copies, const void* p) {
   return std::any_of(copies.begin(), copies.end(), [&](const Copy& c) { return c.source == p; });
 }
@@ -69,11 +81,7 @@ absl::Status PackedWeights::QuantizeInt8(std::span<WeightView* const> views,
     pool->ParallelFor(
         c.rows,
         [&](size_t begin, size_t end) {
-          std::vector<float> row(c.cols);  // one per chunk: load time only
-          for (size_t r = begin; r < end; ++r) {
-            ConvertToF32(src + r * src_row, c.dtype, c.cols, row.data());
-            QuantizeQ8_0(row.data(), c.cols, dst + r * dst_row);
-          }
+          QuantizeRows(src, c.dtype, c.cols, begin, end, dst + begin * dst_row);
         },
         64);
     for (WeightView* v : views) {
@@ -129,14 +137,10 @@ absl::Status PackedWeights::PackLanes(std::span<WeightView* const> views,
           if (c.dtype == DType::kQ8_0) return PackQ8Lanes(src, c.rows, c.cols, dst, begin, end);
           // A float source: 16 rows at a time quantized exactly as
           // QuantizeInt8 would, then laid out (load time only).
-          std::vector<float> row(c.cols);
           std::vector<uint8_t> q(kQ8LaneRows * q8_row);
           for (size_t r0 = begin; r0 < end; r0 += kQ8LaneRows) {
             const size_t n = std::min(kQ8LaneRows, c.rows - r0);
-            for (size_t i = 0; i < n; ++i) {
-              ConvertToF32(src + (r0 + i) * src_row, c.dtype, c.cols, row.data());
-              QuantizeQ8_0(row.data(), c.cols, q.data() + i * q8_row);
-            }
+            QuantizeRows(src, c.dtype, c.cols, r0, r0 + n, q.data());
             PackQ8Lanes(q.data(), n, c.cols, dst + r0 / kQ8LaneRows * group_bytes, 0, n);
           }
         },

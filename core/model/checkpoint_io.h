@@ -15,8 +15,6 @@
 
 namespace cortiq::model {
 
-// The whole file as bytes. `max_bytes` guards against reading a multi-GB file
-// where a small JSON document is expected.
 // An open, read-only file descriptor of a regular file and its size. The
 // caller owns `fd` (close it). Errors name the path: cannot open / stat, or
 // not a regular file.
@@ -26,6 +24,8 @@ struct OpenedFile {
 };
 absl::StatusOr<OpenedFile> OpenRegularFile(const std::string& path);
 
+// The whole file as bytes. `max_bytes` guards against reading a multi-GB file
+// where a small JSON document is expected.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes);
 
 // Writes `bytes` to path + ".tmp" and renames it onto `path` (readers never

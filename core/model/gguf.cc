@@ -78,31 +78,6 @@ constexpr GgmlTypeTraits kTypes[] = {
     {"Q2_0", 64, 18},      // 42
 };
 
-// Fixed sizes of the scalar value types; 0 for string / array / unknown.
-uint64_t ScalarSize(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::kU8:
-    case GgufValueType::kI8:
-    case GgufValueType::kBool:
-      return 1;
-    case GgufValueType::kU16:
-    case GgufValueType::kI16:
-      return 2;
-    case GgufValueType::kU32:
-    case GgufValueType::kI32:
-    case GgufValueType::kF32:
-      return 4;
-    case GgufValueType::kU64:
-    case GgufValueType::kI64:
-    case GgufValueType::kF64:
-      return 8;
-    case GgufValueType::kString:
-    case GgufValueType::kArray:
-      break;
-  }
-  return 0;
-}
-
 bool KnownValueType(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::kF64); }
 
 bool IsIntType(GgufValueType t) {
@@ -170,6 +145,30 @@ const char* GgufValueTypeName(GgufValueType t) {
                                        "bool", "string", "array", "u64", "i64", "f64"};
   const auto i = static_cast<uint32_t>(t);
   return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+uint64_t GgufScalarSize(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::kU8:
+    case GgufValueType::kI8:
+    case GgufValueType::kBool:
+      return 1;
+    case GgufValueType::kU16:
+    case GgufValueType::kI16:
+      return 2;
+    case GgufValueType::kU32:
+    case GgufValueType::kI32:
+    case GgufValueType::kF32:
+      return 4;
+    case GgufValueType::kU64:
+    case GgufValueType::kI64:
+    case GgufValueType::kF64:
+      return 8;
+    case GgufValueType::kString:
+    case GgufValueType::kArray:
+      break;
+  }
+  return 0;
 }
 
 const GgmlTypeTraits* GgmlTypeInfo(uint32_t type) {
@@ -350,7 +349,7 @@ absl::Status GgufFile::Parse() {
         uint64_t n = 0;
         return c.Read(&n) && c.Skip(n);
       }
-      return c.Skip(ScalarSize(t));
+      return c.Skip(GgufScalarSize(t));
     };
     if (kv.type == GgufValueType::kArray) {
       uint32_t elem = 0;
@@ -371,7 +370,7 @@ absl::Status GgufFile::Parse() {
           }
         }
       } else {
-        const uint64_t es = ScalarSize(kv.elem);
+        const uint64_t es = GgufScalarSize(kv.elem);
         if (kv.count > c.left() / es) {
           return bad(absl::StrCat("array of ", kv.count, " x ", GgufValueTypeName(kv.elem),
                                   " cannot fit in the ", c.left(), " bytes left"));
@@ -616,7 +615,7 @@ absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key)
     return WrongType(key, *kv, "array of integers");
   }
   std::vector<int64_t> out(static_cast<size_t>(kv->count));
-  const uint64_t es = ScalarSize(kv->elem);
+  const uint64_t es = GgufScalarSize(kv->elem);
   for (uint64_t i = 0; i < kv->count; ++i) {
     CORTIQ_ASSIGN_OR_RETURN(out[i], IntAt(key, kv->elem, kv->offset + 12 + i * es));
   }

@@ -84,6 +84,9 @@ enum class GgufValueType : uint32_t {
 };
 // "u32", "string", "array", ...; "unknown" outside the enum.
 const char* GgufValueTypeName(GgufValueType t);
+// Bytes of a fixed-size value type (1, 2, 4 or 8); 0 for string, array and
+// values outside the enum.
+uint64_t GgufScalarSize(GgufValueType t);
 
 // ggml tensor types this reader knows (ggml.h `enum ggml_type`; the ids are
 // the file's). Ids not listed (4, 5, 31-33, 36-38: removed from ggml) and ids

@@ -31,28 +31,6 @@ std::string Scalar(T v) {
   return s;
 }
 
-uint64_t ValueSize(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::kU8:
-    case GgufValueType::kI8:
-    case GgufValueType::kBool:
-      return 1;
-    case GgufValueType::kU16:
-    case GgufValueType::kI16:
-      return 2;
-    case GgufValueType::kU32:
-    case GgufValueType::kI32:
-    case GgufValueType::kF32:
-      return 4;
-    case GgufValueType::kU64:
-    case GgufValueType::kI64:
-    case GgufValueType::kF64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 // numel of a PyTorch-order shape of 1..4 dims, each >= 1.
 absl::StatusOr<uint64_t> Numel(const std::string& name, const std::vector<int64_t>& shape) {
   if (shape.empty() || shape.size() > GgufFile::kMaxDims) {
@@ -149,7 +127,7 @@ absl::Status GgufWriter::AddF32Array(std::string key, std::span<const float> v) 
 
 absl::Status GgufWriter::AddArray(std::string key, GgufValueType elem, uint64_t count,
                                   std::string_view elements) {
-  const uint64_t es = ValueSize(elem);
+  const uint64_t es = GgufScalarSize(elem);
   if (es == 0) {
     return absl::InvalidArgumentError(absl::StrCat("metadata key '", key, "': arrays of ",
                                                    GgufValueTypeName(elem),

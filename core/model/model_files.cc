@@ -2,14 +2,13 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/model/checkpoint.h"
+#include "core/model/checkpoint_io.h"
 #include "core/model/gguf.h"
 #include "core/model/gguf_model.h"
 #include "core/tokenizer/gguf_vocab.h"
@@ -54,13 +53,11 @@ std::string TokenText(const tokenizer::Tokenizer& tok, const std::optional<int32
   return std::string(tok.TokenBytes(*id));
 }
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return buffer.str();
+// tokenizer.json of a 151k vocabulary is ~11 MB; anything past this is not one.
+constexpr size_t kMaxTokenizerFileBytes = size_t{256} << 20;
+
+absl::StatusOr<std::string> ReadModelFile(const std::string& path) {
+  return ReadSmallFile(path, kMaxTokenizerFileBytes);
 }
 
 }  // namespace
@@ -94,7 +91,7 @@ std::string ModelName(const std::string& path) {
 absl::StatusOr<ModelTokenizer> LoadModelTokenizer(const std::string& path) {
   if (!IsModelFile(path)) {
     const std::string file = (std::filesystem::path(path) / "tokenizer.json").string();
-    CORTIQ_ASSIGN_OR_RETURN(std::string json, ReadSmallFile(file));
+    CORTIQ_ASSIGN_OR_RETURN(std::string json, ReadModelFile(file));
     CORTIQ_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::FromJson(json, file));
     return ModelTokenizer{.tokenizer = std::move(tok),
                           .identity = std::move(json),
@@ -117,13 +114,13 @@ absl::StatusOr<ModelTokenizer> LoadModelTokenizer(const std::string& path) {
 absl::Status ExportGgufModel(const std::string& dir, const std::string& path, math::DType dtype) {
   const std::filesystem::path d(dir);
   CORTIQ_ASSIGN_OR_RETURN(const std::string tokenizer_json,
-                          ReadSmallFile((d / "tokenizer.json").string()));
+                          ReadModelFile((d / "tokenizer.json").string()));
   std::string tokenizer_config;
   if (std::error_code ec; std::filesystem::exists(d / "tokenizer_config.json", ec)) {
     CORTIQ_ASSIGN_OR_RETURN(tokenizer_config,
-                            ReadSmallFile((d / "tokenizer_config.json").string()));
+                            ReadModelFile((d / "tokenizer_config.json").string()));
   }
-  CORTIQ_ASSIGN_OR_RETURN(const std::string config, ReadSmallFile((d / "config.json").string()));
+  CORTIQ_ASSIGN_OR_RETURN(const std::string config, ReadModelFile((d / "config.json").string()));
   CORTIQ_ASSIGN_OR_RETURN(
       const tokenizer::GgufVocab vocab,
       tokenizer::GgufVocabFromTokenizerJson(tokenizer_json, tokenizer_config, config));

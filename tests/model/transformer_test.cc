@@ -438,6 +438,22 @@ void QuantizeReferenceWeights(RefModel& ref) {
   }
 }
 
+// The largest relative error of `tf`'s prefill logits over `ids` against
+// the reference's (every position).
+double MaxPrefillRelErr(const Transformer& tf, const std::vector<int32_t>& ids,
+                        const std::vector<Vec>& want) {
+  SequenceKv kv(tf.config(), kv::KvMode::kF32);
+  ForwardScratch scratch;
+  const size_t V = tf.config().vocab_size;
+  std::vector<float> all(ids.size() * V);
+  EXPECT_TRUE(tf.Prefill(ids, kv, scratch, nullptr, all.data()).ok());
+  double worst = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    worst = std::max(worst, RelErr(all.data() + i * V, want[i].data(), V));
+  }
+  return worst;
+}
+
 // Bytes of the int8 copies: multiplied matrices in lane order where the ISA
 // uses it (math::Q8LanesUsed), else Q8_0 rows; an untied embedding in rows.
 size_t Int8Bytes(const ModelConfig& c, bool with_embedding) {
@@ -486,15 +502,7 @@ TEST_P(Int8WeightsTest, QuantizedAtLoadMatchTheReferenceOnQuantizedWeights) {
   QuantizeReferenceWeights(ref);
   const std::vector<int32_t> ids = Ids(40, c.vocab_size, 5);
   const std::vector<Vec> want = ref.Forward(ids);
-  SequenceKv kv(c, kv::KvMode::kF32);
-  ForwardScratch scratch;
-  const size_t V = c.vocab_size;
-  std::vector<float> all(ids.size() * V);
-  ASSERT_TRUE((*tf)->Prefill(ids, kv, scratch, nullptr, all.data()).ok());
-  double worst = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    worst = std::max(worst, RelErr(all.data() + i * V, want[i].data(), V));
-  }
+  const double worst = MaxPrefillRelErr(**tf, ids, want);
   // int8 activations (per 32-block, |error| <= amax / 254 each): measured
   // ~1e-2 on these shapes; a wrong scale or block would be O(1).
   std::printf("[%s/%s] int8 weights: max relative logit error vs f64 on quantized weights: %.3g\n",
@@ -567,15 +575,7 @@ TEST(Int8WeightsMixedTest, MatricesWhoseInputIsNotAMultipleOf32StayAsStored) {
   RefModel ref(*ckpt);
   const std::vector<int32_t> ids = Ids(20, c.vocab_size, 5);
   const std::vector<Vec> want = ref.Forward(ids);
-  SequenceKv kv(c, kv::KvMode::kF32);
-  ForwardScratch scratch;
-  const size_t V = c.vocab_size;
-  std::vector<float> all(ids.size() * V);
-  ASSERT_TRUE((*tf)->Prefill(ids, kv, scratch, nullptr, all.data()).ok());
-  double worst = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    worst = std::max(worst, RelErr(all.data() + i * V, want[i].data(), V));
-  }
+  const double worst = MaxPrefillRelErr(**tf, ids, want);
   EXPECT_LT(worst, 0.1);
 }
 

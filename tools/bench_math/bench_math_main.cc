@@ -69,6 +69,28 @@ std::vector<float> RandomX(size_t n) {
   return x;
 }
 
+// Times MatMul of `batch` random x rows by `w`, whose data moves through
+// `slices` copies `stride` bytes apart (1: hot), and sets GBps (of W's
+// `wbytes`), pct_bw and GFLOPS.
+void TimeMatMul(benchmark::State& state, WeightView w, size_t batch, size_t stride, size_t slices,
+                size_t wbytes) {
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  auto x = RandomX(batch * w.cols);
+  std::vector<float> y(batch * w.rows);
+  size_t slice = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    w.data = base + slice * stride;
+    MatMul(x.data(), batch, w, y.data(), g_pool);
+    benchmark::DoNotOptimize(y.data());
+    if (++slice == slices) slice = 0;
+  }
+  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
+  state.counters["GBps"] = static_cast<double>(wbytes) / secs / 1e9;
+  state.counters["pct_bw"] = 100.0 * state.counters["GBps"] / g_bandwidth_gbs;
+  state.counters["GFLOPS"] = 2.0 * w.rows * w.cols * batch / secs / 1e9;
+}
+
 // args: rows, cols, batch, dtype, cold, bf16 activations
 void BM_Gemv(benchmark::State& state) {
   const size_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
@@ -84,20 +106,7 @@ void BM_Gemv(benchmark::State& state) {
   // Cold: successive calls use successive slices of the arena (page-aligned).
   const size_t stride = (wbytes + 4095) / 4096 * 4096;
   const size_t slices = cold ? kArenaBytes / stride : 1;
-  auto x = RandomX(batch * cols);
-  std::vector<float> y(batch * rows);
-  size_t slice = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    WeightView w{base + slice * stride, dtype, rows, cols, act};
-    MatMul(x.data(), batch, w, y.data(), g_pool);
-    benchmark::DoNotOptimize(y.data());
-    if (++slice == slices) slice = 0;
-  }
-  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
-  state.counters["GBps"] = static_cast<double>(wbytes) / secs / 1e9;
-  state.counters["pct_bw"] = 100.0 * state.counters["GBps"] / g_bandwidth_gbs;
-  state.counters["GFLOPS"] = 2.0 * rows * cols * batch / secs / 1e9;
+  TimeMatMul(state, WeightView{base, dtype, rows, cols, act}, batch, stride, slices, wbytes);
   state.SetLabel(std::string(DTypeName(dtype)) + (cold ? " cold" : " hot") +
                  (act ? " bf16-act" : ""));
 }
@@ -160,28 +169,14 @@ void BM_Q8(benchmark::State& state) {
   const bool cold = state.range(3) != 0;
   const size_t wbytes = rows * RowBytes(DType::kQ8_0, cols);
   // Cold: successive calls use successive slices (each a whole number of 34-byte blocks).
-  const size_t stride = (wbytes + 4095) / 4096 * 4096 / kQ8BlockBytes * kQ8BlockBytes +
-                        kQ8BlockBytes * 121;
+  const size_t stride =
+      (wbytes + 4095) / 4096 * 4096 / kQ8BlockBytes * kQ8BlockBytes + kQ8BlockBytes * 121;
   const size_t slices = cold ? kArenaBytes / stride - 1 : 1;
   if (slices == 0) {
     state.SkipWithError("weights larger than the arena");
     return;
   }
-  uint8_t* base = Q8Arena();
-  auto x = RandomX(batch * cols);
-  std::vector<float> y(batch * rows);
-  size_t slice = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    MatMul(x.data(), batch, WeightView{base + slice * stride, DType::kQ8_0, rows, cols}, y.data(),
-           g_pool);
-    benchmark::DoNotOptimize(y.data());
-    if (++slice == slices) slice = 0;
-  }
-  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
-  state.counters["GBps"] = static_cast<double>(wbytes) / secs / 1e9;
-  state.counters["pct_bw"] = 100.0 * state.counters["GBps"] / g_bandwidth_gbs;
-  state.counters["GFLOPS"] = 2.0 * rows * cols * batch / secs / 1e9;
+  TimeMatMul(state, WeightView{Q8Arena(), DType::kQ8_0, rows, cols}, batch, stride, slices, wbytes);
   state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
   state.SetLabel(cold ? "q8_0 cold" : "q8_0 hot");
 }
