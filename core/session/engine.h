@@ -1,14 +1,33 @@
 // Engine: the scheduler thread that runs every generation on this node with
 // continuous batching.
 //
-// Each iteration of the loop:
+// Each iteration of the loop is one step:
 //   1. admits newly submitted jobs, finishes cancelled / expired ones;
-//   2. runs ONE batched decode step (Transformer::DecodeBatch) for every job
-//      in the decode phase whose token queue has room — each weight matrix is
-//      read once for the whole batch;
-//   3. runs ONE prefill chunk (at most options.prefill_chunk tokens) of the
-//      oldest job still absorbing its prompt, so a long prompt delays the
-//      other streams by at most one chunk per step.
+//   2. picks the step's rows under a budget of options.step_tokens:
+//      a. the decode row of every job in the decode phase whose token queue
+//         has room (at most max_batch; under contention by priority, then by
+//         tenant share);
+//      b. then prefill chunks of the jobs still absorbing their prompt, in
+//         order of (effective) priority, then tenant share, then arrival, as
+//         many whole chunks as fit (the first chunk of a step always runs,
+//         so a step holds at most max(step_tokens, rows + prefill_chunk));
+//   3. runs them as ONE forward (Transformer::Step): every weight matrix is
+//      read once for the decode rows and the chunks together.
+// A job's prompt is cut into chunks of prefill_chunk tokens from its start,
+// whatever else runs, so its outputs (bits included) are the same alone or
+// in any mix: decode rows and chunks of fewer than kMatMulGemmMinBatch rows
+// are computed batch-invariantly, larger chunks as a lone Prefill of that
+// chunk would compute them (Transformer::Step).
+//
+// Scheduling. A waiting job's effective priority is its level plus one per
+// options.aging_steps steps since it was submitted (capped at kHigh): a job
+// of level p starts its prefill at most (kHigh - p) · aging_steps steps
+// after submission plus the chunks queued ahead of it at kHigh then (tested
+// on counted steps). Tenants (Session::tenant) with waiting work share the
+// prefill tokens and, when more jobs decode than max_batch, the decode rows
+// in proportion to options.tenant_weights (weighted fair queueing on
+// virtual time: a tenant's served rows / its weight; a tenant that becomes
+// busy starts at the busy tenants' minimum, so idle time earns no credit).
 // The math runs on the model's thread pool, driven from this thread; callers
 // (gRPC threads) only submit jobs and pop their events.
 //
@@ -40,6 +59,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -95,6 +115,8 @@ class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
   virtual void OnStep(size_t /*decode_batch*/, size_t /*prefill_tokens*/, double /*seconds*/) {}
+  // Once per job, at its first prefill chunk: seconds since Submit.
+  virtual void OnQueueWait(Frontend /*frontend*/, Priority /*priority*/, double /*seconds*/) {}
   virtual void OnFirstToken(Frontend /*frontend*/, double /*ttft_seconds*/) {}
   virtual void OnInterToken(Frontend /*frontend*/, double /*seconds*/) {}
   // Once per job, when it ends, before its consumer can see it finished (so
@@ -107,7 +129,19 @@ class EngineObserver {
 
 struct EngineOptions {
   size_t max_batch = 32;          // decode rows per step (< kMatMulGemmMinBatch keeps batches bit-identical to single streams); a request's n choices share one step, so n <= max_batch
-  size_t prefill_chunk = 256;     // prompt tokens per prefill call
+  // Rows one step may hold: decode rows plus prefill chunk rows
+  // (--step-tokens). It bounds a step's time, so the inter-token latency of
+  // running streams while prompts are absorbed. >= 1.
+  size_t step_tokens = 256;
+  // A prompt is absorbed in chunks of this many tokens, cut from its start
+  // (--prefill-chunk); a step takes whole chunks. >= 1.
+  size_t prefill_chunk = 64;
+  // A waiting job rises one priority level per this many steps (>= 1).
+  size_t aging_steps = 64;
+  // Weight of each tenant's share (--tenant-weights); a tenant not listed
+  // (and "" , no tenant) has default_tenant_weight. Weights > 0.
+  std::vector<std::pair<std::string, double>> tenant_weights;
+  double default_tenant_weight = 1.0;
   size_t queue_capacity = 64;     // events buffered per job before it pauses
   size_t max_context = 0;         // positions per session (0 = the model's max_position_embeddings)
   EngineObserver* observer = nullptr;  // not owned; may be null
@@ -250,6 +284,15 @@ class Engine {
   size_t active_jobs() const { return active_.load(std::memory_order_relaxed); }
   size_t queued_jobs() const { return queued_.load(std::memory_order_relaxed); }
   size_t last_batch() const { return last_batch_.load(std::memory_order_relaxed); }
+  // Jobs of `priority` (their own level, not the aged one) submitted and
+  // not yet done absorbing their prompt: the waiting queue.
+  size_t waiting_jobs(Priority priority) const {
+    return waiting_[static_cast<size_t>(priority)].load(std::memory_order_relaxed);
+  }
+  // Rows of the last step: decode rows + prefill chunk rows (<= about
+  // step_tokens(): see the class comment).
+  size_t last_step_tokens() const { return last_step_tokens_.load(std::memory_order_relaxed); }
+  size_t step_tokens() const { return options_.step_tokens; }
   uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
 
  private:
@@ -302,7 +345,8 @@ class Engine {
   std::vector<int32_t> batch_tokens_;
   std::vector<model::SequenceKv*> batch_kvs_;
 
-  std::atomic<size_t> active_{0}, queued_{0}, last_batch_{0};
+  std::atomic<size_t> active_{0}, queued_{0}, last_batch_{0}, last_step_tokens_{0};
+  std::atomic<size_t> waiting_[kNumPriorities] = {};
   std::atomic<uint64_t> steps_{0};
   std::thread thread_;
 };

@@ -112,6 +112,22 @@ std::string_view FrontendName(Frontend frontend) {
   return frontend == Frontend::kHttp ? "http" : "grpc";
 }
 
+std::string_view PriorityName(Priority priority) {
+  switch (priority) {
+    case Priority::kLow: return "low";
+    case Priority::kNormal: return "normal";
+    case Priority::kHigh: return "high";
+  }
+  return "normal";
+}
+
+std::optional<Priority> ParsePriority(std::string_view name) {
+  for (size_t p = 0; p < kNumPriorities; ++p) {
+    if (name == PriorityName(static_cast<Priority>(p))) return static_cast<Priority>(p);
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<RequestPlan> PlanRequest(const GenerationRequest& request, const PlanLimits& limits,
                                         const model::ModelConfig& model,
                                         const SessionConfig& config) {

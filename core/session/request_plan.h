@@ -68,6 +68,18 @@ inline constexpr size_t kNumFrontends = 2;
 // "grpc" | "http": the label value.
 std::string_view FrontendName(Frontend frontend);
 
+// How soon the engine serves a request (GenerateRequest.priority, the HTTP
+// front's "priority"): among the requests waiting for their prompt to be
+// absorbed, a higher level is admitted and prefilled first; a waiting
+// request rises one level per EngineOptions::aging_steps steps it waits, so
+// a lower level is delayed, never starved (Engine, "Scheduling").
+enum class Priority : uint8_t { kLow = 0, kNormal = 1, kHigh = 2 };
+inline constexpr size_t kNumPriorities = 3;
+// "low" | "normal" | "high": flags, the HTTP field and the metric label.
+std::string_view PriorityName(Priority priority);
+// The reverse; nullopt for anything else.
+std::optional<Priority> ParsePriority(std::string_view name);
+
 // What a caller asks the engine to do with a session. Checked by PlanRequest.
 struct GenerationRequest {
   std::vector<int32_t> prompt;    // appended to the session's history; non-empty
@@ -96,6 +108,7 @@ struct GenerationRequest {
   bool release_at_end = false;
   Clock::time_point deadline = Clock::time_point::max();
   Frontend frontend = Frontend::kGrpc;  // who submitted it (metrics labels only)
+  Priority priority = Priority::kNormal;  // scheduling level (not checked: an enum)
 };
 
 // The server's limits a request is checked against.
