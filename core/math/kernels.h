@@ -219,6 +219,18 @@ void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::T
 // crossover on AVX-512: below it, packing W costs more than the GEMM saves).
 inline constexpr size_t kMatMulGemmMinBatch = 64;
 
+// MatMul of a mixed batch (an engine step: decode rows and prefill chunks in
+// one call): rows [0, gemv_rows) are each bit-equal to a batch-1 MatMul of
+// that row (the decode path), rows [gemv_rows, batch) bit-equal to what
+// MatMul gives them in any batch of at least kMatMulGemmMinBatch rows (the
+// GEMM, whose rows do not depend on the other rows). Where MatMul is
+// batch-invariant at every size (int8 weights, AMX tile order, the scalar
+// ISA) this is one MatMul of the whole batch, W read once; on f32 / bf16 /
+// f16 weights with a GEMM it is one decode pass over the first rows and one
+// GEMM over the rest (W read twice when both are non-empty).
+void MatMulSplit(const float* x, size_t batch, size_t gemv_rows, const WeightView& w, float* y,
+                 util::ThreadPool* pool);
+
 // Activation quantization for int8 weights: each row of x [batch][cols] (cols
 // a multiple of 32) per block of 32: amax = max |x|; dx = amax / 127 and
 // qx = nearbyint(x · (127 / amax)) (ties to even; in [-127, 127]); dx = 0 and

@@ -1,6 +1,7 @@
 // MatMul driver: picks decode GEMV or packed GEMM, packs x into thread-local
 // scratch, and splits the rows of W over the pool. The arithmetic lives in the
 // per-ISA tables (kernels.cc, kernels_avx2.cc, kernels_avx512.cc).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -373,15 +374,19 @@ void PackAmxTiles(const uint16_t* w, size_t rows, size_t cols, uint16_t* out, si
 
 bool AmxTilesUsed() { return internal::Active().amx_matmul != nullptr; }
 
-void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::ThreadPool* pool) {
-  if (batch == 0 || w.rows == 0) return;
-  if (w.cols == 0) {
-    std::memset(y, 0, batch * w.rows * sizeof(float));
-    return;
-  }
-  const internal::KernelTable& t = internal::Active();
-  if (w.dtype == DType::kQ8_0) return Q8(t, x, batch, w, y, pool);
-  const bool gemm = t.gemm != nullptr && batch >= kMatMulGemmMinBatch;
+namespace {
+
+// Whether MatMul's rows are bit-equal at every batch size on table `t`.
+bool BatchInvariant(const internal::KernelTable& t, const WeightView& w) {
+  return w.dtype == DType::kQ8_0 || t.gemm == nullptr ||
+         (w.bf16_activations && w.dtype == DType::kBF16 && w.amx_tiles != nullptr &&
+          t.amx_matmul != nullptr);
+}
+
+// MatMul on f32 / bf16 / f16 weights (not int8) through the decode path
+// (gemm false) or the GEMM (gemm true, the table has one).
+void MatMulPath(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w,
+                float* y, util::ThreadPool* pool, bool gemm) {
   if (w.bf16_activations && w.dtype == DType::kBF16) {
     if (w.amx_tiles != nullptr && t.amx_matmul != nullptr) {
       return AmxTiled(t, x, batch, w, y, pool);
@@ -400,6 +405,33 @@ void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::T
     Gemm(t, x, batch, w, y, pool);
   } else {
     Gemv(t, x, batch, w, y, pool, /*bf16=*/false);
+  }
+}
+
+}  // namespace
+
+void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::ThreadPool* pool) {
+  if (batch == 0 || w.rows == 0) return;
+  if (w.cols == 0) {
+    std::memset(y, 0, batch * w.rows * sizeof(float));
+    return;
+  }
+  const internal::KernelTable& t = internal::Active();
+  if (w.dtype == DType::kQ8_0) return Q8(t, x, batch, w, y, pool);
+  MatMulPath(t, x, batch, w, y, pool, t.gemm != nullptr && batch >= kMatMulGemmMinBatch);
+}
+
+void MatMulSplit(const float* x, size_t batch, size_t gemv_rows, const WeightView& w, float* y,
+                 util::ThreadPool* pool) {
+  const internal::KernelTable& t = internal::Active();
+  gemv_rows = std::min(gemv_rows, batch);
+  if (batch == 0 || w.rows == 0 || w.cols == 0 || BatchInvariant(t, w)) {
+    return MatMul(x, batch, w, y, pool);
+  }
+  if (gemv_rows > 0) MatMulPath(t, x, gemv_rows, w, y, pool, /*gemm=*/false);
+  if (gemv_rows < batch) {
+    MatMulPath(t, x + gemv_rows * w.cols, batch - gemv_rows, w, y + gemv_rows * w.rows, pool,
+               /*gemm=*/true);
   }
 }
 

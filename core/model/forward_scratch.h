@@ -13,6 +13,8 @@
 
 namespace cortiq::model {
 
+class SequenceKv;
+
 // Layouts are row-major; `rows` = tokens in the call (prefill block length,
 // or the decode batch size).
 struct ForwardScratch {
@@ -28,6 +30,11 @@ struct ForwardScratch {
   size_t rows = 0;                        // rows the buffers above hold
   std::vector<size_t> positions;          // [rows] each row's position
   std::vector<size_t> task_first;         // decode: [rows + 1] first attention task of each row
+  // Transformer::Step: per segment, its first row and its first position;
+  // the rows' tokens; the decode rows' sequences.
+  std::vector<size_t> segment_row, segment_start;
+  std::vector<int32_t> tokens;
+  std::vector<SequenceKv*> decode_kvs;
   attention::AttentionScratch attention;  // per-thread scores, QSA launch scratch
 };
 

@@ -334,7 +334,8 @@ attention::AttentionRows Transformer::RowsOf(ForwardScratch& s, size_t l, size_t
 }
 
 template <typename Attend>
-absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows, Attend&& attend) const {
+absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows, size_t gemv_rows,
+                                       Attend&& attend) const {
   const ModelConfig& c = config_;
   const size_t hidden = c.hidden_size, hd = c.head_dim, nq = c.num_attention_heads,
                nkv = c.num_key_value_heads, inter = c.intermediate_size;
@@ -360,9 +361,9 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows, Attend&& att
       math::RmsNorm(s.x.data() + i * hidden, w.input_norm.data(), eps, hidden,
                     s.xn.data() + i * hidden);
     });
-    math::MatMul(s.xn.data(), rows, w.q_proj, s.q.data(), pool_);
-    math::MatMul(s.xn.data(), rows, w.k_proj, s.k.data(), pool_);
-    math::MatMul(s.xn.data(), rows, w.v_proj, s.v.data(), pool_);
+    math::MatMulSplit(s.xn.data(), rows, gemv_rows, w.q_proj, s.q.data(), pool_);
+    math::MatMulSplit(s.xn.data(), rows, gemv_rows, w.k_proj, s.k.data(), pool_);
+    math::MatMulSplit(s.xn.data(), rows, gemv_rows, w.v_proj, s.v.data(), pool_);
     // Per row: bias, q/k norm, RoPE (independent rows: parallel for a block).
     for_rows([&](size_t i) {
       float* q = s.q.data() + i * nq * hd;
@@ -386,7 +387,7 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows, Attend&& att
     // The layer's attention state absorbs k, v and writes s.att (it reads
     // s.xn too, before o_proj overwrites it).
     CORTIQ_RETURN_IF_ERROR(attend(l));
-    math::MatMul(s.att.data(), rows, w.o_proj, s.xn.data(), pool_);
+    math::MatMulSplit(s.att.data(), rows, gemv_rows, w.o_proj, s.xn.data(), pool_);
     for_rows([&](size_t i) {
       float* x = s.x.data() + i * hidden;
       const float* o = s.xn.data() + i * hidden;
@@ -401,13 +402,13 @@ absl::Status Transformer::RunLayers(ForwardScratch& s, size_t rows, Attend&& att
       math::RmsNorm(s.x.data() + i * hidden, w.post_attn_norm.data(), eps, hidden,
                     s.xn.data() + i * hidden);
     });
-    math::MatMul(s.xn.data(), rows, w.gate_proj, s.gate.data(), pool_);
-    math::MatMul(s.xn.data(), rows, w.up_proj, s.up.data(), pool_);
+    math::MatMulSplit(s.xn.data(), rows, gemv_rows, w.gate_proj, s.gate.data(), pool_);
+    math::MatMulSplit(s.xn.data(), rows, gemv_rows, w.up_proj, s.up.data(), pool_);
     for_rows([&](size_t i) {
       float* g = s.gate.data() + i * inter;
       math::SwiGlu(g, s.up.data() + i * inter, inter, g);
     });
-    math::MatMul(s.gate.data(), rows, w.down_proj, s.xn.data(), pool_);
+    math::MatMulSplit(s.gate.data(), rows, gemv_rows, w.down_proj, s.xn.data(), pool_);
     for_rows([&](size_t i) {
       float* x = s.x.data() + i * hidden;
       const float* d = s.xn.data() + i * hidden;
@@ -480,8 +481,10 @@ absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& k
   RopeTables(s, rows);
   Embed(tokens, s.x.data());
   attention::AttentionContext ctx{geometry_, pool_, s.attention};
+  // The kernels MatMul picks for a block of this many rows.
+  const size_t gemv_rows = rows < math::kMatMulGemmMinBatch ? rows : 0;
   CORTIQ_RETURN_IF_ERROR(RunLayers(
-      s, rows, [&](size_t l) { return kv.layer(l).Prefill(RowsOf(s, l, 0, rows, start), ctx); }));
+      s, rows, gemv_rows, [&](size_t l) { return kv.layer(l).Prefill(RowsOf(s, l, 0, rows, start), ctx); }));
 
   const size_t hidden = config_.hidden_size, vocab = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -507,42 +510,137 @@ absl::Status Transformer::DecodeBatch(std::span<const int32_t> tokens,
   if (tokens.empty() || tokens.size() != kvs.size()) {
     return absl::InvalidArgumentError("decode: tokens and sequences must pair up, one each");
   }
-  CORTIQ_RETURN_IF_ERROR(CheckTokens(tokens));
-  const size_t rows = tokens.size();
-  for (size_t b = 0; b < rows; ++b) {
-    const size_t pos = kvs[b]->position();
-    if (pos + 1 > size_t(config_.max_position_embeddings)) {
-      return absl::InvalidArgumentError(absl::StrCat("decode: sequence ", b, " is at position ",
-                                                     pos, ", the model's context is ",
-                                                     config_.max_position_embeddings));
+  return RunStep(
+      tokens.size(),
+      [&](size_t b) { return StepSegment{kvs[b], tokens.subspan(b, 1), true, true}; }, s, logits);
+}
+
+absl::Status Transformer::Step(std::span<const StepSegment> segments, ForwardScratch& s,
+                               float* logits) const {
+  return RunStep(segments.size(), [&](size_t i) { return segments[i]; }, s, logits);
+}
+
+template <typename SegmentAt>
+absl::Status Transformer::RunStep(size_t count, SegmentAt&& at, ForwardScratch& s,
+                                  float* logits) const {
+  if (count == 0) return absl::InvalidArgumentError("step: no rows");
+  // Check everything before changing anything.
+  size_t rows = 0, decode = 0, small = 0;
+  bool chunk_seen = false;
+  for (size_t i = 0; i < count; ++i) {
+    const StepSegment g = at(i);
+    const char* what = g.decode ? "decode" : "prefill";
+    if (g.kv == nullptr || g.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: segment ", i, " has no sequence or no tokens"));
     }
-    if (kvs[b]->num_layers() != layers_.size()) {
-      return absl::InvalidArgumentError("decode: a sequence state belongs to another geometry");
+    CORTIQ_RETURN_IF_ERROR(CheckTokens(g.tokens));
+    if (g.kv->num_layers() != layers_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a sequence state belongs to another geometry"));
     }
-    for (size_t j = 0; j < b; ++j) {
-      if (kvs[j] == kvs[b]) {
-        return absl::InvalidArgumentError("decode: a sequence appears twice in one batch");
+    if (g.decode && (chunk_seen || g.tokens.size() != 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step: segment ", i, ": a decode row holds one token and comes before every chunk"));
+    }
+    chunk_seen = chunk_seen || !g.decode;
+    // A sequence's earlier segment in this step: only the chunk right before.
+    for (size_t j = i; j-- > 0;) {
+      const StepSegment p = at(j);
+      if (p.kv != g.kv) continue;
+      if (g.decode || p.decode || j + 1 != i) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": a sequence appears twice in one step (segments ", j, " and ", i, ")"));
       }
+      break;
+    }
+    rows += g.tokens.size();
+    if (g.decode) {
+      ++decode;
+    } else if (g.tokens.size() < math::kMatMulGemmMinBatch) {
+      small += g.tokens.size();
     }
   }
-  for (SequenceKv* kv : kvs) {
-    // A sequence decodes once its prompt is complete (O(1) seals).
-    if (kv->AwaitsPromptEnd()) SealO1(*kv);
-    CORTIQ_RETURN_IF_ERROR(BindQsa(*kv));
+  // Positions: a sequence's chunks continue one another.
+  if (s.segment_start.size() < count) {
+    s.segment_start.resize(count);
+    s.segment_row.resize(count);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const StepSegment g = at(i);
+    const StepSegment p = i > 0 ? at(i - 1) : StepSegment{};
+    const size_t start =
+        p.kv == g.kv ? s.segment_start[i - 1] + p.tokens.size() : g.kv->position();
+    if (start + g.tokens.size() > size_t(config_.max_position_embeddings)) {
+      return g.decode ? absl::InvalidArgumentError(absl::StrCat(
+                            "decode: sequence ", i, " is at position ", start,
+                            ", the model's context is ", config_.max_position_embeddings))
+                      : absl::InvalidArgumentError(absl::StrCat(
+                            "prefill: position ", start, " + ", g.tokens.size(),
+                            " tokens exceeds the model's context of ",
+                            config_.max_position_embeddings));
+    }
+    s.segment_start[i] = start;
+  }
+
+  // Rows: the decode rows first (DecodeAttention's rows 0 .. decode), then
+  // the chunks under kMatMulGemmMinBatch rows (with them on the decode
+  // kernels), then the longer chunks (on the GEMM), each chunk contiguous.
+  size_t next[3] = {0, decode, decode + small};
+  for (size_t i = 0; i < count; ++i) {
+    const StepSegment g = at(i);
+    const int cls = g.decode ? 0 : g.tokens.size() < math::kMatMulGemmMinBatch ? 1 : 2;
+    s.segment_row[i] = next[cls];
+    next[cls] += g.tokens.size();
   }
   EnsureScratch(s, rows);
-  if (s.task_first.size() < rows + 1) s.task_first.resize(rows + 1);
-  for (size_t b = 0; b < rows; ++b) s.positions[b] = kvs[b]->position();
+  if (s.task_first.size() < decode + 1) s.task_first.resize(decode + 1);
+  if (s.tokens.size() < rows) s.tokens.resize(rows);
+  if (s.decode_kvs.size() < decode) s.decode_kvs.resize(decode);
+
+  // From here the sequences change.
+  for (size_t i = 0; i < count; ++i) {
+    const StepSegment g = at(i);
+    // A sequence decodes once its prompt is complete (O(1) seals).
+    if (g.decode && g.kv->AwaitsPromptEnd()) SealO1(*g.kv);
+    CORTIQ_RETURN_IF_ERROR(BindQsa(*g.kv));
+    if (!g.decode) g.kv->Reserve(s.segment_start[i] + g.tokens.size());
+    const size_t first = s.segment_row[i];
+    if (g.decode) s.decode_kvs[first] = g.kv;
+    for (size_t r = 0; r < g.tokens.size(); ++r) {
+      s.positions[first + r] = s.segment_start[i] + r;
+      s.tokens[first + r] = g.tokens[r];
+    }
+  }
   RopeTables(s, rows);
-  Embed(tokens, s.x.data());
-  CORTIQ_RETURN_IF_ERROR(RunLayers(s, rows, [&](size_t l) { return DecodeAttention(s, l, kvs); }));
+  Embed(std::span<const int32_t>(s.tokens.data(), rows), s.x.data());
+  attention::AttentionContext ctx{geometry_, pool_, s.attention};
+  const std::span<SequenceKv* const> decode_kvs(s.decode_kvs.data(), decode);
+  CORTIQ_RETURN_IF_ERROR(RunLayers(s, rows, decode + small, [&](size_t l) -> absl::Status {
+    if (decode > 0) CORTIQ_RETURN_IF_ERROR(DecodeAttention(s, l, decode_kvs));
+    for (size_t i = decode; i < count; ++i) {
+      const StepSegment g = at(i);
+      CORTIQ_RETURN_IF_ERROR(g.kv->layer(l).Prefill(
+          RowsOf(s, l, s.segment_row[i], g.tokens.size(), s.segment_start[i]), ctx));
+    }
+    return absl::OkStatus();
+  }));
+
+  // Logits of the rows that want them, each as a batch-1 call computes it.
   const size_t hidden = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  for (size_t b = 0; b < rows; ++b) {
-    math::RmsNorm(s.x.data() + b * hidden, final_norm_.data(), eps, hidden,
-                  s.xn.data() + b * hidden);
+  size_t out = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const StepSegment g = at(i);
+    if (!g.logits) continue;
+    const size_t last = s.segment_row[i] + g.tokens.size() - 1;
+    math::RmsNorm(s.x.data() + last * hidden, final_norm_.data(), eps, hidden,
+                  s.xn.data() + out * hidden);
+    ++out;
   }
-  Logits(s.xn.data(), rows, logits);
+  if (out > 0 && logits != nullptr) {
+    math::MatMulSplit(s.xn.data(), out, out, lm_head_, logits, pool_);
+  }
   return absl::OkStatus();
 }
 

@@ -76,6 +76,15 @@ struct LoadOptions {
 const char* WeightsName(LoadOptions::Weights w);
 std::optional<LoadOptions::Weights> ParseWeights(std::string_view name);
 
+// One source of rows in a Transformer::Step: a decode row, or a chunk of a
+// prompt.
+struct StepSegment {
+  SequenceKv* kv = nullptr;
+  std::span<const int32_t> tokens;  // decode: one token; a chunk: its tokens
+  bool decode = false;              // a decode row (the sequence's prompt is complete)
+  bool logits = false;              // write the logits of its last row
+};
+
 class Transformer {
  public:
   // Opens the checkpoint in `model_dir` and binds every tensor; errors name
@@ -108,6 +117,21 @@ class Transformer {
   // sealed first (SealO1): its prompt is complete once it decodes.
   absl::Status DecodeBatch(std::span<const int32_t> tokens, std::span<SequenceKv* const> kvs,
                            ForwardScratch& scratch, float* logits) const;
+
+  // One engine step: decode rows and prompt chunks of several sequences in
+  // ONE forward, every weight matrix read once for all of them
+  // (math::MatMulSplit). Decode segments come first; the chunks of one
+  // sequence are consecutive and in order (each continues the last); a
+  // sequence is not both decoded and prefilled in a step. logits: one row of
+  // [vocab] per segment with `logits`, in segment order.
+  // Bits: a decode row is what DecodeBatch gives it in any batch; a chunk is
+  // what Prefill(chunk) gives it (same kernels: chunks of fewer than
+  // kMatMulGemmMinBatch rows with the decode rows, longer ones on the GEMM),
+  // so a sequence's outputs do not depend on what shares its step.
+  // Errors (nothing changed): as Prefill / DecodeBatch, and segments out of
+  // that order.
+  absl::Status Step(std::span<const StepSegment> segments, ForwardScratch& scratch,
+                    float* logits) const;
 
   // Marks the prompt of `kv` complete: every layer collecting its O(1) query
   // trace seals (LayerKvCache::O1Seal with this model's query-head count),
@@ -183,8 +207,13 @@ class Transformer {
   // return s.x holds the final hidden states (pre-norm). Errors come only
   // from attention states (backend allocation or misuse); the sequences are
   // then partially extended and should be released.
+  // Rows [0, gemv_rows) take the decode kernels (math::MatMulSplit).
   template <typename Attend>
-  absl::Status RunLayers(ForwardScratch& s, size_t rows, Attend&& attend) const;
+  absl::Status RunLayers(ForwardScratch& s, size_t rows, size_t gemv_rows, Attend&& attend) const;
+  // Step over `count` segments, segment i being at(i) (DecodeBatch builds
+  // them on the fly: no allocation).
+  template <typename SegmentAt>
+  absl::Status RunStep(size_t count, SegmentAt&& at, ForwardScratch& s, float* logits) const;
   // A decode step's attention on layer l: one row per sequence, every
   // state's tasks in one parallel region.
   absl::Status DecodeAttention(ForwardScratch& s, size_t l, std::span<SequenceKv* const> kvs) const;

@@ -3,10 +3,12 @@
 // (batch-invariant decode, thread-count-invariant results).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/math/kernels.h"
@@ -152,6 +154,38 @@ TEST_P(MatMulTest, DecodeIsBatchInvariant) {
         ASSERT_EQ(Bits(y[b * rows + r]), Bits(y1[r]))
             << "batch=" << batch << " b=" << b << " r=" << r;
       }
+    }
+  }
+}
+
+// A mixed batch (an engine step): its decode rows are bit-equal to batch-1
+// calls and its other rows to the same rows in a GEMM-sized call, whatever
+// else shares the call (a chunk of 1 row or of 5 takes the GEMM too).
+TEST_P(MatMulTest, SplitRowsMatchTheirOwnPaths) {
+  const size_t rows = 77, cols = 300, g = kMatMulGemmMinBatch;
+  TestWeights w = MakeW(rows, cols, 11, 0);
+  // The GEMM rows' reference: all of them in one call of at least g rows.
+  auto big = RandomFloats((g + 9) * cols, 12);
+  std::vector<float> ref(big.size() / cols * rows);
+  MatMul(big.data(), g + 9, w.view, ref.data(), &pool_);
+  for (auto [gemv_rows, gemm_rows] : {std::pair<size_t, size_t>{0, 1}, {0, 5}, {3, 1}, {8, 20},
+                                      {31, g + 9}, {g + 2, 4}, {5, 0}}) {
+    const size_t batch = gemv_rows + gemm_rows;
+    std::vector<float> x(batch * cols);
+    auto dec = RandomFloats(gemv_rows * cols + 1, 13 + gemv_rows);
+    std::copy_n(dec.begin(), gemv_rows * cols, x.begin());
+    std::copy_n(big.begin(), gemm_rows * cols, x.begin() + gemv_rows * cols);
+    std::vector<float> y(batch * rows + 1, 42.0f), y1(rows);
+    MatMulSplit(x.data(), batch, gemv_rows, w.view, y.data(), &pool_);
+    ASSERT_EQ(y[batch * rows], 42.0f) << "wrote past y";
+    for (size_t b = 0; b < gemv_rows; ++b) {
+      MatMul(x.data() + b * cols, 1, w.view, y1.data(), nullptr);
+      ASSERT_EQ(0, std::memcmp(y.data() + b * rows, y1.data(), rows * 4))
+          << "decode row " << b << " of " << gemv_rows << " + " << gemm_rows;
+    }
+    for (size_t b = 0; b < gemm_rows; ++b) {
+      ASSERT_EQ(0, std::memcmp(y.data() + (gemv_rows + b) * rows, ref.data() + b * rows, rows * 4))
+          << "chunk row " << b << " of " << gemv_rows << " + " << gemm_rows;
     }
   }
 }
