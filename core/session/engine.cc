@@ -199,9 +199,12 @@ Engine::Engine(const model::Transformer& model, const tokenizer::Tokenizer& toke
       eos_ids_.push_back(*id);
     }
   }
-  logits_.resize(std::max<size_t>(options_.max_batch, 1) * static_cast<size_t>(cfg.vocab_size));
-  batch_tokens_.reserve(options_.max_batch);
-  batch_kvs_.reserve(options_.max_batch);
+  // Room for a step of max_batch decode rows and as many prompt ends; a
+  // step with more prompt ends grows it once.
+  logits_.resize(2 * std::max<size_t>(options_.max_batch, 1) *
+                 static_cast<size_t>(cfg.vocab_size));
+  step_.reserve(options_.max_batch + 64);
+  segments_.reserve(options_.max_batch + 64);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -287,6 +290,8 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
   {
     std::unique_lock lock(mu_);
     if (stop_) return absl::UnavailableError("engine: shutting down");
+    job->waiting_ = true;
+    waiting_[static_cast<size_t>(job->request_.priority)].fetch_add(1, std::memory_order_relaxed);
     submitted_.push_back(job);
     queued_.store(submitted_.size(), std::memory_order_relaxed);
     wake_ = true;
@@ -319,7 +324,61 @@ bool Engine::Admit(Job& job) {
   s.ReservePositions(job.positions_);
   s.PublishMemory();
   job.phase_ = Job::Phase::kPrefill;
+  job.serial_ = next_serial_++;
+  job.admitted_step_ = steps_.load(std::memory_order_relaxed);
+  JoinTenant(job);
   return true;
+}
+
+void Engine::JoinTenant(Job& job) {
+  const std::string& name = job.lease_->tenant();
+  auto [it, inserted] = tenants_.try_emplace(name);
+  TenantShare& t = it->second;
+  if (inserted) {
+    t.name = name;
+    t.weight = options_.default_tenant_weight;
+    for (const auto& [n, w] : options_.tenant_weights) {
+      if (n == name) t.weight = w;
+    }
+    if (!(t.weight > 0)) t.weight = 1.0;
+    // A tenant that becomes busy starts level with the busy ones: time
+    // spent idle earns no credit.
+    bool any = false;
+    double least = 0;
+    for (const auto& [n, other] : tenants_) {
+      if (&other == &t) continue;
+      least = any ? std::min(least, other.vtime) : other.vtime;
+      any = true;
+    }
+    t.vtime = least;
+  }
+  ++t.jobs;
+  job.tenant_ = &t;
+}
+
+void Engine::LeaveTenant(Job& job) {
+  auto* t = static_cast<TenantShare*>(job.tenant_);
+  if (t == nullptr) return;
+  job.tenant_ = nullptr;
+  if (--t->jobs == 0) tenants_.erase(t->name);
+}
+
+double Engine::Vtime(const Job& job) const {
+  const auto* t = static_cast<const TenantShare*>(job.tenant_);
+  return t != nullptr ? t->vtime : 0.0;
+}
+
+size_t Engine::EffectivePriority(const Job& job) const {
+  const uint64_t waited = steps_.load(std::memory_order_relaxed) - job.admitted_step_;
+  const uint64_t aged = waited / std::max<size_t>(options_.aging_steps, 1);
+  return static_cast<size_t>(
+      std::min<uint64_t>(static_cast<uint64_t>(job.request_.priority) + aged, kNumPriorities - 1));
+}
+
+void Engine::DoneWaiting(Job& job) {
+  if (!job.waiting_) return;
+  job.waiting_ = false;
+  waiting_[static_cast<size_t>(job.request_.priority)].fetch_sub(1, std::memory_order_relaxed);
 }
 
 std::unique_ptr<tokenizer::IncrementalDetokenizer> Engine::NewDetokenizer(
@@ -378,6 +437,8 @@ void Engine::AdmitReuse(Job& job) {
 void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
   if (job.phase_ == Job::Phase::kDone) return;
   job.phase_ = Job::Phase::kDone;
+  DoneWaiting(job);
+  LeaveTenant(job);
   const auto now = Clock::now();
   GenerationResult& res = job.result_;
   Session& s = *job.lease_;
@@ -492,26 +553,8 @@ void Engine::OnLogits(Job& job, size_t c, const float* logits) {
   if (job.LiveChoices() == 0) FinishJob(job, job.choices_[0].finish, absl::OkStatus());
 }
 
-void Engine::RunPrefillChunk(Job& job) {
-  const size_t left = job.pending_.size() - job.prefill_done_;
-  const size_t n = std::min(left, std::max<size_t>(options_.prefill_chunk, 1));
-  if (job.prefill_done_ == 0) job.first_chunk_ = Clock::now();
-  if (job.result_.queue_seconds == 0) {
-    job.result_.queue_seconds = Seconds(job.first_chunk_ - job.submitted_);
-  }
-  const bool last = n == left;
-  std::span<const int32_t> chunk(job.pending_.data() + job.prefill_done_, n);
-  absl::Status st = model_.Prefill(chunk, job.lease_.sequence(), prefill_scratch_,
-                                   last ? logits_.data() : nullptr);
-  if (!st.ok()) {
-    FinishJob(job, FinishReason::kNone, st);
-    return;
-  }
-  job.prefill_done_ += n;
-  if (!last) {
-    job.lease_->PublishMemory();
-    return;
-  }
+void Engine::PromptDone(Job& job, const float* logits) {
+  DoneWaiting(job);
   // The prompt is absorbed: O(1) layers seal now (their exact rows are freed).
   model_.SealO1(job.lease_.sequence());
   // Every choice samples its first token from these logits; the forks first
@@ -520,28 +563,154 @@ void Engine::RunPrefillChunk(Job& job) {
     ForkChoices(job);
     if (job.phase_ == Job::Phase::kDone) return;
   }
-  for (size_t c = 0; c < job.choices_.size(); ++c) OnLogits(job, c, logits_.data());
+  for (size_t c = 0; c < job.choices_.size(); ++c) OnLogits(job, c, logits);
 }
 
-void Engine::RunDecode(std::vector<DecodeRow>& batch) {
-  batch_tokens_.clear();
-  batch_kvs_.clear();
-  for (const DecodeRow& row : batch) {
-    Job::Choice& ch = row.job->choices_[row.choice];
-    batch_tokens_.push_back(ch.next_input);
-    batch_kvs_.push_back(row.choice == 0 ? &row.job->lease_.sequence() : &ch.fork.sequence());
-  }
-  absl::Status st = model_.DecodeBatch(batch_tokens_, batch_kvs_, decode_scratch_, logits_.data());
-  if (!st.ok()) {
-    spdlog::error("engine: decode step failed for a batch of {}: {}", batch.size(), st.ToString());
-    for (const DecodeRow& row : batch) {
-      FinishJob(*row.job, FinishReason::kNone, absl::InternalError(st.message()));
+void Engine::PlanStep(std::vector<DecodeRow>& decode) {
+  step_.clear();
+  const size_t budget = std::max<size_t>(options_.step_tokens, 1);
+  const size_t chunk = std::max<size_t>(options_.prefill_chunk, 1);
+  size_t rows = 0;
+  // Decode rows: every running job with room, all of a job's live choices
+  // together; past max_batch, by priority, then tenant share, then the
+  // rotation Loop applied to `decode`'s order.
+  order_.clear();
+  size_t wanted = 0;
+  for (const DecodeRow& r : decode) {
+    if (order_.empty() || order_.back() != r.job) {
+      order_.push_back(r.job);
+      wanted += r.job->LiveChoices();
     }
-    return;
+  }
+  if (wanted > options_.max_batch) {
+    std::stable_sort(order_.begin(), order_.end(), [&](const Job* a, const Job* b) {
+      if (a->request_.priority != b->request_.priority) {
+        return a->request_.priority > b->request_.priority;
+      }
+      return Vtime(*a) < Vtime(*b);
+    });
+  }
+  for (Job* j : order_) {
+    const size_t live = j->LiveChoices();
+    if (rows + live > options_.max_batch) continue;
+    for (size_t c = 0; c < j->choices_.size(); ++c) {
+      if (j->choices_[c].finish == FinishReason::kNone) step_.push_back({j, c, 1, true, false});
+    }
+    rows += live;
+  }
+  // Chunks: waiting jobs by effective priority, tenant share, arrival; whole
+  // chunks while they fit (the step's first chunk always runs); a job that
+  // does not fit ends the filling (no lower job runs ahead of it). At most
+  // max_batch prompts end in one step (their logits' room).
+  order_.clear();
+  for (auto& j : jobs_) {
+    if (j->phase_ == Job::Phase::kPrefill) order_.push_back(j.get());
+  }
+  std::sort(order_.begin(), order_.end(), [&](const Job* a, const Job* b) {
+    const size_t pa = EffectivePriority(*a), pb = EffectivePriority(*b);
+    if (pa != pb) return pa > pb;
+    const double va = Vtime(*a), vb = Vtime(*b);
+    if (va != vb) return va < vb;
+    return a->serial_ < b->serial_;
+  });
+  bool any_chunk = false;
+  size_t ends = 0;
+  for (Job* j : order_) {
+    size_t at = j->prefill_done_;
+    const size_t total = j->pending_.size();
+    bool full = false;
+    while (at < total) {
+      const size_t n = std::min(chunk, total - at);
+      const bool last = at + n == total;
+      if (any_chunk && (rows + n > budget || (last && ends >= options_.max_batch))) {
+        full = true;
+        break;
+      }
+      step_.push_back({j, 0, n, false, last});
+      rows += n;
+      at += n;
+      any_chunk = true;
+      ends += last;
+    }
+    if (full) break;
+  }
+}
+
+void Engine::RunStep() {
+  segments_.clear();
+  size_t with_logits = 0, decode_rows = 0, prefill_tokens = 0;
+  const auto now = Clock::now();
+  for (StepPart& p : step_) {
+    Job& j = *p.job;
+    model::StepSegment g;
+    if (p.decode) {
+      Job::Choice& ch = j.choices_[p.choice];
+      g.kv = p.choice == 0 ? &j.lease_.sequence() : &ch.fork.sequence();
+      g.tokens = std::span<const int32_t>(&ch.next_input, 1);
+      g.decode = true;
+      g.logits = true;
+      ++decode_rows;
+    } else {
+      // A job's chunks in this step follow one another: where this one
+      // starts is where the last one ended.
+      size_t at = j.prefill_done_;
+      for (const model::StepSegment& prev : segments_) {
+        if (!prev.decode && prev.kv == &j.lease_.sequence()) at += prev.tokens.size();
+      }
+      if (at == 0) {  // the prompt's first chunk
+        j.first_chunk_ = now;
+        j.result_.queue_seconds = Seconds(now - j.submitted_);
+        if (options_.observer) {
+          options_.observer->OnQueueWait(j.request_.frontend, j.request_.priority,
+                                         j.result_.queue_seconds);
+        }
+      }
+      g.kv = &j.lease_.sequence();
+      g.tokens = std::span<const int32_t>(j.pending_.data() + at, p.tokens);
+      g.decode = false;
+      g.logits = p.last;
+      prefill_tokens += p.tokens;
+    }
+    with_logits += g.logits;
+    auto* t = static_cast<TenantShare*>(j.tenant_);
+    if (t != nullptr) (p.decode ? t->step_decode : t->step_prefill) += p.tokens;
+    segments_.push_back(g);
   }
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
-  for (size_t b = 0; b < batch.size(); ++b) {
-    OnLogits(*batch[b].job, batch[b].choice, logits_.data() + b * vocab);
+  if (logits_.size() < with_logits * vocab) logits_.resize(with_logits * vocab);
+  const absl::Status st = model_.Step(segments_, scratch_, logits_.data());
+  // Tenants' shares: the rows each was served.
+  for (auto& [name, t] : tenants_) {
+    if (t.step_decode + t.step_prefill == 0) continue;
+    t.vtime += double(t.step_decode + t.step_prefill) / t.weight;
+    if (options_.observer) options_.observer->OnTenantStep(name, t.step_decode, t.step_prefill);
+    t.step_decode = t.step_prefill = 0;
+  }
+  last_batch_.store(decode_rows, std::memory_order_relaxed);
+  last_step_tokens_.store(decode_rows + prefill_tokens, std::memory_order_relaxed);
+  if (!st.ok()) {
+    // Every sequence of the step may be partly extended: each job ends.
+    spdlog::error("engine: a step of {} decode rows and {} prompt tokens failed: {}", decode_rows,
+                  prefill_tokens, st.ToString());
+    for (StepPart& p : step_) FinishJob(*p.job, FinishReason::kNone, st);
+    return;
+  }
+  size_t k = 0;
+  for (StepPart& p : step_) {
+    Job& j = *p.job;
+    const float* row = nullptr;
+    if (p.decode || p.last) row = logits_.data() + (k++) * vocab;
+    if (j.phase_ == Job::Phase::kDone) continue;  // an earlier row ended it
+    if (p.decode) {
+      OnLogits(j, p.choice, row);
+      continue;
+    }
+    j.prefill_done_ += p.tokens;
+    if (p.last) {
+      PromptDone(j, row);
+    } else if (&p == &step_.back() || (&p + 1)->job != &j) {
+      j.lease_->PublishMemory();  // the job's last chunk of this step
+    }
   }
 }
 
@@ -580,46 +749,32 @@ void Engine::Loop() {
     active_.store(jobs_.size(), std::memory_order_relaxed);
     if (stop) break;
 
-    // One decode step for every job with room in its queue (rotating the
-    // start so a batch cap never starves the same jobs), all of a job's
-    // live choices in the same step ...
+    // The decode candidates: every job with room in its queue, starting at
+    // a rotating index so that a max_batch cap never starves the same jobs.
     batch.clear();
-    Job* prefill = nullptr;
     const size_t n = jobs_.size();
     for (size_t i = 0; i < n; ++i) {
       Job& j = *jobs_[(i + rotate) % n];
-      if (j.phase_ == Job::Phase::kDecode && batch.size() + j.LiveChoices() <= options_.max_batch &&
-          j.QueueHasRoom()) {
+      if (j.phase_ == Job::Phase::kDecode && j.QueueHasRoom()) {
         for (size_t c = 0; c < j.choices_.size(); ++c) {
           if (j.choices_[c].finish == FinishReason::kNone) batch.push_back({&j, c});
         }
       }
     }
-    // ... and one prefill chunk of the oldest job absorbing its prompt.
-    for (auto& j : jobs_) {
-      if (j->phase_ == Job::Phase::kPrefill) {
-        prefill = j.get();
-        break;
-      }
-    }
     if (n > 0) rotate = (rotate + 1) % n;
-    if (batch.empty() && prefill == nullptr) {
+    PlanStep(batch);
+    if (step_.empty()) {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return wake_ || stop_; });
       continue;
     }
     const auto t0 = Clock::now();
-    size_t prefill_tokens = 0;
-    if (!batch.empty()) RunDecode(batch);
-    if (prefill != nullptr) {
-      const size_t before = prefill->prefill_done_;
-      RunPrefillChunk(*prefill);
-      prefill_tokens = prefill->prefill_done_ - before;
-    }
-    last_batch_.store(batch.size(), std::memory_order_relaxed);
+    RunStep();
     steps_.fetch_add(1, std::memory_order_relaxed);
     if (options_.observer) {
-      options_.observer->OnStep(batch.size(), prefill_tokens, Seconds(Clock::now() - t0));
+      const size_t rows = last_step_tokens_.load(std::memory_order_relaxed);
+      const size_t decode = last_batch_.load(std::memory_order_relaxed);
+      options_.observer->OnStep(decode, rows - decode, Seconds(Clock::now() - t0));
     }
   }
   jobs_.clear();

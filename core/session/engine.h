@@ -59,6 +59,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -117,6 +118,9 @@ class EngineObserver {
   virtual void OnStep(size_t /*decode_batch*/, size_t /*prefill_tokens*/, double /*seconds*/) {}
   // Once per job, at its first prefill chunk: seconds since Submit.
   virtual void OnQueueWait(Frontend /*frontend*/, Priority /*priority*/, double /*seconds*/) {}
+  // Once per step for each tenant ("" = none) that had rows in it.
+  virtual void OnTenantStep(std::string_view /*tenant*/, size_t /*decode_rows*/,
+                            size_t /*prefill_tokens*/) {}
   virtual void OnFirstToken(Frontend /*frontend*/, double /*ttft_seconds*/) {}
   virtual void OnInterToken(Frontend /*frontend*/, double /*seconds*/) {}
   // Once per job, when it ends, before its consumer can see it finished (so
@@ -214,6 +218,10 @@ class Job {
 
   // engine-thread state
   enum class Phase : uint8_t { kPrefill, kDecode, kDone } phase_ = Phase::kPrefill;
+  uint64_t serial_ = 0;         // arrival order
+  uint64_t admitted_step_ = 0;  // Engine::steps_ at admission (aging)
+  void* tenant_ = nullptr;      // its Engine::TenantShare while admitted
+  bool waiting_ = false;        // counted in Engine::waiting_
   size_t prefill_done_ = 0;           // tokens of `pending_` absorbed
   std::vector<int32_t> pending_;      // tokens to absorb: history tail + prompt
   std::vector<Choice> choices_;       // request_.n of them, index order
@@ -309,8 +317,29 @@ class Engine {
   // the plan keeps (or starts it over) and appends the rest of the
   // conversation; the prompt tokens not prefilled are its cached_tokens.
   void AdmitReuse(Job& job);
-  void RunDecode(std::vector<DecodeRow>& batch);
-  void RunPrefillChunk(Job& job);
+  // A tenant's share of the steps: weighted fair queueing on virtual time
+  // (rows served / weight). Entries live while the tenant has admitted jobs.
+  struct TenantShare {
+    std::string name;
+    double weight = 1.0;
+    double vtime = 0.0;
+    size_t jobs = 0;
+    size_t step_decode = 0, step_prefill = 0;  // this step's rows
+  };
+  void JoinTenant(Job& job);
+  void LeaveTenant(Job& job);
+  // The job's level plus one per aging_steps steps since admission (capped).
+  size_t EffectivePriority(const Job& job) const;
+  double Vtime(const Job& job) const;
+  // The job no longer waits for its prompt (counted in waiting_ no more).
+  void DoneWaiting(Job& job);
+  // Picks the step's rows (decode rows, then whole chunks) into step_.
+  void PlanStep(std::vector<DecodeRow>& decode);
+  // Runs step_ as one Transformer::Step and hands out its logits.
+  void RunStep();
+  // After the last chunk of the job's prompt: O(1) seals, forks, the first
+  // token of every choice from `logits`.
+  void PromptDone(Job& job, const float* logits);
   // After the prompt: deep-copies choice 0's state into every fork and
   // gives each its sampler (seed + i) and detokenizer.
   void ForkChoices(Job& job);
@@ -339,11 +368,22 @@ class Engine {
 
   // engine thread only
   std::vector<std::shared_ptr<Job>> jobs_;
-  model::ForwardScratch decode_scratch_;
-  model::ForwardScratch prefill_scratch_;
-  std::vector<float> logits_;              // [max_batch × vocab]
-  std::vector<int32_t> batch_tokens_;
-  std::vector<model::SequenceKv*> batch_kvs_;
+  uint64_t next_serial_ = 0;
+  std::unordered_map<std::string, TenantShare> tenants_;
+  // One row source of the step being run: a decode row (a choice of a job)
+  // or a chunk of a job's prompt; segments_ is the same, for the model.
+  struct StepPart {
+    Job* job;
+    size_t choice;  // decode rows
+    size_t tokens;  // chunks: its length
+    bool decode;
+    bool last;      // chunks: the prompt's last
+  };
+  std::vector<StepPart> step_;
+  std::vector<model::StepSegment> segments_;
+  std::vector<Job*> order_;                // candidates, sorted (reused)
+  model::ForwardScratch scratch_;
+  std::vector<float> logits_;              // [rows wanting logits × vocab], grown
 
   std::atomic<size_t> active_{0}, queued_{0}, last_batch_{0}, last_step_tokens_{0};
   std::atomic<size_t> waiting_[kNumPriorities] = {};
