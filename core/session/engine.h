@@ -144,7 +144,7 @@ struct EngineOptions {
   size_t aging_steps = 64;
   // Weight of each tenant's share (--tenant-weights); a tenant not listed
   // (and "" , no tenant) has default_tenant_weight. Weights > 0.
-  std::vector<std::pair<std::string, double>> tenant_weights;
+  std::vector<std::pair<std::string, double>> tenant_weights = {};
   double default_tenant_weight = 1.0;
   size_t queue_capacity = 64;     // events buffered per job before it pauses
   size_t max_context = 0;         // positions per session (0 = the model's max_position_embeddings)
