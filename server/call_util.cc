@@ -179,6 +179,36 @@ v1::FinishReason ToProto(session::FinishReason r) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+v1::Priority ToProto(session::Priority p) {
+  switch (p) {
+    case session::Priority::kLow:
+      return v1::PRIORITY_LOW;
+    case session::Priority::kNormal:
+      return v1::PRIORITY_NORMAL;
+    case session::Priority::kHigh:
+      return v1::PRIORITY_HIGH;
+  }
+  return v1::PRIORITY_NORMAL;
+}
+
+absl::StatusOr<session::Priority> PriorityFromProto(v1::Priority p) {
+  switch (p) {
+    case v1::PRIORITY_UNSPECIFIED:
+    case v1::PRIORITY_NORMAL:
+      return session::Priority::kNormal;
+    case v1::PRIORITY_LOW:
+      return session::Priority::kLow;
+    case v1::PRIORITY_HIGH:
+      return session::Priority::kHigh;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("priority: unknown value ", static_cast<int>(p),
+                   " (PRIORITY_UNSPECIFIED = 0 (normal) | PRIORITY_LOW = 1 | PRIORITY_NORMAL = 2 | "
+                   "PRIORITY_HIGH = 3)"));
+}
+
 void AddNodeMetadata(const ServiceContext& ctx, grpc::CallbackServerContext* call) {
   call->AddInitialMetadata(std::string(kNodeMetadata), ctx.node_name);
 }

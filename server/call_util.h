@@ -73,6 +73,11 @@ void ToProto(const session::MemoryByKind& m, v1::SessionMemory* out);
 // `node`: the node that holds the session (SessionInfo.node).
 void ToProto(const session::SessionSnapshot& s, std::string_view node, v1::SessionInfo* out);
 v1::FinishReason ToProto(session::FinishReason r);
+v1::Priority ToProto(session::Priority p);
+// GenerateRequest.priority: UNSPECIFIED is kNormal; a value outside the enum
+// (a newer client's, or a forged one) is INVALID_ARGUMENT naming the field
+// and the allowed values.
+absl::StatusOr<session::Priority> PriorityFromProto(v1::Priority p);
 
 // ---- one log line and the request metrics per call ----
 

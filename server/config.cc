@@ -5,15 +5,16 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <random>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "core/session/session.h"
 #include "core/util/flags.h"
 #include "core/util/strings.h"
 
@@ -44,6 +45,53 @@ absl::StatusOr<std::string> ParsePeerDns(std::string_view v) {
   if (v.find(':') == std::string_view::npos)
     return absl::InvalidArgumentError("expected NAME:PORT");
   return std::string(v);
+}
+
+// --tenant-weights NAME=W[,NAME=W...]: the engine's tenant shares. A name
+// is a tenant name as the token file's (session::IsTenantName), not empty
+// (no tenant weighs the default) and given once; a weight is a finite
+// number in (0, kMaxTenantWeight]. Every error names the flag and the item.
+absl::StatusOr<std::vector<std::pair<std::string, double>>> ParseTenantWeights(
+    std::string_view flag, std::string_view value) {
+  absl::StatusOr<std::vector<std::string_view>> items =
+      util::flags_internal::SplitListFlag(flag, value, "item");
+  if (!items.ok()) return items.status();
+  std::vector<std::pair<std::string, double>> out;
+  for (std::string_view item : *items) {
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) {
+      return util::FlagValueError(flag, "expected NAME=WEIGHT[,NAME=WEIGHT...]", item);
+    }
+    const absl::string_view n = absl::StripTrailingAsciiWhitespace(util::Sv(item.substr(0, eq)));
+    const absl::string_view w_text =
+        absl::StripLeadingAsciiWhitespace(util::Sv(item.substr(eq + 1)));
+    const std::string_view name(n.data(), n.size());
+    const std::string_view weight(w_text.data(), w_text.size());
+    if (name.empty() || !session::IsTenantName(name)) {
+      return util::FlagValueError(
+          flag,
+          absl::StrCat("'", util::Sv(name), "' is not a tenant name (1 to ",
+                       session::kMaxTenantBytes, " characters of [A-Za-z0-9._-])"),
+          item);
+    }
+    for (const auto& [seen, w] : out) {
+      if (seen == name) {
+        return util::FlagValueError(
+            flag, absl::StrCat("tenant '", util::Sv(name), "' is given twice"), value);
+      }
+    }
+    absl::StatusOr<double> w =
+        util::ParseNumberFlag<double>(flag, weight, {.min = 0, .max = kMaxTenantWeight});
+    if (!w.ok() || *w <= 0) {
+      return util::FlagValueError(
+          flag,
+          absl::StrCat("the weight of tenant '", util::Sv(name),
+                       "' must be a number > 0 and <= ", static_cast<int64_t>(kMaxTenantWeight)),
+          item);
+    }
+    out.emplace_back(std::string(name), *w);
+  }
+  return out;
 }
 
 // A file holding one token (--auth-token-file, --peer-token-file): its
@@ -144,7 +192,16 @@ std::string ServerUsage() {
   --max-concurrent-imports N  ImportSession streams at once; more are refused (default 4)
   --import-idle-timeout SECONDS  an import with no message for this long ends (default 30)
   --max-batch N           decode rows per engine step (default 32)
-  --prefill-chunk N       prompt tokens per prefill call (default 256)
+  --step-tokens N         rows one engine step may hold: decode rows plus prefill chunk rows;
+                          bounds a step's time, so running streams' inter-token latency while
+                          prompts are absorbed (default 256)
+  --prefill-chunk N       a prompt is absorbed in chunks of N tokens, at most --step-tokens
+                          (default 64, or --step-tokens when that is smaller)
+  --aging-steps N         a waiting request rises one priority level per N engine steps, so
+                          low priority is delayed, never starved (default 64)
+  --tenant-weights NAME=W[,NAME=W...]  each tenant's share of prefill tokens and, when more
+                          streams decode than --max-batch, of decode rows (weighted fair
+                          queueing; W in (0, 1e6]; a tenant not listed weighs 1)
   --queue-capacity N      tokens buffered per stream before its job pauses (default 64)
   --grace SECONDS         on SIGTERM/SIGINT, streams get this long to finish (default 10)
   --lease-wait SECONDS    a Generate on a session whose previous call is ending (cancelled)
@@ -210,6 +267,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
   *help = false;
   std::string token_file, peer_token_file;
   std::optional<size_t> max_n;  // --max-n, resolved against --max-batch below
+  std::optional<size_t> prefill_chunk;  // resolved against --step-tokens below
   const std::vector<util::Flag> flags = {
       StringFlag("model", &c.model_dir),
       StringFlag("listen", &c.listen),
@@ -243,7 +301,10 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       IntFlag("max-concurrent-imports", &c.max_concurrent_imports, {.min = 1}),
       util::SecondsFlag("import-idle-timeout", &c.import_idle_timeout),
       IntFlag("max-batch", &c.max_batch, {.min = 1}),
-      IntFlag("prefill-chunk", &c.prefill_chunk, {.min = 1}),
+      IntFlag("step-tokens", &c.step_tokens, {.min = 1}),
+      IntFlag("prefill-chunk", &prefill_chunk, {.min = 1}),
+      IntFlag("aging-steps", &c.aging_steps, {.min = 1}),
+      util::BoundFlag("tenant-weights", &c.tenant_weights, ParseTenantWeights),
       IntFlag("queue-capacity", &c.queue_capacity, {.min = 1}),
       util::SecondsFlag("grace", &c.grace),
       util::SecondsFlag("lease-wait", &c.lease_wait),
@@ -329,6 +390,12 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
                      " (a request's choices decode in one step)"));
   }
   c.max_n = max_n.value_or(std::min(c.max_n, c.max_batch));
+  if (prefill_chunk && *prefill_chunk > c.step_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill-chunk: ", *prefill_chunk,
+                                                   " is above --step-tokens ", c.step_tokens,
+                                                   " (a step takes whole chunks)"));
+  }
+  c.prefill_chunk = prefill_chunk.value_or(std::min(c.prefill_chunk, c.step_tokens));
   if (c.import_idle_timeout.count() <= 0) {
     return absl::InvalidArgumentError("--import-idle-timeout: must be positive (seconds)");
   }

@@ -4,7 +4,8 @@
 // (core/util/flags.h): `--name value` or `--name=value`, no positional
 // arguments. Parsing is strict: an unknown flag, a missing value, a malformed
 // number or one outside its range (--max-sessions, --max-tokens, --max-batch,
-// --prefill-chunk and --queue-capacity are >= 1) is an InvalidArgument error
+// --step-tokens, --prefill-chunk, --aging-steps and --queue-capacity are
+// >= 1) is an InvalidArgument error
 // naming the flag; nothing is guessed. Sizes accept K/M/G/T suffixes (powers
 // of 1024); durations are seconds (fractions allowed; a positive one is at
 // least 1 ms).
@@ -15,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,7 +58,20 @@ struct ServerConfig {
   size_t max_concurrent_imports = 4;          // ImportSession streams at once (RESOURCE_EXHAUSTED)
   std::chrono::milliseconds import_idle_timeout{30'000};  // a quiet import ends (DEADLINE_EXCEEDED)
   size_t max_batch = 32;
-  size_t prefill_chunk = 256;
+  // The scheduler (session::EngineOptions): rows one engine step may hold,
+  // decode rows plus prefill chunk rows (--step-tokens, >= 1) ...
+  size_t step_tokens = 256;
+  // ... the chunk a prompt is cut into (--prefill-chunk, 1 .. step_tokens;
+  // the default 64 is lowered to a smaller --step-tokens, an explicit larger
+  // one is a usage error) ...
+  size_t prefill_chunk = 64;
+  // ... the steps a waiting request waits per priority level it rises
+  // (--aging-steps, >= 1) ...
+  size_t aging_steps = 64;
+  // ... and each tenant's share of the steps (--tenant-weights NAME=W,...:
+  // tenant names as session::IsTenantName, non-empty, each once; weights in
+  // (0, kMaxTenantWeight]). A tenant not listed weighs 1.
+  std::vector<std::pair<std::string, double>> tenant_weights;
   size_t queue_capacity = 64;
   std::chrono::milliseconds grace{10'000};  // shutdown: streams get this long to finish
   // How long a Generate waits for a session whose previous call is ending
@@ -101,6 +116,10 @@ struct ServerConfig {
   // left out of the peers (--peer-dns resolves to every pod, this one too).
   std::string advertise;
 };
+
+// The largest --tenant-weights weight: shares stay ratios of modest numbers
+// (the engine divides served rows by them).
+inline constexpr double kMaxTenantWeight = 1e6;
 
 // A node name: 1..64 bytes of [A-Za-z0-9._:-].
 bool IsValidNodeName(std::string_view name);

@@ -323,8 +323,26 @@ class Metrics::LiveState : public prometheus::Collectable {
   }
 
   static void CollectEngine(const session::Engine& e, std::vector<prometheus::MetricFamily>& out) {
-    out.push_back(GaugeFamily("cortiq_engine_batch_size", "Decode rows in the engine's last step.",
+    out.push_back(GaugeFamily("cortiq_engine_batch_size",
+                              "Decode rows in the engine's last step: the streams it ran.",
                               static_cast<double>(e.last_batch())));
+    out.push_back(GaugeFamily("cortiq_engine_step_rows",
+                              "Rows of the engine's last step: decode rows plus prefill chunk "
+                              "rows.",
+                              static_cast<double>(e.last_step_tokens())));
+    out.push_back(GaugeFamily("cortiq_engine_step_token_budget",
+                              "Rows one engine step may hold (--step-tokens).",
+                              static_cast<double>(e.step_tokens())));
+    prometheus::MetricFamily waiting =
+        NewFamily("cortiq_engine_waiting_jobs",
+                  "Jobs submitted and not yet done absorbing their prompt, by their own priority.",
+                  prometheus::MetricType::Gauge);
+    for (size_t p = 0; p < session::kNumPriorities; ++p) {
+      const auto priority = static_cast<session::Priority>(p);
+      AddSample(waiting, static_cast<double>(e.waiting_jobs(priority)),
+                {{"priority", std::string(session::PriorityName(priority))}});
+    }
+    out.push_back(std::move(waiting));
     out.push_back(GaugeFamily("cortiq_engine_queue_depth",
                               "Jobs submitted to the engine and not yet admitted.",
                               static_cast<double>(e.queued_jobs())));
@@ -344,21 +362,29 @@ class Metrics::LiveState : public prometheus::Collectable {
 
 namespace {
 
-// One counter family with a child for every (row, column): labels
-// {row_label: row(r), column_label: column(c)}. `row` and `column` map an
-// index to its label value.
+// A child of `family` for every (row, column): labels {row_label: row(r),
+// column_label: column(c)}, each made with `args` (a histogram's buckets).
+// `row` and `column` map an index to its label value.
+template <typename T, size_t R, size_t C, typename RowName, typename ColumnName, typename... Args>
+void AddGrid(prometheus::Family<T>& family, const char* row_label, RowName row,
+             const char* column_label, ColumnName column, std::array<std::array<T*, C>, R>& out,
+             const Args&... args) {
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t c = 0; c < C; ++c) {
+      out[r][c] = &family.Add(
+          {{row_label, std::string(row(r))}, {column_label, std::string(column(c))}}, args...);
+    }
+  }
+}
+
+// One counter family with a child for every (row, column) (AddGrid).
 template <size_t R, size_t C, typename RowName, typename ColumnName>
 void RegisterCounterGrid(prometheus::Registry& reg, const char* name, const char* help,
                          const char* row_label, RowName row, const char* column_label,
                          ColumnName column,
                          std::array<std::array<prometheus::Counter*, C>, R>& out) {
-  auto& family = prometheus::BuildCounter().Name(name).Help(help).Register(reg);
-  for (size_t r = 0; r < R; ++r) {
-    for (size_t c = 0; c < C; ++c) {
-      out[r][c] = &family.Add(
-          {{row_label, std::string(row(r))}, {column_label, std::string(column(c))}});
-    }
-  }
+  AddGrid(prometheus::BuildCounter().Name(name).Help(help).Register(reg), row_label, row,
+          column_label, column, out);
 }
 
 // One histogram family with a child per label value: {label: value(i)}.
@@ -374,6 +400,9 @@ std::string_view RpcName(size_t i) { return kRpcNames[i]; }
 std::string_view GrpcCodeName(size_t i) { return kGrpcCodeNames[i]; }
 std::string_view FrontendLabel(size_t i) {
   return session::FrontendName(static_cast<session::Frontend>(i));
+}
+std::string_view PriorityLabel(size_t i) {
+  return session::PriorityName(static_cast<session::Priority>(i));
 }
 std::string_view FinishLabel(size_t i) { return kFinishLabels[i]; }
 std::string_view HttpRouteName(size_t i) { return kHttpRoutes[i]; }
@@ -448,6 +477,15 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
                  "Tokens sampled per finished generation (every choice), by front end.",
                  TokenBuckets(), request_generation_tokens_);
 
+    current = "cortiq_queue_wait_seconds";
+    AddGrid(prometheus::BuildHistogram()
+                .Name(current)
+                .Help("Time from a generation's submission to its first prefill chunk, by front "
+                      "end and the request's priority (its own level, not the aged one).")
+                .Register(reg),
+            "frontend", FrontendLabel, "priority", PriorityLabel, queue_wait_seconds_,
+            TtftBuckets());
+
     current = "cortiq_requests_finished_total";
     RegisterCounterGrid(reg, current, "Finished generations by front end and how they ended.",
                         "frontend", FrontendLabel, "finished_reason", FinishLabel, finished_);
@@ -455,8 +493,8 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
     step_seconds_ = &prometheus::BuildHistogram()
                          .Name(current)
                          .Help(
-                             "Wall time of one engine step (batched decode plus at most one "
-                             "prefill chunk).")
+                             "Wall time of one engine step (one forward of its decode rows and "
+                             "prefill chunks, about --step-tokens rows at most).")
                          .Register(reg)
                          .Add({}, StepBuckets());
     current = "cortiq_engine_step_batch_size";
@@ -465,6 +503,15 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
                             .Help("Decode rows per engine step that decoded.")
                             .Register(reg)
                             .Add({}, BatchBuckets());
+    current = "cortiq_engine_step_tokens_total";
+    auto& step_tokens = prometheus::BuildCounter()
+                            .Name(current)
+                            .Help(
+                                "Rows the engine's steps ran, by kind: decode (one per running "
+                                "stream per step) and prefill (prompt tokens absorbed).")
+                            .Register(reg);
+    step_decode_tokens_ = &step_tokens.Add({{"kind", "decode"}});
+    step_prefill_tokens_ = &step_tokens.Add({{"kind", "prefill"}});
 
     current = "cortiq_exports_refused_total";
     auto& refused = prometheus::BuildCounter()
@@ -537,9 +584,13 @@ void Metrics::ObserveHttpRequest(std::string_view route, int status, double seco
   http_seconds_[r]->Observe(seconds);
 }
 
-void Metrics::OnStep(size_t decode_batch, size_t /*prefill_tokens*/, double seconds) {
+void Metrics::OnStep(size_t decode_batch, size_t prefill_tokens, double seconds) {
   step_seconds_->Observe(seconds);
-  if (decode_batch > 0) step_batch_size_->Observe(static_cast<double>(decode_batch));
+  if (decode_batch > 0) {
+    step_batch_size_->Observe(static_cast<double>(decode_batch));
+    step_decode_tokens_->Increment(static_cast<double>(decode_batch));
+  }
+  if (prefill_tokens > 0) step_prefill_tokens_->Increment(static_cast<double>(prefill_tokens));
 }
 
 namespace {
@@ -548,7 +599,16 @@ size_t FrontendIndex(session::Frontend frontend) {
   const auto f = static_cast<size_t>(frontend);
   return f < session::kNumFrontends ? f : 0;
 }
+// A job's priority as an index (an out-of-range value: a bug; counted as normal).
+size_t PriorityIndex(session::Priority priority) {
+  const auto p = static_cast<size_t>(priority);
+  return p < session::kNumPriorities ? p : static_cast<size_t>(session::Priority::kNormal);
+}
 }  // namespace
+
+void Metrics::OnQueueWait(session::Frontend frontend, session::Priority priority, double seconds) {
+  queue_wait_seconds_[FrontendIndex(frontend)][PriorityIndex(priority)]->Observe(seconds);
+}
 
 void Metrics::OnFirstToken(session::Frontend frontend, double ttft_seconds) {
   ttft_seconds_[FrontendIndex(frontend)]->Observe(ttft_seconds);

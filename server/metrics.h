@@ -9,8 +9,9 @@
 //     hot path never touches them.
 //   * Events counted on the hot path (requests by RPC and code, HTTP
 //     requests by route and status, tokens, the per-request latency and
-//     token histograms and finish reasons by front end, refused exports,
-//     migrations): every family and every labelled child is built once in
+//     token histograms and finish reasons by front end, the queue wait by
+//     front end and priority, the engine's step rows by kind, refused
+//     exports, migrations): every family and every labelled child is built once in
 //     Create() into fixed arrays; the hot path only calls Increment() /
 //     Observe() on a child it already holds — it never creates a child,
 //     allocates, or takes a lock of ours (prometheus-cpp's Histogram::Observe
@@ -186,9 +187,13 @@ class Metrics : public session::EngineObserver {
   void ObserveHttpRequest(std::string_view route, int status, double seconds);
 
   // ---- session::EngineObserver (engine thread; never blocks) ----
-  // One scheduler step: its wall time, and its decode batch when it decoded
-  // (a prefill-only step has no batch size to record).
+  // One scheduler step: its wall time, its decode batch when it decoded (a
+  // prefill-only step has no batch size to record), and its rows by kind
+  // (cortiq_engine_step_tokens_total{kind="decode|prefill"}).
   void OnStep(size_t decode_batch, size_t prefill_tokens, double seconds) override;
+  // Once per job, at its first prefill chunk: seconds since it was submitted,
+  // by front end and the job's own priority (cortiq_queue_wait_seconds).
+  void OnQueueWait(session::Frontend frontend, session::Priority priority, double seconds) override;
   void OnFirstToken(session::Frontend frontend, double ttft_seconds) override;
   void OnInterToken(session::Frontend frontend, double seconds) override;
   // The per-request series: tokens (counters and histograms) and the finish
@@ -234,8 +239,13 @@ class Metrics : public session::EngineObserver {
   PerFrontend request_generation_tokens_{};
   std::array<std::array<prometheus::Counter*, kNumFinishLabels>, session::kNumFrontends>
       finished_{};  // [frontend][finish label]
+  // [frontend][priority]: indexed by session::Frontend, session::Priority.
+  std::array<std::array<prometheus::Histogram*, session::kNumPriorities>, session::kNumFrontends>
+      queue_wait_seconds_{};
   prometheus::Histogram* step_seconds_ = nullptr;
   prometheus::Histogram* step_batch_size_ = nullptr;
+  prometheus::Counter* step_decode_tokens_ = nullptr;   // kind="decode"
+  prometheus::Counter* step_prefill_tokens_ = nullptr;  // kind="prefill"
 };
 
 // The HTTP endpoint: a prometheus::Exposer (civetweb, 2 threads) serving

@@ -101,7 +101,10 @@ absl::Status Server::Init() {
   }
   session::EngineOptions eo;
   eo.max_batch = c.max_batch;
+  eo.step_tokens = c.step_tokens;
   eo.prefill_chunk = c.prefill_chunk;
+  eo.aging_steps = c.aging_steps;
+  eo.tenant_weights = c.tenant_weights;
   eo.queue_capacity = c.queue_capacity;
   eo.max_context = c.max_context;
   eo.observer = metrics_.get();

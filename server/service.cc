@@ -129,7 +129,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
               {{"session", session_id_},
                {"prompt_tokens", static_cast<int64_t>(prompt_tokens_)},
                {"completion_tokens", static_cast<int64_t>(completion)},
-               {"finish", finish_reason_}});
+               {"finish", finish_reason_},
+               {"priority", std::string(priority_)}});
     stream_.Release();
     delete this;
   }
@@ -138,6 +139,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   absl::Status Setup(const v1::GenerateRequest& req, const Caller& caller) {
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
     session::GenerationRequest g;
+    CORTIQ_ASSIGN_OR_RETURN(g.priority, PriorityFromProto(req.priority()));
+    priority_ = session::PriorityName(g.priority);
     if (!req.prompt().empty() && req.prompt_tokens_size() > 0) {
       return absl::InvalidArgumentError("prompt: give prompt text or prompt_tokens, not both");
     }
@@ -298,6 +301,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   size_t prompt_tokens_ = 0;
   size_t summaries_sent_ = 0;  // GenerateSummary messages written (one per choice)
   std::string finish_reason_;  // empty until the job is drained
+  // PriorityName of the request's level; empty (not logged) until it parsed.
+  std::string_view priority_;
 
   std::mutex mu_;
   bool writing_ = false;

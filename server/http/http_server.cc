@@ -698,6 +698,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
     return fail(absl::InvalidArgumentError("body: not valid JSON"));
   }
   if (absl::Status st = Prepare(body, req, *caller, kind, &p); !st.ok()) return fail(st);
+  call->Add("priority", std::string(session::PriorityName(p.g.priority)));
   const size_t prompt_tokens = p.g.prompt.size();
   const Clock::time_point deadline = p.g.deadline + kDeadlineSlack;
   util::InFlight::Token in_flight = ctx_->streams_in_flight.Enter();

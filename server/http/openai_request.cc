@@ -210,6 +210,16 @@ absl::StatusOr<CommonRequest> ParseCommon(const Json& body, bool chat) {
   if (const Json* v = Member(body, "min_tokens")) {
     CORTIQ_ASSIGN_OR_RETURN(g.min_tokens, Count(*v, "min_tokens"));
   }
+  // Ours: the scheduling level (GenerateRequest.priority). Names only: vLLM
+  // takes an integer `priority` where LOWER is served first (default 0), so
+  // an integer here would mean the opposite to a client written for vLLM —
+  // refused with a message rather than guessed.
+  if (const Json* v = Member(body, "priority")) {
+    const std::optional<session::Priority> p =
+        v->is_string() ? session::ParsePriority(v->get<std::string>()) : std::nullopt;
+    if (!p) return FieldError("priority", "must be \"low\", \"normal\" or \"high\"");
+    g.priority = *p;
+  }
   if (const Json* v = Member(body, "stop_token_ids")) {
     if (!v->is_array()) return FieldError("stop_token_ids", "must be a list of token ids");
     for (size_t i = 0; i < v->size(); ++i) {

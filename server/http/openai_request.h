@@ -2,7 +2,8 @@
 // engine takes (session::GenerationRequest) and what the answer needs
 // (OutputOptions). Field by field as the OpenAI API reference has them, plus
 // the extensions vLLM accepts (top_k, min_p, repetition_penalty, ignore_eos,
-// min_tokens, stop_token_ids, chat_template_kwargs, add_generation_prompt).
+// min_tokens, stop_token_ids, chat_template_kwargs, add_generation_prompt),
+// and Cortiq's own priority.
 // Unknown fields are ignored, as the reference's servers do.
 //
 // Only the JSON is read here: a field of the wrong type, or a value the API
@@ -53,7 +54,8 @@ struct CommonRequest {
 // Reads model, stream, stream_options, max_tokens (chat: also
 // max_completion_tokens, which wins), temperature, top_p, seed, stop, n,
 // presence_penalty, frequency_penalty, logit_bias, user, top_k, min_p,
-// repetition_penalty, ignore_eos, min_tokens, stop_token_ids. `chat`
+// repetition_penalty, ignore_eos, min_tokens, stop_token_ids, and ours:
+// priority ("low" | "normal" | "high"; an integer is refused). `chat`
 // selects the logprobs shape (chat: logprobs bool + top_logprobs;
 // completions: logprobs = the number of top entries).
 absl::StatusOr<CommonRequest> ParseCommon(const Json& body, bool chat);

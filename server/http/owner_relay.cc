@@ -10,6 +10,7 @@
 #include "core/util/tsan_annotations.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/call_util.h"
 #include "server/forward.h"
 #include "server/forwarding.h"
 #include "server/peer_dialer.h"
@@ -77,6 +78,7 @@ v1::GenerateRequest ToRequest(const session::GenerationRequest& g, const Generat
   r.set_min_tokens(static_cast<uint32_t>(g.min_tokens));
   r.set_n(static_cast<uint32_t>(g.n));
   r.set_reuse_prefix(g.reuse_prefix);
+  r.set_priority(ToProto(g.priority));
   r.set_session_id(t.session_id);
   r.set_create_if_missing(t.create_if_missing);
   r.set_keep_session(t.keep_session);

@@ -15,7 +15,7 @@
 // request's traceparent, the request's deadline; the request is the prepared
 // session::GenerationRequest as a GenerateRequest (prompt_tokens, sampling
 // with penalties and logit_bias, stop, stop_token_ids, min_tokens, n,
-// logprobs / top_logprobs, ignore_eos, reuse_prefix) with session_id,
+// logprobs / top_logprobs, ignore_eos, reuse_prefix, priority) with session_id,
 // create_if_missing and keep_session. Its events come back as a
 // GenerationStream, so the answer is written as a local one is.
 //

@@ -12,7 +12,9 @@
   tokens/s, TTFT and inter-token percentiles, migrations, refusals, batch size,
   and the per-request series (queue / prefill / decode time and TTFT /
   inter-token by front end, tokens per request, finish reasons, memory
-  utilisation, HTTP requests by route and status and their duration).
+  utilisation, HTTP requests by route and status and their duration), and
+  the scheduler (waiting jobs by priority, step rows against the budget,
+  queue wait p50/p99 by priority, step rows by kind).
 * With promtool, every dashboard expression (Grafana variables substituted)
   is valid PromQL: they are checked as recording rules.
 """
@@ -176,6 +178,12 @@ def main():
         "memory utilisation ratio": r"cortiq_memory_utilization_ratio\b",
         "HTTP requests by route and status": r"by \(route, status\) \(rate\(cortiq_http_requests_total",
         "HTTP duration by route": r"sum by \(le, route\) \(rate\(cortiq_http_request_duration_seconds_bucket",
+        # The scheduler (issue 19).
+        "waiting jobs by priority": r"sum by \(priority\) \(cortiq_engine_waiting_jobs",
+        "step rows vs the budget": r"cortiq_engine_step_rows\b[\s\S]*cortiq_engine_step_token_budget\b",
+        "queue wait p50 by priority": r"histogram_quantile\(0\.5, sum by \(le, priority\) \(rate\(cortiq_queue_wait_seconds_bucket",
+        "queue wait p99 by priority": r"histogram_quantile\(0\.99, sum by \(le, priority\) \(rate\(cortiq_queue_wait_seconds_bucket",
+        "step rows by kind": r"by \(kind\) \(rate\(cortiq_engine_step_tokens_total",
     }
     for what, pattern in wanted.items():
         check(re.search(pattern, joined) is not None, f"the dashboard shows {what}")

@@ -12,10 +12,12 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
+#include "core/session/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/usage_error.h"
@@ -74,6 +76,9 @@ std::string Text(size_t v) { return std::to_string(v); }
 std::string Text(std::chrono::milliseconds v) { return std::to_string(v.count()) + "ms"; }
 std::string Text(kv::O1Rect v) { return kv::O1RectName(v); }
 std::string Text(const std::vector<std::string>& v) { return absl::StrJoin(v, ","); }
+std::string Text(const std::vector<std::pair<std::string, double>>& v) {
+  return absl::StrJoin(v, ",", absl::PairFormatter("="));
+}
 template <typename T>
 std::string Text(const std::optional<T>& v) {
   return v.has_value() ? Text(*v) : "-";
@@ -112,7 +117,10 @@ Fields FieldsOf(const ServerConfig& c) {
       {"max-concurrent-imports", Text(c.max_concurrent_imports)},
       {"import-idle-timeout", Text(c.import_idle_timeout)},
       {"max-batch", Text(c.max_batch)},
+      {"step-tokens", Text(c.step_tokens)},
       {"prefill-chunk", Text(c.prefill_chunk)},
+      {"aging-steps", Text(c.aging_steps)},
+      {"tenant-weights", Text(c.tenant_weights)},
       {"queue-capacity", Text(c.queue_capacity)},
       {"grace", Text(c.grace)},
       {"peers", Text(c.peers)},
@@ -175,7 +183,10 @@ TEST_F(ConfigTest, Defaults) {
       {"max-concurrent-imports", "4"},
       {"import-idle-timeout", "30000ms"},
       {"max-batch", "32"},
-      {"prefill-chunk", "256"},
+      {"step-tokens", "256"},
+      {"prefill-chunk", "64"},
+      {"aging-steps", "64"},
+      {"tenant-weights", ""},
       {"queue-capacity", "64"},
       {"grace", "10000ms"},
       {"peers", ""},
@@ -240,7 +251,10 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"import-idle-timeout", "0.5", "500ms"},
       {"max-batch", "4", "4"},
       {"max-n", "3", "3"},
+      {"step-tokens", "512", "512"},
       {"prefill-chunk", "128", "128"},
+      {"aging-steps", "8", "8"},
+      {"tenant-weights", "alice=2, bob.x-1 = 0.5", "alice=2,bob.x-1=0.5"},
       {"queue-capacity", "16", "16"},
       {"grace", "30", "30000ms"},
       {"peers", "a:1,b:2", "a:1,b:2"},
@@ -314,6 +328,8 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--max-n=0"}, "--max-n: must be at least 1");
   ExpectUsageError({"--max-batch=4", "--max-n=5"}, "--max-n: 5 is above --max-batch 4");
   ExpectUsageError({"--prefill-chunk", "0"}, "--prefill-chunk: must be at least 1");
+  ExpectUsageError({"--step-tokens", "0"}, "--step-tokens: must be at least 1");
+  ExpectUsageError({"--aging-steps", "0"}, "--aging-steps: must be at least 1");
   ExpectUsageError({"--queue-capacity", "0"}, "--queue-capacity: must be at least 1");
   ExpectUsageError({"--max-tokens", "0"}, "--max-tokens: must be at least 1 (got \"0\")");
   ExpectUsageError({"--memory-budget", "8GB"}, "--memory-budget: expected a byte size");
@@ -339,6 +355,58 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--drain-timeout", "0"}, "--drain-timeout: must be > 0");
   ExpectUsageError({"--tls-cert", "c.pem"}, "--tls-cert and --tls-key");
   ExpectUsageError({"--auth-token-file", "/nonexistent/token"}, "--auth-token-file: cannot read");
+}
+
+// --prefill-chunk is at most --step-tokens (a step takes whole chunks): an
+// explicit larger one is refused naming both; the default 64 is lowered to
+// a smaller --step-tokens.
+TEST_F(ConfigTest, PrefillChunkFitsTheStepBudget) {
+  ExpectUsageError({"--prefill-chunk", "300"}, "--prefill-chunk: 300 is above --step-tokens 256");
+  ExpectUsageError({"--step-tokens", "32", "--prefill-chunk", "33"},
+                   "--prefill-chunk: 33 is above --step-tokens 32");
+  absl::StatusOr<ServerConfig> c = Parse({"--step-tokens", "32"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prefill_chunk, 32u);
+  c = Parse({"--step-tokens", "32", "--prefill-chunk", "32"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prefill_chunk, 32u);
+  c = Parse({"--step-tokens", "1024"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prefill_chunk, 64u);
+  for (const char* needle :
+       {"--step-tokens N", "--prefill-chunk N", "--aging-steps N", "--tenant-weights NAME=W"}) {
+    EXPECT_THAT(ServerUsage(), HasSubstr(needle));
+  }
+}
+
+// --tenant-weights: tenant names as the token file's, each once; weights
+// finite, > 0 and <= 1e6; every error names the flag and what is wrong.
+TEST_F(ConfigTest, TenantWeights) {
+  absl::StatusOr<ServerConfig> c = Parse({"--tenant-weights", "a=1e6,b_2=0.001,C.d=3"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->tenant_weights, ElementsAre(std::pair<std::string, double>("a", 1e6),
+                                             std::pair<std::string, double>("b_2", 0.001),
+                                             std::pair<std::string, double>("C.d", 3)));
+  const std::string long_name(session::kMaxTenantBytes + 1, 'x');
+  const std::string max_name(session::kMaxTenantBytes, 'x');
+  c = Parse({"--tenant-weights", max_name + "=1"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tenant_weights.at(0).first, max_name);
+  const std::string flag = "--tenant-weights: ";
+  ExpectUsageError({"--tenant-weights", "alice"}, flag + "expected NAME=WEIGHT");
+  ExpectUsageError({"--tenant-weights", "=2"}, flag + "'' is not a tenant name");
+  ExpectUsageError({"--tenant-weights", "al ice=2"}, flag + "'al ice' is not a tenant name");
+  ExpectUsageError({"--tenant-weights", "al/ice=2"}, "'al/ice' is not a tenant name (1 to 64");
+  ExpectUsageError({"--tenant-weights", long_name + "=2"}, "is not a tenant name");
+  ExpectUsageError({"--tenant-weights", "alice=1,bob=2,alice=3"},
+                   flag + "tenant 'alice' is given twice");
+  ExpectUsageError({"--tenant-weights", "alice=1,,bob=2"}, flag + "empty item at position 2");
+  ExpectUsageError({"--tenant-weights", ""}, flag + "empty item at position 1");
+  for (const char* w : {"0", "-1", "nan", "inf", "1e7", "1000001", "x", "", "0x10"}) {
+    SCOPED_TRACE(w);
+    ExpectUsageError({"--tenant-weights", std::string("alice=") + w},
+                     flag + "the weight of tenant 'alice' must be a number > 0 and <= 1000000");
+  }
 }
 
 TEST_F(ConfigTest, EnvironmentFallbacks) {

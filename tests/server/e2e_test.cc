@@ -298,6 +298,16 @@ TEST_F(E2eTest, BadInputGetsInvalidArgumentNamingTheFieldAndChangesNothing) {
          r.add_prompt_tokens(259);
        }, "prompt_tokens[1]"},
       {"oversize prompt", [](auto& r) { r.set_prompt(std::string(1001, 'a')); }, "--max-prompt-bytes"},
+      {"unknown priority",
+       [](auto& r) { r.set_priority(static_cast<v1::Priority>(9)); },
+       "priority: unknown value 9 (PRIORITY_UNSPECIFIED = 0 (normal) | PRIORITY_LOW = 1 | "
+       "PRIORITY_NORMAL = 2 | PRIORITY_HIGH = 3)"},
+      {"negative priority", [](auto& r) { r.set_priority(static_cast<v1::Priority>(-1)); },
+       "priority: unknown value -1"},
+      {"continued, unknown priority", [id](auto& r) {
+         r.set_session_id(id);
+         r.set_priority(static_cast<v1::Priority>(4));
+       }, "priority: unknown value 4"},
       {"stop too long", [](auto& r) { r.add_stop(std::string(300, 's')); }, "stop[0]"},
       {"continued, over context", [id](auto& r) {
          r.set_session_id(id);
@@ -323,6 +333,41 @@ TEST_F(E2eTest, BadInputGetsInvalidArgumentNamingTheFieldAndChangesNothing) {
   grpc::ClientContext ctx;
   v1::SessionInfo info;
   ExpectCode(stub_->GetSession(&ctx, {}, &info), grpc::StatusCode::INVALID_ARGUMENT, "session_id");
+}
+
+// Every priority level is accepted and generates; priority is scheduling
+// only, so a greedy request gives the same tokens at every level, alone or
+// with streams of other levels running beside it.
+TEST_F(E2eTest, EveryPriorityLevelGeneratesTheSameTokens) {
+  StartServer();
+  const v1::GenerateRequest base = Greedy("priority", 8);
+  const Stream plain = Generate(base);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_EQ(plain.ids.size(), 8u);
+  const std::vector<v1::Priority> levels = {v1::PRIORITY_UNSPECIFIED, v1::PRIORITY_LOW,
+                                            v1::PRIORITY_NORMAL, v1::PRIORITY_HIGH};
+  for (v1::Priority p : levels) {
+    SCOPED_TRACE(v1::Priority_Name(p));
+    v1::GenerateRequest r = base;
+    r.set_priority(p);
+    const Stream s = Generate(r);
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+    EXPECT_EQ(s.ids, plain.ids);
+    EXPECT_EQ(s.summary->finish_reason(), v1::FINISH_REASON_LENGTH);
+  }
+  // Concurrently: one stream per level, each with the lone answer.
+  std::vector<std::future<Stream>> running;
+  for (v1::Priority p : levels) {
+    v1::GenerateRequest r = base;
+    r.set_priority(p);
+    running.push_back(std::async(std::launch::async, [this, r] { return Generate(r); }));
+  }
+  for (auto& f : running) {
+    const Stream s = f.get();
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+    EXPECT_EQ(s.ids, plain.ids);
+  }
+  EXPECT_TRUE(WaitNoSessions());
 }
 
 TEST_F(E2eTest, PromptBeyondTheContextIsRefused) {

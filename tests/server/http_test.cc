@@ -238,6 +238,26 @@ TEST(HttpTest, CompletionMatchesGrpcAndStreams) {
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
 
+  // Every priority: scheduling only, the same tokens (whole and streamed).
+  for (const char* p : {"low", "normal", "high"}) {
+    SCOPED_TRACE(p);
+    Json prio = Greedy("Call me Ishmael.", 12);
+    prio["priority"] = p;
+    const Reply pr = Post(n, "/v1/completions", prio);
+    ASSERT_EQ(pr.status, 200) << pr.body;
+    EXPECT_EQ(pr.json()["choices"][0]["text"], text);
+  }
+  Json high_stream = s;
+  high_stream["priority"] = "high";
+  const Reply hs = Post(n, "/v1/completions", high_stream);
+  ASSERT_EQ(hs.status, 200) << hs.body;
+  EXPECT_EQ(SseData(hs.body).size(), data.size());
+  v1::GenerateRequest low = g;
+  low.set_priority(v1::PRIORITY_LOW);
+  testing::StreamOut low_out = testing::RunGenerate(*n.node.stub, low);
+  ASSERT_TRUE(low_out.status.ok()) << low_out.status.error_message();
+  EXPECT_EQ(low_out.ids, grpc_out.ids);
+
   // A prompt as token ids is the same prompt.
   Json ids = Greedy("", 12);
   ids["prompt"] = Json::array();
@@ -345,6 +365,20 @@ TEST(HttpTest, BadRequestsNameTheField) {
   ExpectError(Post(n, "/v1/completions", with(ok, "echo", true)), 400, "echo");
   ExpectError(Post(n, "/v1/completions", with(ok, "best_of", 2)), 400, "best_of");
   ExpectError(Post(n, "/v1/completions", with(ok, "model", "gpt-4")), 404, "model");
+  // priority: a level's name; vLLM's integer (lower = sooner) is refused.
+  for (const Json& bad : {Json("urgent"), Json("High"), Json(2), Json(0)}) {
+    SCOPED_TRACE(bad.dump());
+    const Json e =
+        ExpectError(Post(n, "/v1/completions", with(ok, "priority", bad)), 400, "priority");
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_EQ(e["message"], R"(priority: must be "low", "normal" or "high")");
+  }
+  Json chat_bad = {{"model", "cortiq-byte-4m"},
+                   {"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})},
+                   {"max_tokens", 2},
+                   {"priority", 1}};
+  ExpectError(Post(n, "/v1/chat/completions", chat_bad), 400, "priority");
+  EXPECT_EQ(n.server().store().num_sessions(), 0u);  // nothing was created
   Json none = ok;
   none.erase("prompt");
   ExpectError(Post(n, "/v1/completions", none), 400, "prompt");

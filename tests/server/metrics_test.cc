@@ -448,10 +448,11 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndLowCardinalityLabels) {
     ++families;
     EXPECT_EQ(family.rfind("cortiq_", 0), 0u) << family;
   }
-  EXPECT_EQ(families, 33u);  // docs/METRICS.md lists 37; no engine attached here (4)
-  const std::set<std::string> allowed = {
-      "kind",  "reason", "rpc",      "code",            "le",    "direction", "result", "version",
-      "model", "copy",   "frontend", "finished_reason", "route", "status",    "tenant"};
+  EXPECT_EQ(families, 35u);  // docs/METRICS.md lists 42; no engine attached here (7)
+  const std::set<std::string> allowed = {"kind",  "reason",    "rpc",      "code",
+                                         "le",    "direction", "result",   "version",
+                                         "model", "copy",      "frontend", "finished_reason",
+                                         "route", "status",    "tenant",   "priority"};
   for (const Sample& s : e.samples) {
     if (!ours(s.name)) continue;
     for (const auto& [k, v] : s.labels) EXPECT_TRUE(allowed.count(k)) << s.name << " " << k;
@@ -495,6 +496,25 @@ TEST_F(MetricsTest, EngineObserverAndGauges) {
   EXPECT_EQ(e.Value("cortiq_engine_queue_depth"), 0);
   EXPECT_EQ(e.Value("cortiq_engine_batch_size"), static_cast<double>(engine.last_batch()));
   EXPECT_EQ(e.type["cortiq_engine_steps_total"], "counter");
+  // The scheduler's gauges: the step budget, the last step's rows, the
+  // waiting queue by priority (every level, empty now).
+  EXPECT_EQ(e.Value("cortiq_engine_step_token_budget"), 256);
+  EXPECT_EQ(e.Value("cortiq_engine_step_token_budget"), static_cast<double>(engine.step_tokens()));
+  EXPECT_EQ(e.Value("cortiq_engine_step_rows"), static_cast<double>(engine.last_step_tokens()));
+  EXPECT_EQ(e.type["cortiq_engine_step_rows"], "gauge");
+  EXPECT_EQ(e.All("cortiq_engine_waiting_jobs").size(), session::kNumPriorities);
+  for (const char* p : {"low", "normal", "high"}) {
+    EXPECT_EQ(e.Value("cortiq_engine_waiting_jobs", {{"priority", p}}),
+              static_cast<double>(engine.waiting_jobs(*session::ParsePriority(p))))
+        << p;
+  }
+  // Step rows by kind: every decode row the batch-size histogram saw, and
+  // the prompt absorbed once.
+  EXPECT_EQ(e.Value("cortiq_engine_step_tokens_total", {{"kind", "decode"}}),
+            e.Value("cortiq_engine_step_batch_size_sum"));
+  EXPECT_GE(e.Value("cortiq_engine_step_tokens_total", {{"kind", "decode"}}), 5);
+  EXPECT_EQ(e.Value("cortiq_engine_step_tokens_total", {{"kind", "prefill"}}),
+            static_cast<double>(r.prompt_tokens - r.cached_tokens));
   // The session the job filled is still live, and the gauge says exactly how big.
   EXPECT_EQ(e.Value("cortiq_session_memory_bytes", Kind(MemoryKind::kKvF32)),
             static_cast<double>(store_->MemoryByKindTotal()[MemoryKind::kKvF32]));
@@ -506,6 +526,75 @@ TEST_F(MetricsTest, EngineObserverAndGauges) {
   e = Scrape();
   EXPECT_FALSE(e.Get("cortiq_engine_steps_total").has_value());
   EXPECT_FALSE(e.Get("cortiq_engine_queue_depth").has_value());
+  EXPECT_TRUE(e.All("cortiq_engine_waiting_jobs").empty());
+  EXPECT_FALSE(e.Get("cortiq_engine_step_rows").has_value());
+  EXPECT_FALSE(e.Get("cortiq_engine_step_token_budget").has_value());
+}
+
+// The queue wait (OnQueueWait: once per job, at its first prefill chunk) by
+// front end and the job's priority: all six children from start-up, each
+// observation in its own child only.
+TEST_F(MetricsTest, QueueWaitByFrontendAndPriority) {
+  using session::Priority;
+  Exposition e = Scrape();
+  EXPECT_EQ(e.type["cortiq_queue_wait_seconds"], "histogram");
+  EXPECT_EQ(e.All("cortiq_queue_wait_seconds_count").size(),
+            session::kNumFrontends * session::kNumPriorities);
+  for (const Sample* s : e.All("cortiq_queue_wait_seconds_count")) EXPECT_EQ(s->value, 0);
+
+  struct Wait {
+    Frontend frontend;
+    Priority priority;
+    double seconds;
+  };
+  const std::vector<Wait> waits = {
+      {Frontend::kGrpc, Priority::kHigh, 0.002},  {Frontend::kGrpc, Priority::kHigh, 0.004},
+      {Frontend::kGrpc, Priority::kLow, 3.5},     {Frontend::kHttp, Priority::kNormal, 0.2},
+      {Frontend::kHttp, Priority::kLow, 12.0},    {Frontend::kHttp, Priority::kLow, 0.03},
+      {Frontend::kGrpc, Priority::kNormal, 0.07},
+  };
+  std::map<std::pair<std::string, std::string>, std::pair<double, double>> want;  // count, sum
+  for (const Wait& w : waits) {
+    metrics_->OnQueueWait(w.frontend, w.priority, w.seconds);
+    auto& [count, sum] = want[{std::string(session::FrontendName(w.frontend)),
+                               std::string(session::PriorityName(w.priority))}];
+    count += 1;
+    sum += w.seconds;
+  }
+  e = Scrape();
+  for (const char* f : {"grpc", "http"}) {
+    for (const char* p : {"low", "normal", "high"}) {
+      const std::map<std::string, std::string> labels = {{"frontend", f}, {"priority", p}};
+      const auto [count, sum] = want[{f, p}];
+      EXPECT_EQ(e.Value("cortiq_queue_wait_seconds_count", labels), count) << f << " " << p;
+      EXPECT_NEAR(e.Value("cortiq_queue_wait_seconds_sum", labels), sum, 1e-12) << f << " " << p;
+    }
+  }
+  // TTFT buckets: the 12 s wait is above 10, the 3.5 s one below 5.
+  EXPECT_EQ(e.Value("cortiq_queue_wait_seconds_bucket",
+                    {{"frontend", "http"}, {"priority", "low"}, {"le", "10"}}),
+            1);
+  EXPECT_EQ(e.Value("cortiq_queue_wait_seconds_bucket",
+                    {{"frontend", "grpc"}, {"priority", "low"}, {"le", "5"}}),
+            1);
+  EXPECT_EQ(e.Value("cortiq_queue_wait_seconds_bucket",
+                    {{"frontend", "grpc"}, {"priority", "high"}, {"le", "0.005"}}),
+            2);
+}
+
+// OnStep counts its rows by kind (a step's decode rows and its prefill
+// tokens), and a step without one kind adds nothing to it.
+TEST_F(MetricsTest, StepTokensByKind) {
+  metrics_->OnStep(4, 0, 0.01);
+  metrics_->OnStep(0, 64, 0.02);
+  metrics_->OnStep(3, 128, 0.03);
+  Exposition e = Scrape();
+  EXPECT_EQ(e.type["cortiq_engine_step_tokens_total"], "counter");
+  EXPECT_EQ(e.All("cortiq_engine_step_tokens_total").size(), 2u);
+  EXPECT_EQ(e.Value("cortiq_engine_step_tokens_total", {{"kind", "decode"}}), 7);
+  EXPECT_EQ(e.Value("cortiq_engine_step_tokens_total", {{"kind", "prefill"}}), 192);
+  EXPECT_EQ(e.Value("cortiq_engine_step_batch_size_count"), 2);  // the steps that decoded
+  EXPECT_EQ(e.Value("cortiq_engine_step_seconds_count"), 3);
 }
 
 // Each finished job lands once in the finish-reason counter and the
@@ -864,6 +953,11 @@ TEST(MetricsNoSources, OnlyEventFamilies) {
   Exposition e = Parse(HttpGet((*http)->port()));
   EXPECT_TRUE(e.All("cortiq_session_memory_bytes").empty());
   EXPECT_TRUE(e.All("cortiq_engine_batch_size").empty());
+  EXPECT_TRUE(e.All("cortiq_engine_waiting_jobs").empty());
+  EXPECT_TRUE(e.All("cortiq_engine_step_rows").empty());
+  EXPECT_EQ(e.All("cortiq_queue_wait_seconds_count").size(),
+            session::kNumFrontends * session::kNumPriorities);
+  EXPECT_EQ(e.All("cortiq_engine_step_tokens_total").size(), 2u);
   EXPECT_TRUE(e.All("cortiq_qsa_backend_live_bytes").empty());
   EXPECT_TRUE(e.All("cortiq_model_weight_bytes").empty());
   EXPECT_EQ(e.All("cortiq_requests_total").size(), kNumRpcs * kNumGrpcCodes);
@@ -887,6 +981,7 @@ TEST(MetricsHotPath, NoAllocation) {
     metrics.OnStep(static_cast<size_t>(i % 9), 3, 0.002);
     metrics.OnFirstToken(Frontend::kHttp, 0.5);
     metrics.OnInterToken(Frontend::kGrpc, 0.01);
+    metrics.OnQueueWait(Frontend::kHttp, static_cast<session::Priority>(i % 3), 0.001 * i);
     metrics.OnFinish(Frontend::kGrpc, FinishReason::kEos, absl::OkStatus(), result);
     metrics.OnFinish(Frontend::kHttp, FinishReason::kNone, failed, result);
     metrics.ObserveHttpRequest("/v1/completions", 200 + i, 0.01);

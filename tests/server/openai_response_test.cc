@@ -241,6 +241,32 @@ TEST(OpenAiRequestTest, CommonControls) {
   EXPECT_FALSE(ParseCommon(Json::parse(R"([1])"), true).ok());
 }
 
+// "priority": one of the level names, on both endpoints; absent or null is
+// normal; an integer (vLLM's field, where lower is sooner), another name or
+// another case is refused naming the field.
+TEST(OpenAiRequestTest, Priority) {
+  using session::Priority;
+  for (bool chat : {true, false}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    auto parse = [chat](const char* body) { return ParseCommon(Json::parse(body), chat); };
+    EXPECT_EQ(parse(R"({})")->g.priority, Priority::kNormal);
+    EXPECT_EQ(parse(R"({"priority":null})")->g.priority, Priority::kNormal);
+    EXPECT_EQ(parse(R"({"priority":"low"})")->g.priority, Priority::kLow);
+    EXPECT_EQ(parse(R"({"priority":"normal"})")->g.priority, Priority::kNormal);
+    EXPECT_EQ(parse(R"({"priority":"high"})")->g.priority, Priority::kHigh);
+    for (const char* bad :
+         {R"({"priority":0})", R"({"priority":2})", R"({"priority":-1})", R"({"priority":"HIGH"})",
+          R"({"priority":"urgent"})", R"({"priority":""})", R"({"priority":["high"]})",
+          R"({"priority":true})"}) {
+      SCOPED_TRACE(bad);
+      auto r = parse(bad);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(r.status().message(), R"(priority: must be "low", "normal" or "high")");
+    }
+  }
+}
+
 TEST(OpenAiRequestTest, ConversationIds) {
   const std::string id = ConversationSessionId("alice", "chat-1");
   EXPECT_EQ(id.size(), 32u);

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -225,15 +226,27 @@ TEST_F(LogTest, ServerLinesAreJsonWithPeerTraceparentAndNoPromptText) {
     req.set_max_tokens(4);
     req.set_ignore_eos(true);
     req.add_stop("THE-STOP-TEXT");
+    req.set_priority(v1::PRIORITY_HIGH);
     EXPECT_TRUE(testing::RunGenerate(*n.stub, req).status.ok());
+  }
+  {  // refused for its priority: the line has no level to name
+    v1::GenerateRequest req;
+    req.set_prompt("x");
+    req.set_max_tokens(1);
+    req.set_priority(static_cast<v1::Priority>(7));
+    EXPECT_EQ(testing::RunGenerate(*n.stub, req).status.error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
   }
   n.server->Shutdown(std::chrono::milliseconds(0));  // every stream's line is written
 
   std::map<std::string, json> by_rpc;
   size_t others = 0;
+  std::optional<json> refused;
   for (const json& j : JsonLines()) {
     ASSERT_TRUE(j.contains("ts") && j.contains("level")) << j.dump();
-    if (j.contains("rpc")) {
+    if (j.contains("rpc") && j.at("code") == "INVALID_ARGUMENT") {
+      refused = j;
+    } else if (j.contains("rpc")) {
       by_rpc[j.at("rpc").get<std::string>()] = j;
     } else {
       EXPECT_TRUE(j.at("msg").is_string()) << j.dump();  // startup, stop
@@ -261,6 +274,12 @@ TEST_F(LogTest, ServerLinesAreJsonWithPeerTraceparentAndNoPromptText) {
   EXPECT_GT(gen.at("prompt_tokens").get<int64_t>(), 0);
   EXPECT_EQ(gen.at("completion_tokens"), 4);
   EXPECT_TRUE(gen.at("session").is_string());
+  EXPECT_EQ(gen.at("priority"), "high");
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->at("rpc"), "Generate");
+  EXPECT_FALSE(refused->contains("priority")) << refused->dump();
+  EXPECT_NE(refused->at("error").get<std::string>().find("priority: unknown value 7"),
+            std::string::npos);
 
   const std::string all = sink_->All();
   EXPECT_EQ(all.find("THE-PROMPT-TEXT"), std::string::npos);
