@@ -6,7 +6,8 @@
 # called, none of the turns sent to the owner); --chat-turns (the same replies
 # with reuse_prefix and without, the session holding the conversation from
 # turn 2); the one-server mode still
-# runs; usage errors exit 2. The figures themselves are not judged.
+# runs; --long-prompt and --tenants (the scheduler's scenarios, engine in
+# process) print their tables; usage errors exit 2. The figures themselves are not judged.
 #   bench_server_test.sh PATH/TO/cortiq-bench-server MODEL_DIR
 set -euo pipefail
 BENCH="$1"
@@ -44,7 +45,31 @@ PROMPT="$(awk '$1 == 2 && NF == 6 { print $2 }' <<<"$OUT")"
   fail "--chat-turns turn 2 cached $CACHED of $PROMPT: $OUT"
 grep -q '^CPU .*; kernels [a-z0-9]*;' <<<"$OUT" || fail "--chat-turns machine line: $OUT"
 
-for args in "--hop --cluster 3" "--cluster 1" "--cluster 27" "--chat-turns 2 --hop"; do
+# --long-prompt: one row per step budget; every budget's window held steps
+# that mixed decode rows with the long prompt's chunks, none beyond the
+# engine's bound on a step.
+OUT="$("$BENCH" "${SMALL[@]}" --long-prompt 300 --streams 3 --step-tokens 24,64 --prefill-chunk 16 --rounds 1)" ||
+  fail "--long-prompt exited $?: $OUT"
+for b in 24 64; do
+  grep -Eq "^\| $b \| [0-9.]+ \| [0-9.]+ / [0-9.]+ \| [0-9.]+ / [0-9.]+ \| [0-9.]+ \([0-9]+, [0-9]+\) \| [0-9.]+x \|\$" <<<"$OUT" ||
+    fail "--long-prompt row $b: $OUT"
+  grep -Eq "^step tokens $b: ITL p99 during the long prefill [0-9.]+ ms = [0-9.]+x the mean mixed step .* within max" <<<"$OUT" ||
+    fail "--long-prompt line $b: $OUT"
+done
+
+# --tenants: the three phases, and both tenants served when both are backlogged.
+OUT="$("$BENCH" "${SMALL[@]}" --tenants --streams 2 --max-batch 2 --tenant-weights flood=3,light=1 --rounds 1)" ||
+  fail "--tenants exited $?: $OUT"
+for phase in "light alone" "flood \\+ light now and then" "both backlogged"; do
+  grep -Eq "^\| $phase \| [0-9.]+ \| [0-9.]+x \| [0-9.]+ / [0-9.]+ \| [0-9.]+ / [0-9.]+ \|\$" <<<"$OUT" ||
+    fail "--tenants row '$phase': $OUT"
+done
+grep -Eq "^light's TTFT p50 under the flood: [0-9.]+x alone" <<<"$OUT" || fail "--tenants ttft line: $OUT"
+grep -Eq '^both backlogged: light got [1-9][0-9.]* % of the generated tokens and [1-9][0-9.]* % of the prompt tokens absorbed; its weight share is 25.0 %' <<<"$OUT" ||
+  fail "--tenants shares line: $OUT"
+
+for args in "--hop --cluster 3" "--cluster 1" "--cluster 27" "--chat-turns 2 --hop" \
+  "--tenants --long-prompt 10"; do
   set +e
   ERR="$("$BENCH" $args 2>&1)"
   RC=$?
@@ -52,6 +77,17 @@ for args in "--hop --cluster 3" "--cluster 1" "--cluster 27" "--chat-turns 2 --h
   [ "$RC" -eq 2 ] || fail "'$args' exited $RC, not 2: $ERR"
   grep -q -- '--cluster\|--chat-turns' <<<"$ERR" || fail "'$args' message names no flag: $ERR"
 done
+# Several step budgets are one engine each: only --long-prompt runs them.
+set +e
+ERR="$("$BENCH" "${SMALL[@]}" --step-tokens 32,64 2>&1)"
+RC=$?
+set -e
+[ "$RC" -eq 2 ] && grep -q -- '--step-tokens: one value' <<<"$ERR" || fail "--step-tokens list: $RC $ERR"
+set +e
+ERR="$("$BENCH" --tenants --tenant-weights flood=0 2>&1)"
+RC=$?
+set -e
+[ "$RC" -eq 2 ] && grep -q -- '--tenant-weights' <<<"$ERR" || fail "--tenant-weights 0: $RC $ERR"
 # The kept sessions would outgrow the byte model's context: refused before a turn.
 set +e
 ERR="$("$BENCH" "${SMALL[@]}" --hop --rounds 100000 2>&1)"

@@ -3,17 +3,25 @@
 //
 //   cortiq-bench-server [--shape qwen3-0.6b] [--dtype bf16] [--model DIR]
 //                       [--streams 1,4,8,16] [--max-tokens 64] [--prompt-tokens 32]
-//                       [--rounds 2] [--threads N] [--hop | --cluster 3 | --chat-turns 10]
+//                       [--rounds 2] [--threads N] [--max-batch 32] [--step-tokens N[,N...]]
+//                       [--prefill-chunk N] [--aging-steps N] [--tenant-weights T=W,...]
+//                       [--hop | --cluster 3 | --chat-turns 10 | --long-prompt 2000 | --tenants]
 //
-// Without --hop or --cluster, one server:
+// The scheduler's settings (--max-batch, --step-tokens, --prefill-chunk,
+// --aging-steps, --tenant-weights; issue 19) go to every server this bench
+// starts (ApplySchedulerFlags: a flag the server does not take yet is a
+// usage error), and to the in-process engine of --long-prompt and --tenants.
+//
+// Without a mode flag, one server:
 // 1. In-process engine, one stream: decode tokens/s of one job (Engine
 //    directly, no gRPC).
 // 2. The same request through a real server on 127.0.0.1 (gRPC streaming,
 //    client in this process): tokens/s seen by the client; the overhead is
 //    1 - server / in-process.
-// 3. N concurrent streams for each N: aggregate tokens/s (all tokens / wall
-//    time), its ratio to one stream, and time to first token p50 / p99 as the
-//    clients see it.
+// 3. N concurrent streams for each N, all released at once: aggregate
+//    tokens/s (all tokens / wall time), its ratio to one stream, time to
+//    first token p50 / p99 as the clients see it, and the p50's ratio to the
+//    one-stream time to first token of 2.
 //
 // --hop: one extra hop. Two nodes A and B in this process, peers of each
 // other; two kept sessions on B, fed the same greedy turns, one turn after
@@ -38,6 +46,17 @@
 // to a fresh one-shot session that prefills all of it. Time to first token
 // per turn, side by side, and turn N's ratio.
 //
+// --long-prompt N and --tenants run an engine in this process (no gRPC:
+// the scheduler's choice of rows is what they measure; scheduler_bench.h):
+// --long-prompt N: the largest --streams count (8 without --streams) of
+// streams decode; once all do, an N-token prompt arrives: its time to first
+// token and the streams' inter-token latency during its prefill and outside,
+// for each --step-tokens value (one engine per value). --tenants: tenant
+// flood (the same count of clients, resubmitting) against tenant light (one
+// client now and then): light's time to first token alone and under the
+// flood, and each tenant's share of generated and prompt tokens, both
+// backlogged, against --tenant-weights (default flood=1,light=1).
+//
 // A random checkpoint of the shape is written to /tmp unless --model is given.
 // Every node loads it (the file is mmap'ed: the page cache is shared, each
 // node's converted weights are not).
@@ -52,6 +71,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <latch>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +83,7 @@
 #include "server/server.h"
 #include "server/session_router.h"
 #include "spdlog/spdlog.h"
+#include "tools/bench_server/scheduler_bench.h"
 
 namespace {
 
@@ -135,23 +156,32 @@ StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req
   return r;
 }
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5));
-  return v[i];
-}
+using cortiq::tools::Percentile;
 
 constexpr const char* kUsage =
     "usage: cortiq-bench-server [--shape S] [--dtype f32|bf16] [--model DIR]\n"
     "         [--streams 1,4,8,16] [--max-tokens N] [--prompt-tokens N] [--rounds R]"
     " [--threads N]\n"
-    "         [--hop | --cluster N | --chat-turns N]\n"
+    "         [--max-batch N] [--step-tokens N[,N...]] [--prefill-chunk N] [--aging-steps N]\n"
+    "         [--tenant-weights T=W,...]\n"
+    "         [--hop | --cluster N | --chat-turns N | --long-prompt N | --tenants]\n"
+    "  --max-batch, --step-tokens, --prefill-chunk, --aging-steps, --tenant-weights: the\n"
+    "               scheduler's settings, for every server started and the in-process engine\n"
+    "               (the server's defaults when not given; a list of step budgets only with\n"
+    "               --long-prompt)\n"
     "  --hop        one extra hop: turns through node A forwarded to node B, against B directly\n"
     "  --cluster N  N nodes, clients and sessions spread over them, against one node\n"
     "               (client counts from --streams)\n"
     "  --chat-turns N  an N-turn chat resending the whole conversation each turn: time to\n"
-    "               first token with reuse_prefix on one session against a fresh session\n";
+    "               first token with reuse_prefix on one session against a fresh session\n"
+    "  --long-prompt N  in-process engine: the largest --streams count (8 without --streams)\n"
+    "               of streams decode, then an N-token prompt arrives: its time to first token,\n"
+    "               the streams' inter-token latency during its prefill and outside, per\n"
+    "               --step-tokens value\n"
+    "  --tenants    in-process engine: tenant flood (that many clients resubmitting) against\n"
+    "               tenant light (one client now and then): light's time to first token alone\n"
+    "               and under the flood, each tenant's share of tokens against --tenant-weights\n"
+    "               (default flood=1,light=1)\n";
 
 // What every mode shares: the checkpoint, the request's shape, the rounds.
 struct BenchOptions {
@@ -162,6 +192,9 @@ struct BenchOptions {
   size_t rounds = 2;
   size_t threads = 0;  // math threads; 0 = every core
   std::vector<size_t> levels;
+  // Every server's starting configuration: the scheduler's fields set
+  // (ApplySchedulerFlags), the rest the defaults.
+  cortiq::server::ServerConfig server;
 };
 
 // The checkpoint to serve: `model_dir` when given, else a random one of
@@ -204,12 +237,11 @@ size_t Cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 // One server: the in-process engine, one stream, N streams.
 
 int RunServerBench(BenchOptions opt) {
-  cortiq::server::ServerConfig config;
+  cortiq::server::ServerConfig config = opt.server;
   config.model_dir = opt.model_dir;
   config.listen = "127.0.0.1:0";
   config.metrics_listen = "off";
   config.threads = opt.threads;
-  config.max_batch = 32;
   auto server = cortiq::server::Server::Start(config);
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", std::string(server.status().message()).c_str());
@@ -218,9 +250,11 @@ int RunServerBench(BenchOptions opt) {
   auto& srv = **server;
   const std::vector<int32_t> prompt =
       MakePrompt(opt.prompt_tokens, srv.model().config().vocab_size);
-  std::printf("model %s, %zu math threads, prompt %zu tokens, %zu generated per stream\n",
-              opt.model_dir.c_str(), srv.model().pool()->num_threads(), opt.prompt_tokens,
-              opt.max_tokens);
+  std::printf(
+      "model %s, %zu math threads, prompt %zu tokens, %zu generated per stream; max batch %zu, "
+      "prefill chunk %zu\n",
+      opt.model_dir.c_str(), srv.model().pool()->num_threads(), opt.prompt_tokens, opt.max_tokens,
+      config.max_batch, config.prefill_chunk);
 
   // 1. In-process: the engine directly.
   std::vector<double> inproc;
@@ -250,25 +284,42 @@ int RunServerBench(BenchOptions opt) {
   req.mutable_sampling()->set_temperature(0);
   req.set_ignore_eos(true);
 
-  std::vector<double> single;
-  for (size_t r = 0; r < opt.rounds; ++r) single.push_back(RunStream(*stub, req).decode_tps);
+  // One call first, not counted: it opens the channel's connection, which
+  // no other call pays (and which would inflate the one-stream TTFT).
+  (void)RunStream(*stub, req);
+  std::vector<double> single, single_ttft;
+  for (size_t r = 0; r < opt.rounds; ++r) {
+    const StreamResult s = RunStream(*stub, req);
+    single.push_back(s.decode_tps);
+    single_ttft.push_back(s.ttft * 1e3);
+  }
   const double server_tps = Percentile(single, 0.5);
+  const double single_ttft_ms = Percentile(single_ttft, 0.5);
   std::printf("\none stream, decode tokens/s (median of %zu):\n", opt.rounds);
   std::printf("  in-process engine   %8.2f\n", inproc_tps);
   std::printf("  through the server  %8.2f   overhead %.1f%%\n", server_tps,
               100.0 * (1.0 - server_tps / inproc_tps));
 
-  std::printf("\n%8s %14s %10s %12s %12s %10s\n", "streams", "aggregate t/s", "x single",
-              "ttft p50 ms", "ttft p99 ms", "per-stream");
+  std::printf("  one stream's time to first token (p50): %.1f ms\n", single_ttft_ms);
+
+  // Each level's streams are released together (a latch), so their prompts
+  // reach the server at once: the time to first token under load.
+  std::printf("\n%8s %14s %10s %12s %12s %13s %10s\n", "streams", "aggregate t/s", "x single",
+              "ttft p50 ms", "ttft p99 ms", "ttft x single", "per-stream");
   double base = 0;
   for (size_t n : opt.levels) {
     std::vector<double> aggs, ttfts, per;
     for (size_t r = 0; r < opt.rounds; ++r) {
-      const auto t0 = Clock::now();
+      std::latch ready(ptrdiff_t(n) + 1);
       std::vector<std::future<StreamResult>> fs;
       for (size_t i = 0; i < n; ++i) {
-        fs.push_back(std::async(std::launch::async, [&] { return RunStream(*stub, req); }));
+        fs.push_back(std::async(std::launch::async, [&] {
+          ready.arrive_and_wait();
+          return RunStream(*stub, req);
+        }));
       }
+      const auto t0 = Clock::now();
+      ready.arrive_and_wait();
       size_t tokens = 0;
       for (auto& f : fs) {
         StreamResult s = f.get();
@@ -280,10 +331,12 @@ int RunServerBench(BenchOptions opt) {
     }
     const double agg = Percentile(aggs, 0.5);
     if (base == 0) base = n == 1 ? agg : 0;
-    std::printf("%8zu %14.2f %10s %12.1f %12.1f %10.2f\n", n, agg,
+    std::printf("%8zu %14.2f %10s %12.1f %12.1f %12.2fx %10.2f\n", n, agg,
                 base > 0 ? (std::to_string(agg / base).substr(0, 4) + "x").c_str() : "-",
-                Percentile(ttfts, 0.5), Percentile(ttfts, 0.99), Percentile(per, 0.5));
+                Percentile(ttfts, 0.5), Percentile(ttfts, 0.99),
+                Percentile(ttfts, 0.5) / single_ttft_ms, Percentile(per, 0.5));
   }
+  std::printf("ttft x single: a level's ttft p50 over the one stream's above (same server)\n");
   srv.Shutdown(std::chrono::milliseconds(0));
   return 0;
 }
@@ -331,12 +384,11 @@ absl::StatusOr<std::vector<Node>> StartNodes(const BenchOptions& opt,
   }
   std::vector<Node> nodes(count);
   for (size_t i = 0; i < count; ++i) {
-    cortiq::server::ServerConfig c;
+    cortiq::server::ServerConfig c = opt.server;
     c.model_dir = opt.model_dir;
     c.listen = Addr(ports[i]);
     c.metrics_listen = "off";
     c.threads = threads[i];
-    c.max_batch = 32;
     c.node_name = std::string(1, char('a' + i));
     for (size_t j = 0; j < count; ++j) {
       if (j != i) c.peers.push_back(Addr(ports[j]));
@@ -694,8 +746,8 @@ int RunClusterBench(BenchOptions opt, size_t count) {
 // A user message of about `tokens` tokens (words of the byte model's and
 // BPE vocabularies alike), different each turn.
 std::string UserMessage(size_t turn, size_t tokens) {
-  static const char* const kWords[] = {"call", "me", "ish", "mael", "some", "years", "ago",
-                                       "never", "mind", "how", "long", "sea", "ship", "whale"};
+  static const char* const kWords[] = {"call",  "me",   "ish", "mael", "some", "years", "ago",
+                                       "never", "mind", "how", "long", "sea",  "ship",  "whale"};
   std::string m = "turn " + std::to_string(turn) + ":";
   while (m.size() < tokens) m += std::string(" ") + kWords[(m.size() * 7 + turn) % 14];
   return m.substr(0, tokens);
@@ -718,8 +770,8 @@ int RunChatBench(BenchOptions opt, size_t turns) {
         "cortiq-bench-server",
         absl::InvalidArgumentError(
             "--chat-turns: turns x (prompt-tokens + max-tokens + 32) = " + std::to_string(needed) +
-            " positions on one session, beyond the model's context of " +
-            std::to_string(context) + ": lower --chat-turns, --prompt-tokens or --max-tokens"));
+            " positions on one session, beyond the model's context of " + std::to_string(context) +
+            ": lower --chat-turns, --prompt-tokens or --max-tokens"));
   }
   PrintMachine(*n.server);
   std::printf(
@@ -765,6 +817,54 @@ int RunChatBench(BenchOptions opt, size_t turns) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------
+// Issue 19: the one place the bench sets the server's scheduler fields.
+//
+// ServerConfig takes max_batch and prefill_chunk today; step_tokens,
+// aging_steps and tenant_weights come with the server's scheduler flags,
+// under those names. Until a field exists, the flag that needs it is
+// refused (a usage error naming it) for the modes that start servers,
+// never dropped; --long-prompt and --tenants run the engine in this process
+// and take every flag. A template only so that `requires` can ask whether
+// the field exists yet: once all three do, make it a plain function of
+// ServerConfig& with plain assignments.
+template <typename Config>
+absl::Status ApplySchedulerFlags(const cortiq::tools::SchedulerFlags& f, Config& c) {
+  auto not_yet = [](std::string_view flag, std::string_view field) {
+    return absl::InvalidArgumentError(
+        std::string(flag) + ": this build's server has no ServerConfig::" + std::string(field) +
+        " yet; --long-prompt and --tenants (engine in this process) take it");
+  };
+  c.max_batch = f.max_batch;
+  if (f.prefill_chunk) c.prefill_chunk = *f.prefill_chunk;
+  if (f.step_tokens.size() > 1) {
+    return absl::InvalidArgumentError(
+        "--step-tokens: one value, except with --long-prompt (one engine per value)");
+  }
+  if (!f.step_tokens.empty()) {
+    if constexpr (requires { c.step_tokens = f.step_tokens[0]; }) {
+      c.step_tokens = f.step_tokens[0];
+    } else {
+      return not_yet("--step-tokens", "step_tokens");
+    }
+  }
+  if (f.aging_steps) {
+    if constexpr (requires { c.aging_steps = *f.aging_steps; }) {
+      c.aging_steps = *f.aging_steps;
+    } else {
+      return not_yet("--aging-steps", "aging_steps");
+    }
+  }
+  if (f.tenant_weights) {
+    if constexpr (requires { c.tenant_weights = *f.tenant_weights; }) {
+      c.tenant_weights = *f.tenant_weights;
+    } else {
+      return not_yet("--tenant-weights", "tenant_weights");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -774,6 +874,9 @@ int main(int argc, char** argv) {
   bool hop = false;
   size_t cluster = 0;
   size_t chat_turns = 0;
+  size_t long_prompt = 0;
+  bool tenants = false;
+  cortiq::tools::SchedulerFlags sched;
   using cortiq::util::IntFlag;
   using cortiq::util::StringFlag;
   absl::StatusOr<cortiq::util::ParsedArgs> parsed = cortiq::util::ParseFlags(
@@ -789,6 +892,14 @@ int main(int argc, char** argv) {
           cortiq::util::SwitchFlag("hop", &hop),
           IntFlag("cluster", &cluster, {.min = 2, .max = 26}),
           IntFlag("chat-turns", &chat_turns, {.min = 1, .max = 1000}),
+          IntFlag("long-prompt", &long_prompt, {.min = 1}),
+          cortiq::util::SwitchFlag("tenants", &tenants),
+          IntFlag("max-batch", &sched.max_batch, {.min = 1}),
+          cortiq::util::IntListFlag("step-tokens", &sched.step_tokens, "step budget", {.min = 1}),
+          IntFlag("prefill-chunk", &sched.prefill_chunk, {.min = 1}),
+          IntFlag("aging-steps", &sched.aging_steps, {.min = 1}),
+          cortiq::util::ParsedFlag("tenant-weights", &sched.tenant_weights,
+                                   cortiq::tools::ParseTenantWeights),
       },
       std::vector<std::string>(argv + 1, argv + argc),
       {.positionals = cortiq::util::Positionals::kNone});
@@ -797,13 +908,24 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (int(hop) + int(cluster > 0) + int(chat_turns > 0) > 1) {
+  if (int(hop) + int(cluster > 0) + int(chat_turns > 0) + int(long_prompt > 0) + int(tenants) > 1) {
     return cortiq::util::ReportUsageError(
         "cortiq-bench-server",
-        absl::InvalidArgumentError("--hop, --cluster and --chat-turns are three benchmarks: give "
-                                   "one"));
+        absl::InvalidArgumentError("--hop, --cluster, --chat-turns, --long-prompt and --tenants "
+                                   "are five benchmarks: give one"));
   }
   opt.rounds = std::max<size_t>(opt.rounds, 1);
+  const bool in_process = long_prompt > 0 || tenants;
+  if (tenants && sched.step_tokens.size() > 1) {
+    return cortiq::util::ReportUsageError(
+        "cortiq-bench-server",
+        absl::InvalidArgumentError("--step-tokens: one value with --tenants"));
+  }
+  if (!in_process) {
+    if (absl::Status s = ApplySchedulerFlags(sched, opt.server); !s.ok()) {
+      return cortiq::util::ReportUsageError("cortiq-bench-server", s);
+    }
+  }
   spdlog::set_level(spdlog::level::warn);
   absl::StatusOr<std::string> dir = PrepareModel(shape, dtype, model_dir);
   if (!dir.ok()) {
@@ -814,5 +936,20 @@ int main(int argc, char** argv) {
   if (hop) return RunHopBench(std::move(opt));
   if (cluster > 0) return RunClusterBench(std::move(opt), cluster);
   if (chat_turns > 0) return RunChatBench(std::move(opt), chat_turns);
+  if (in_process) {
+    cortiq::tools::SchedulerBenchOptions so;
+    so.model_dir = opt.model_dir;
+    so.threads = opt.threads;
+    so.prompt_tokens = opt.prompt_tokens;
+    so.max_tokens = opt.max_tokens;
+    so.rounds = opt.rounds;
+    so.streams =
+        parsed->Given("streams") ? *std::max_element(opt.levels.begin(), opt.levels.end()) : 8;
+    so.flags = sched;
+    // As a server would run it: the server's prefill chunk, not the engine's.
+    if (!so.flags.prefill_chunk) so.flags.prefill_chunk = opt.server.prefill_chunk;
+    return long_prompt > 0 ? cortiq::tools::RunLongPromptBench(so, long_prompt)
+                           : cortiq::tools::RunTenantsBench(so);
+  }
   return RunServerBench(std::move(opt));
 }
