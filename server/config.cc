@@ -47,6 +47,36 @@ absl::StatusOr<std::string> ParsePeerDns(std::string_view v) {
   return std::string(v);
 }
 
+
+// A file holding one token (--auth-token-file, --peer-token-file): its
+// text less surrounding whitespace; an empty one is an error naming `flag`.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, std::string_view flag) {
+  absl::StatusOr<std::string> text = ReadFlagFile(path, flag);
+  if (!text.ok()) return text.status();
+  std::string t(absl::StripAsciiWhitespace(*text));
+  if (t.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(util::Sv(flag), ": '", path, "' is empty"));
+  }
+  return t;
+}
+
+// The refusal of a reachable, unauthenticated server: says how to add a token
+// and names the way out.
+absl::Status InsecureListenError(const std::string& listen,
+                                 std::string_view flag = "--listen") {
+  return absl::InvalidArgumentError(absl::StrCat(
+      util::Sv(flag), " ", listen,
+      ": refusing to serve a non-loopback address without an auth token (anyone who reaches "
+      "the port could generate, read and release every session). Add a token: "
+      "`openssl rand -hex 32 > token && chmod 600 token`, then --auth-token-file token (or env "
+      "CORTIQ_AUTH_TOKEN), or a token file with roles (--auth-tokens FILE); clients send "
+      "\"authorization: Bearer <token>\". To serve without one anyway (a trusted network), pass "
+      "--insecure"));
+}
+
+}  // namespace
+
 // --tenant-weights NAME=W[,NAME=W...]: the engine's tenant shares. A name
 // is a tenant name as the token file's (session::IsTenantName), not empty
 // (no tenant weighs the default) and given once; a weight is a finite
@@ -93,35 +123,6 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> ParseTenantWeights(
   }
   return out;
 }
-
-// A file holding one token (--auth-token-file, --peer-token-file): its
-// text less surrounding whitespace; an empty one is an error naming `flag`.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path, std::string_view flag) {
-  absl::StatusOr<std::string> text = ReadFlagFile(path, flag);
-  if (!text.ok()) return text.status();
-  std::string t(absl::StripAsciiWhitespace(*text));
-  if (t.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(util::Sv(flag), ": '", path, "' is empty"));
-  }
-  return t;
-}
-
-// The refusal of a reachable, unauthenticated server: says how to add a token
-// and names the way out.
-absl::Status InsecureListenError(const std::string& listen,
-                                 std::string_view flag = "--listen") {
-  return absl::InvalidArgumentError(absl::StrCat(
-      util::Sv(flag), " ", listen,
-      ": refusing to serve a non-loopback address without an auth token (anyone who reaches "
-      "the port could generate, read and release every session). Add a token: "
-      "`openssl rand -hex 32 > token && chmod 600 token`, then --auth-token-file token (or env "
-      "CORTIQ_AUTH_TOKEN), or a token file with roles (--auth-tokens FILE); clients send "
-      "\"authorization: Bearer <token>\". To serve without one anyway (a trusted network), pass "
-      "--insecure"));
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> ReadFlagFile(const std::string& path, std::string_view flag) {
   std::ifstream f(path, std::ios::binary);

@@ -136,6 +136,12 @@ std::string DefaultNodeName(std::string_view listen);
 // (InvalidArgument saying how to add one) unless --insecure. Sets *help (and
 // checks nothing else) when --help or -h was given: the caller prints
 // ServerUsage() and exits 0; on an error it exits util::kExitUsage.
+// --tenant-weights NAME=W[,NAME=W...]: each name a tenant name
+// (session::IsTenantName), not empty, given once; each weight finite, in
+// (0, 1e6]. Errors name `flag` and the item.
+absl::StatusOr<std::vector<std::pair<std::string, double>>> ParseTenantWeights(
+    std::string_view flag, std::string_view value);
+
 absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& args, bool* help);
 
 // True when `listen` (HOST:PORT, [V6]:PORT or unix:PATH) can only be reached

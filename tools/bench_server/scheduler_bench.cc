@@ -9,7 +9,6 @@
 #include <stop_token>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "core/math/kernels.h"
 #include "core/model/model_files.h"
 #include "core/model/transformer.h"
@@ -437,29 +436,6 @@ double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   const size_t i = std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5));
   return v[i];
-}
-
-absl::StatusOr<TenantWeights> ParseTenantWeights(std::string_view value) {
-  // (absl::StrSplit does not take a std::string_view with Debian's Abseil.)
-  TenantWeights out;
-  for (size_t begin = 0; begin <= value.size();) {
-    const size_t comma = std::min(value.find(',', begin), value.size());
-    const std::string_view item = value.substr(begin, comma - begin);
-    begin = comma + 1;
-    const size_t eq = item.find('=');
-    const std::string name(item.substr(0, std::min(eq, item.size())));
-    double weight = 0;
-    if (eq == std::string_view::npos || name.empty() ||
-        !absl::SimpleAtod(std::string(item.substr(eq + 1)), &weight)) {
-      return absl::InvalidArgumentError("expected TENANT=WEIGHT[,TENANT=WEIGHT...]");
-    }
-    if (!(weight > 0)) return absl::InvalidArgumentError("a weight must be > 0");
-    for (const auto& [other, w] : out) {
-      if (other == name) return absl::InvalidArgumentError("a tenant is named twice");
-    }
-    out.emplace_back(name, weight);
-  }
-  return out;
 }
 
 session::EngineOptions EngineOptionsFor(const SchedulerFlags& flags,

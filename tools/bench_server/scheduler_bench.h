@@ -38,9 +38,6 @@ namespace cortiq::tools {
 double Percentile(std::vector<double> v, double p);
 
 using TenantWeights = std::vector<std::pair<std::string, double>>;
-// "flood=3,light=1": names non-empty and distinct, weights > 0. The error
-// names the problem; the caller adds the flag.
-absl::StatusOr<TenantWeights> ParseTenantWeights(std::string_view value);
 
 // Issue 19's scheduler settings, as the bench's flags give them; unset ones
 // keep the engine's (or the server's) defaults.
