@@ -195,7 +195,7 @@ std::string ServerUsage() {
   --max-batch N           decode rows per engine step (default 32)
   --step-tokens N         rows one engine step may hold: decode rows plus prefill chunk rows;
                           bounds a step's time, so running streams' inter-token latency while
-                          prompts are absorbed (default 256)
+                          prompts are absorbed (default 128)
   --prefill-chunk N       a prompt is absorbed in chunks of N tokens, at most --step-tokens
                           (default 64, or --step-tokens when that is smaller)
   --aging-steps N         a waiting request rises one priority level per N engine steps, so

@@ -60,7 +60,7 @@ struct ServerConfig {
   size_t max_batch = 32;
   // The scheduler (session::EngineOptions): rows one engine step may hold,
   // decode rows plus prefill chunk rows (--step-tokens, >= 1) ...
-  size_t step_tokens = 256;
+  size_t step_tokens = 128;
   // ... the chunk a prompt is cut into (--prefill-chunk, 1 .. step_tokens;
   // the default 64 is lowered to a smaller --step-tokens, an explicit larger
   // one is a usage error) ...

@@ -572,8 +572,8 @@ void Engine::PlanStep(std::vector<DecodeRow>& decode) {
   const size_t chunk = std::max<size_t>(options_.prefill_chunk, 1);
   size_t rows = 0;
   // Decode rows: every running job with room, all of a job's live choices
-  // together; past max_batch, by priority, then tenant share, then the
-  // rotation Loop applied to `decode`'s order.
+  // together; past max_batch, by priority, then tenant share, then the job
+  // that decoded least recently (a round robin: no job starves).
   order_.clear();
   size_t wanted = 0;
   for (const DecodeRow& r : decode) {
@@ -583,16 +583,20 @@ void Engine::PlanStep(std::vector<DecodeRow>& decode) {
     }
   }
   if (wanted > options_.max_batch) {
-    std::stable_sort(order_.begin(), order_.end(), [&](const Job* a, const Job* b) {
+    std::sort(order_.begin(), order_.end(), [&](const Job* a, const Job* b) {
       if (a->request_.priority != b->request_.priority) {
         return a->request_.priority > b->request_.priority;
       }
-      return Vtime(*a) < Vtime(*b);
+      if (Vtime(*a) != Vtime(*b)) return Vtime(*a) < Vtime(*b);
+      if (a->decoded_step_ != b->decoded_step_) return a->decoded_step_ < b->decoded_step_;
+      return a->serial_ < b->serial_;
     });
   }
+  const uint64_t step = steps_.load(std::memory_order_relaxed);
   for (Job* j : order_) {
     const size_t live = j->LiveChoices();
     if (rows + live > options_.max_batch) continue;
+    j->decoded_step_ = step;
     for (size_t c = 0; c < j->choices_.size(); ++c) {
       if (j->choices_[c].finish == FinishReason::kNone) step_.push_back({j, c, 1, true, false});
     }

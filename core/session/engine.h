@@ -136,7 +136,7 @@ struct EngineOptions {
   // Rows one step may hold: decode rows plus prefill chunk rows
   // (--step-tokens). It bounds a step's time, so the inter-token latency of
   // running streams while prompts are absorbed. >= 1.
-  size_t step_tokens = 256;
+  size_t step_tokens = 128;
   // A prompt is absorbed in chunks of this many tokens, cut from its start
   // (--prefill-chunk); a step takes whole chunks. >= 1.
   size_t prefill_chunk = 64;
@@ -220,6 +220,7 @@ class Job {
   enum class Phase : uint8_t { kPrefill, kDecode, kDone } phase_ = Phase::kPrefill;
   uint64_t serial_ = 0;         // arrival order
   uint64_t admitted_step_ = 0;  // Engine::steps_ at admission (aging)
+  uint64_t decoded_step_ = 0;   // Engine::steps_ when it last had decode rows
   void* tenant_ = nullptr;      // its Engine::TenantShare while admitted
   bool waiting_ = false;        // counted in Engine::waiting_
   size_t prefill_done_ = 0;           // tokens of `pending_` absorbed

@@ -183,7 +183,7 @@ TEST_F(ConfigTest, Defaults) {
       {"max-concurrent-imports", "4"},
       {"import-idle-timeout", "30000ms"},
       {"max-batch", "32"},
-      {"step-tokens", "256"},
+      {"step-tokens", "128"},
       {"prefill-chunk", "64"},
       {"aging-steps", "64"},
       {"tenant-weights", ""},
@@ -361,7 +361,7 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
 // explicit larger one is refused naming both; the default 64 is lowered to
 // a smaller --step-tokens.
 TEST_F(ConfigTest, PrefillChunkFitsTheStepBudget) {
-  ExpectUsageError({"--prefill-chunk", "300"}, "--prefill-chunk: 300 is above --step-tokens 256");
+  ExpectUsageError({"--prefill-chunk", "300"}, "--prefill-chunk: 300 is above --step-tokens 128");
   ExpectUsageError({"--step-tokens", "32", "--prefill-chunk", "33"},
                    "--prefill-chunk: 33 is above --step-tokens 32");
   absl::StatusOr<ServerConfig> c = Parse({"--step-tokens", "32"});

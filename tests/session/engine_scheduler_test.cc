@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -233,6 +234,49 @@ TEST_F(SchedulerTest, MixedStepsGiveEveryJobItsOwnOutputsInEveryMode) {
     EXPECT_LE(s.decode + s.prefill, std::max<size_t>(o.step_tokens, s.decode + o.prefill_chunk));
   }
   EXPECT_GE(mixed, 2u) << "no step mixed decode rows with prompt chunks";
+}
+
+// More decode rows than max_batch: every step holds at most max_batch of
+// them, the jobs take turns (the least recently decoded first), and each
+// streams what it streams alone.
+TEST_F(SchedulerTest, DecodeRowsPastMaxBatchTakeTurns) {
+  CountingObserver obs;
+  EngineOptions o = Budget(128, 64, &obs);
+  o.max_batch = 2;
+  SessionStore store({});  // outlives the engine
+  Engine engine(*model_, *tok_, o);
+  std::vector<Trace> alone;
+  for (int i = 0; i < 5; ++i) alone.push_back(DrainTrace(*Start(engine, store, Greedy(6, 12, 90 + i))));
+  auto warm = HoldTheEngine(engine, store, obs);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 5; ++i) jobs.push_back(Start(engine, store, Greedy(6, 12, 90 + i)));
+  warm->Cancel();  // (takes effect before the next step)
+  const size_t next = obs.Open();
+  DrainTrace(*warm);
+  for (int i = 0; i < 5; ++i) {
+    const Trace t = DrainTrace(*jobs[i]);
+    EXPECT_EQ(t.ids, alone[i].ids) << "job " << i;
+    EXPECT_EQ(t.logprob_bits, alone[i].logprob_bits) << "job " << i;
+  }
+  // A job's last token is queued before its step reaches the observer; the
+  // engine counts its jobs again only after that.
+  while (engine.active_jobs() > 0) std::this_thread::yield();
+  const auto steps = obs.steps();
+  size_t rows = 0;
+  for (size_t s = next; s < steps.size(); ++s) {
+    EXPECT_LE(steps[s].decode, 2u) << "step " << s;
+    rows += steps[s].decode;
+  }
+  // 11 decode rows each after the first token; taking turns, the 55 rows
+  // fill 2 per step but for the last odd one.
+  EXPECT_EQ(rows, 5u * 11u) << [&] {
+    std::string s;
+    for (size_t i = next - 1; i < steps.size(); ++i) {
+      s += std::to_string(steps[i].decode) + "+" + std::to_string(steps[i].prefill) + " ";
+    }
+    return s;
+  }();
+  EXPECT_LE(steps.size() - next, 1u + 28u + 1u);
 }
 
 // Eight short prompts that arrive together are absorbed in ONE step with
