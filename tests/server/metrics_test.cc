@@ -498,7 +498,7 @@ TEST_F(MetricsTest, EngineObserverAndGauges) {
   EXPECT_EQ(e.type["cortiq_engine_steps_total"], "counter");
   // The scheduler's gauges: the step budget, the last step's rows, the
   // waiting queue by priority (every level, empty now).
-  EXPECT_EQ(e.Value("cortiq_engine_step_token_budget"), 256);
+  EXPECT_EQ(e.Value("cortiq_engine_step_token_budget"), 128);  // the default
   EXPECT_EQ(e.Value("cortiq_engine_step_token_budget"), static_cast<double>(engine.step_tokens()));
   EXPECT_EQ(e.Value("cortiq_engine_step_rows"), static_cast<double>(engine.last_step_tokens()));
   EXPECT_EQ(e.type["cortiq_engine_step_rows"], "gauge");
