@@ -1,8 +1,12 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+#include <array>
 #include <exception>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -197,6 +201,27 @@ class Metrics::LiveState : public prometheus::Collectable {
     engine_.store(engine, std::memory_order_release);
   }
 
+  // A step's rows of one tenant (the engine thread). A tenant's entry is
+  // made on its first rows (the only allocation); past kMaxTenantRowEntries
+  // names, rows count under "~other".
+  void AddTenantRows(std::string_view tenant, size_t decode, size_t prefill) {
+    std::lock_guard lock(tenant_rows_mu_);
+    auto it = std::find_if(tenant_rows_.begin(), tenant_rows_.end(),
+                           [&](const TenantRows& t) { return t.tenant == tenant; });
+    if (it == tenant_rows_.end()) {
+      const std::string_view name =
+          tenant_rows_.size() < kMaxTenantRowEntries ? tenant : kOtherTenant;
+      it = std::find_if(tenant_rows_.begin(), tenant_rows_.end(),
+                        [&](const TenantRows& t) { return t.tenant == name; });
+      if (it == tenant_rows_.end()) {
+        tenant_rows_.push_back({std::string(name), 0, 0});
+        it = tenant_rows_.end() - 1;
+      }
+    }
+    it->decode += decode;
+    it->prefill += prefill;
+  }
+
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out;
     if (store_ != nullptr) CollectStore(out);
@@ -292,12 +317,35 @@ class Metrics::LiveState : public prometheus::Collectable {
   // removed by a reload. The bytes sum exactly to
   // cortiq_session_memory_total_bytes (one locked pass of the store).
   void CollectTenants(std::vector<prometheus::MetricFamily>& out) const {
-    constexpr std::string_view kOther = "~other";
+    constexpr std::string_view kOther = kOtherTenant;
     std::map<std::string, session::TenantUsage> by_label;
     by_label[""];
     if (tenants_) {
       for (std::string& t : tenants_()) by_label[std::move(t)];
     }
+    // The engine's rows by tenant, under the same labels (a counter: a
+    // tenant's series starts at 0 and only grows while it is configured).
+    std::map<std::string, std::array<uint64_t, 2>> rows;
+    for (const auto& [label, unused] : by_label) rows[label];
+    {
+      std::lock_guard lock(tenant_rows_mu_);
+      for (const TenantRows& t : tenant_rows_) {
+        auto it = rows.find(t.tenant);
+        auto& r = it != rows.end() ? it->second : rows[std::string(kOther)];
+        r[0] += t.decode;
+        r[1] += t.prefill;
+      }
+    }
+    prometheus::MetricFamily served = NewFamily(
+        "cortiq_tenant_step_tokens_total",
+        "Rows the engine's steps served each tenant: decode rows and prompt tokens absorbed "
+        "(the fair-share scheduler's service; docs/METRICS.md).",
+        prometheus::MetricType::Counter);
+    for (const auto& [tenant, r] : rows) {
+      AddSample(served, static_cast<double>(r[0]), {{"tenant", tenant}, {"kind", "decode"}});
+      AddSample(served, static_cast<double>(r[1]), {{"tenant", tenant}, {"kind", "prefill"}});
+    }
+    out.push_back(std::move(served));
     session::TenantUsage other;
     for (const auto& [tenant, usage] : store_->UsageByTenant()) {
       auto it = by_label.find(tenant);
@@ -358,6 +406,15 @@ class Metrics::LiveState : public prometheus::Collectable {
   const size_t memory_capacity_;
   const std::function<std::vector<std::string>()> tenants_;
   std::atomic<const session::Engine*> engine_;
+  // Rows the engine served each tenant (AddTenantRows), by the engine's name.
+  struct TenantRows {
+    std::string tenant;
+    uint64_t decode = 0, prefill = 0;
+  };
+  static constexpr size_t kMaxTenantRowEntries = 1024;
+  static constexpr std::string_view kOtherTenant = "~other";
+  mutable std::mutex tenant_rows_mu_;
+  std::vector<TenantRows> tenant_rows_;
 };
 
 namespace {
@@ -605,6 +662,10 @@ size_t PriorityIndex(session::Priority priority) {
   return p < session::kNumPriorities ? p : static_cast<size_t>(session::Priority::kNormal);
 }
 }  // namespace
+
+void Metrics::OnTenantStep(std::string_view tenant, size_t decode_rows, size_t prefill_tokens) {
+  live_state_->AddTenantRows(tenant, decode_rows, prefill_tokens);
+}
 
 void Metrics::OnQueueWait(session::Frontend frontend, session::Priority priority, double seconds) {
   queue_wait_seconds_[FrontendIndex(frontend)][PriorityIndex(priority)]->Observe(seconds);

@@ -194,6 +194,10 @@ class Metrics : public session::EngineObserver {
   // Once per job, at its first prefill chunk: seconds since it was submitted,
   // by front end and the job's own priority (cortiq_queue_wait_seconds).
   void OnQueueWait(session::Frontend frontend, session::Priority priority, double seconds) override;
+  // A step's rows of one tenant (cortiq_tenant_step_tokens_total{tenant,
+  // kind}, read at scrape under the per-tenant labels). Allocates only on a
+  // tenant's first rows.
+  void OnTenantStep(std::string_view tenant, size_t decode_rows, size_t prefill_tokens) override;
   void OnFirstToken(session::Frontend frontend, double ttft_seconds) override;
   void OnInterToken(session::Frontend frontend, double seconds) override;
   // The per-request series: tokens (counters and histograms) and the finish

@@ -348,6 +348,22 @@ TEST_F(TenantTest, TenantGaugesSumExactlyAndReturnToZero) {
   EXPECT_EQ(sum_bytes, e.Value("cortiq_session_memory_total_bytes"));
   EXPECT_EQ(sum_sessions, e.Value("cortiq_sessions_active"));
   EXPECT_EQ(e.All("cortiq_tenant_sessions").size(), 5u);  // "", alice, bob, cluster, ops
+  // The rows the engine served each tenant: each turn's prompt, then 3
+  // decode rows (the first of its 4 tokens comes from the prompt's logits).
+  auto served = [&](const std::string& t, const char* kind) {
+    return e.Value("cortiq_tenant_step_tokens_total", {{"tenant", t}, {"kind", kind}});
+  };
+  EXPECT_EQ(e.type["cortiq_tenant_step_tokens_total"], "counter");
+  EXPECT_EQ(served("alice", "decode"), 6);
+  EXPECT_EQ(served("bob", "decode"), 3);
+  EXPECT_EQ(served("ops", "decode"), 3);
+  EXPECT_GT(served("bob", "prefill"), 0);
+  EXPECT_EQ(served("alice", "prefill"), 2 * served("bob", "prefill"));
+  for (const char* t : {"", "cluster"}) {
+    EXPECT_EQ(served(t, "decode"), 0) << t;
+    EXPECT_EQ(served(t, "prefill"), 0) << t;
+  }
+  EXPECT_EQ(e.All("cortiq_tenant_step_tokens_total").size(), 10u);
 
   // A session of a tenant not in the file (a peer vouched for it): "~other".
   {
