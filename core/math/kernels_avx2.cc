@@ -451,6 +451,10 @@ void GemvTile(const GemvArgs& a, size_t r0, size_t b0, size_t c0, size_t c1, __m
                      r0 + 2 * R <= a.rows;
   const char* pf = w0 + R * row_bytes;
   const size_t pf_step = ahead ? (R * row_bytes + steps - 1) / steps : 0;
+  // A batch tile: the first batch rows of a row block stream W from memory
+  // (the later ones find it in cache), so they pull the same columns of the
+  // next R rows into L2, one line per row per 64 bytes of columns.
+  const bool ahead_rows = !ahead && b0 == 0 && r0 + 2 * R <= a.rows;
   size_t c = c0;
   for (; c < full; c += kGemvBlock) {
     const char* wp[R];
@@ -458,6 +462,10 @@ void GemvTile(const GemvArgs& a, size_t r0, size_t b0, size_t c0, size_t c1, __m
     for (int r = 0; r < R; ++r) wp[r] = w0 + r * row_bytes + c * L::kElem;
     for (size_t k = 0; k < pf_step; k += 64) _mm_prefetch(pf + k, _MM_HINT_T1);
     pf += pf_step;
+    if (ahead_rows && (c * L::kElem) % 64 < kGemvBlock * L::kElem) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) _mm_prefetch(wp[r] + R * row_bytes, _MM_HINT_T1);
+    }
     step(c, wp);
   }
   if (c < c1) {

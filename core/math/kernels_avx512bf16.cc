@@ -43,13 +43,24 @@ void Tile(const GemvArgs& a, size_t r0, size_t b0) {
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   }
   const size_t full = a.cols / kBlock * kBlock;
+  // The batch-1 tile (decode): the next R rows, one contiguous run, are
+  // pulled into L2 a slice per block, so the DRAM stream never waits on the
+  // R row streams' own misses (as kernels_avx2.cc does); batch tiles, which
+  // find the rows in cache after their first batch rows, prefetch each row
+  // kPrefetchRows ahead. Prefetch hints only: the results are unchanged.
+  const size_t blocks = full / kBlock;
+  const bool ahead = R == 8 && B == 1 && blocks > 0 && r0 + 2 * R <= a.rows;
+  const char* pf = w0 + R * row_bytes;
+  const size_t pf_step = ahead ? (R * row_bytes + blocks - 1) / blocks : 0;
   size_t c = 0;
   for (; c < full; c += kBlock) {
+    for (size_t k = 0; k < pf_step; k += 64) _mm_prefetch(pf + k, _MM_HINT_T1);
+    pf += pf_step;
     __m512bh w[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const char* p = w0 + r * row_bytes + c * sizeof(uint16_t);
-      _mm_prefetch(p + kPrefetchRows * row_bytes, _MM_HINT_T0);
+      if (!ahead) _mm_prefetch(p + kPrefetchRows * row_bytes, _MM_HINT_T0);
       w[r] = AsBh(_mm512_loadu_si512(p));
     }
 #pragma GCC unroll 8
