@@ -464,42 +464,20 @@ absl::Status Transformer::QsaIngestRows(SequenceKv& kv, size_t layer, const floa
 absl::Status Transformer::Prefill(std::span<const int32_t> tokens, SequenceKv& kv,
                                   ForwardScratch& s, float* last_logits, float* all_logits) const {
   if (tokens.empty()) return absl::InvalidArgumentError("prefill: no tokens");
-  CORTIQ_RETURN_IF_ERROR(CheckTokens(tokens));
-  const size_t start = kv.position(), rows = tokens.size();
-  if (start + rows > size_t(config_.max_position_embeddings)) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill: position ", start, " + ", rows,
-                                                   " tokens exceeds the model's context of ",
-                                                   config_.max_position_embeddings));
-  }
-  if (kv.num_layers() != layers_.size()) {
-    return absl::InvalidArgumentError("prefill: the sequence state belongs to another geometry");
-  }
-  CORTIQ_RETURN_IF_ERROR(BindQsa(kv));
-  EnsureScratch(s, rows);
-  kv.Reserve(start + rows);
-  for (size_t i = 0; i < rows; ++i) s.positions[i] = start + i;
-  RopeTables(s, rows);
-  Embed(tokens, s.x.data());
-  attention::AttentionContext ctx{geometry_, pool_, s.attention};
-  // The kernels MatMul picks for a block of this many rows.
-  const size_t gemv_rows = rows < math::kMatMulGemmMinBatch ? rows : 0;
-  CORTIQ_RETURN_IF_ERROR(RunLayers(
-      s, rows, gemv_rows, [&](size_t l) { return kv.layer(l).Prefill(RowsOf(s, l, 0, rows, start), ctx); }));
-
-  const size_t hidden = config_.hidden_size, vocab = config_.vocab_size;
+  // A step of this one chunk (rows 0 .. n of the scratch).
+  const bool last_only = all_logits == nullptr && last_logits != nullptr;
+  CORTIQ_RETURN_IF_ERROR(RunStep(
+      1, [&](size_t) { return StepSegment{&kv, tokens, false, last_only}; }, s, last_logits));
+  if (all_logits == nullptr) return absl::OkStatus();
+  const size_t rows = tokens.size(), hidden = config_.hidden_size, vocab = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  if (all_logits != nullptr) {
-    for (size_t i = 0; i < rows; ++i) {
-      math::RmsNorm(s.x.data() + i * hidden, final_norm_.data(), eps, hidden,
-                    s.xn.data() + i * hidden);
-    }
-    Logits(s.xn.data(), rows, all_logits);
-    if (last_logits != nullptr) {
-      std::memcpy(last_logits, all_logits + (rows - 1) * vocab, vocab * sizeof(float));
-    }
-  } else if (last_logits != nullptr) {
-    math::RmsNorm(s.x.data() + (rows - 1) * hidden, final_norm_.data(), eps, hidden, s.xn.data());
-    Logits(s.xn.data(), 1, last_logits);
+  for (size_t i = 0; i < rows; ++i) {
+    math::RmsNorm(s.x.data() + i * hidden, final_norm_.data(), eps, hidden,
+                  s.xn.data() + i * hidden);
+  }
+  Logits(s.xn.data(), rows, all_logits);
+  if (last_logits != nullptr) {
+    std::memcpy(last_logits, all_logits + (rows - 1) * vocab, vocab * sizeof(float));
   }
   return absl::OkStatus();
 }
@@ -524,7 +502,11 @@ template <typename SegmentAt>
 absl::Status Transformer::RunStep(size_t count, SegmentAt&& at, ForwardScratch& s,
                                   float* logits) const {
   if (count == 0) return absl::InvalidArgumentError("step: no rows");
-  // Check everything before changing anything.
+  // Check everything before changing anything (the scratch aside).
+  if (s.segment_start.size() < count) {
+    s.segment_start.resize(count);
+    s.segment_row.resize(count);
+  }
   size_t rows = 0, decode = 0, small = 0;
   bool chunk_seen = false;
   for (size_t i = 0; i < count; ++i) {
@@ -544,7 +526,8 @@ absl::Status Transformer::RunStep(size_t count, SegmentAt&& at, ForwardScratch& 
           "step: segment ", i, ": a decode row holds one token and comes before every chunk"));
     }
     chunk_seen = chunk_seen || !g.decode;
-    // A sequence's earlier segment in this step: only the chunk right before.
+    // A sequence's earlier segment in this step: only the chunk right before,
+    // which this one continues.
     for (size_t j = i; j-- > 0;) {
       const StepSegment p = at(j);
       if (p.kv != g.kv) continue;
@@ -554,20 +537,6 @@ absl::Status Transformer::RunStep(size_t count, SegmentAt&& at, ForwardScratch& 
       }
       break;
     }
-    rows += g.tokens.size();
-    if (g.decode) {
-      ++decode;
-    } else if (g.tokens.size() < math::kMatMulGemmMinBatch) {
-      small += g.tokens.size();
-    }
-  }
-  // Positions: a sequence's chunks continue one another.
-  if (s.segment_start.size() < count) {
-    s.segment_start.resize(count);
-    s.segment_row.resize(count);
-  }
-  for (size_t i = 0; i < count; ++i) {
-    const StepSegment g = at(i);
     const StepSegment p = i > 0 ? at(i - 1) : StepSegment{};
     const size_t start =
         p.kv == g.kv ? s.segment_start[i - 1] + p.tokens.size() : g.kv->position();
@@ -581,6 +550,12 @@ absl::Status Transformer::RunStep(size_t count, SegmentAt&& at, ForwardScratch& 
                             config_.max_position_embeddings));
     }
     s.segment_start[i] = start;
+    rows += g.tokens.size();
+    if (g.decode) {
+      ++decode;
+    } else if (g.tokens.size() < math::kMatMulGemmMinBatch) {
+      small += g.tokens.size();
+    }
   }
 
   // Rows: the decode rows first (DecodeAttention's rows 0 .. decode), then

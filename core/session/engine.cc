@@ -330,16 +330,20 @@ bool Engine::Admit(Job& job) {
   return true;
 }
 
+double TenantWeight(const EngineOptions& options, std::string_view tenant) {
+  for (const auto& [name, weight] : options.tenant_weights) {
+    if (name == tenant) return weight;
+  }
+  return options.default_tenant_weight;
+}
+
 void Engine::JoinTenant(Job& job) {
   const std::string& name = job.lease_->tenant();
   auto [it, inserted] = tenants_.try_emplace(name);
   TenantShare& t = it->second;
   if (inserted) {
     t.name = name;
-    t.weight = options_.default_tenant_weight;
-    for (const auto& [n, w] : options_.tenant_weights) {
-      if (n == name) t.weight = w;
-    }
+    t.weight = TenantWeight(options_, name);
     if (!(t.weight > 0)) t.weight = 1.0;
     // A tenant that becomes busy starts level with the busy ones: time
     // spent idle earns no credit.
@@ -357,15 +361,14 @@ void Engine::JoinTenant(Job& job) {
 }
 
 void Engine::LeaveTenant(Job& job) {
-  auto* t = static_cast<TenantShare*>(job.tenant_);
+  TenantShare* t = job.tenant_;
   if (t == nullptr) return;
   job.tenant_ = nullptr;
   if (--t->jobs == 0) tenants_.erase(t->name);
 }
 
 double Engine::Vtime(const Job& job) const {
-  const auto* t = static_cast<const TenantShare*>(job.tenant_);
-  return t != nullptr ? t->vtime : 0.0;
+  return job.tenant_ != nullptr ? job.tenant_->vtime : 0.0;
 }
 
 size_t Engine::EffectivePriority(const Job& job) const {
@@ -566,20 +569,21 @@ void Engine::PromptDone(Job& job, const float* logits) {
   for (size_t c = 0; c < job.choices_.size(); ++c) OnLogits(job, c, logits);
 }
 
-void Engine::PlanStep(std::vector<DecodeRow>& decode) {
+void Engine::PlanStep() {
   step_.clear();
   const size_t budget = std::max<size_t>(options_.step_tokens, 1);
   const size_t chunk = std::max<size_t>(options_.prefill_chunk, 1);
   size_t rows = 0;
-  // Decode rows: every running job with room, all of a job's live choices
-  // together; past max_batch, by priority, then tenant share, then the job
-  // that decoded least recently (a round robin: no job starves).
+  // Decode rows: every running job with room in its event queue, all of a
+  // job's live choices together; past max_batch, by priority, then tenant
+  // share, then the job that decoded least recently (a round robin: no job
+  // starves).
   order_.clear();
   size_t wanted = 0;
-  for (const DecodeRow& r : decode) {
-    if (order_.empty() || order_.back() != r.job) {
-      order_.push_back(r.job);
-      wanted += r.job->LiveChoices();
+  for (auto& j : jobs_) {
+    if (j->phase_ == Job::Phase::kDecode && j->QueueHasRoom()) {
+      order_.push_back(j.get());
+      wanted += j->LiveChoices();
     }
   }
   if (wanted > options_.max_batch) {
@@ -598,7 +602,7 @@ void Engine::PlanStep(std::vector<DecodeRow>& decode) {
     if (rows + live > options_.max_batch) continue;
     j->decoded_step_ = step;
     for (size_t c = 0; c < j->choices_.size(); ++c) {
-      if (j->choices_[c].finish == FinishReason::kNone) step_.push_back({j, c, 1, true, false});
+      if (j->choices_[c].finish == FinishReason::kNone) step_.push_back({j, c, 0, 1, true, false});
     }
     rows += live;
   }
@@ -630,7 +634,7 @@ void Engine::PlanStep(std::vector<DecodeRow>& decode) {
         full = true;
         break;
       }
-      step_.push_back({j, 0, n, false, last});
+      step_.push_back({j, 0, at, n, false, last});
       rows += n;
       at += n;
       any_chunk = true;
@@ -640,9 +644,10 @@ void Engine::PlanStep(std::vector<DecodeRow>& decode) {
   }
 }
 
-void Engine::RunStep() {
+Engine::StepRows Engine::RunStep() {
   segments_.clear();
-  size_t with_logits = 0, decode_rows = 0, prefill_tokens = 0;
+  size_t with_logits = 0;
+  StepRows rows;
   const auto now = Clock::now();
   for (StepPart& p : step_) {
     Job& j = *p.job;
@@ -653,15 +658,9 @@ void Engine::RunStep() {
       g.tokens = std::span<const int32_t>(&ch.next_input, 1);
       g.decode = true;
       g.logits = true;
-      ++decode_rows;
+      ++rows.decode;
     } else {
-      // A job's chunks in this step follow one another: where this one
-      // starts is where the last one ended.
-      size_t at = j.prefill_done_;
-      for (const model::StepSegment& prev : segments_) {
-        if (!prev.decode && prev.kv == &j.lease_.sequence()) at += prev.tokens.size();
-      }
-      if (at == 0) {  // the prompt's first chunk
+      if (p.start == 0) {  // the prompt's first chunk
         j.first_chunk_ = now;
         j.result_.queue_seconds = Seconds(now - j.submitted_);
         if (options_.observer) {
@@ -670,14 +669,13 @@ void Engine::RunStep() {
         }
       }
       g.kv = &j.lease_.sequence();
-      g.tokens = std::span<const int32_t>(j.pending_.data() + at, p.tokens);
+      g.tokens = std::span<const int32_t>(j.pending_.data() + p.start, p.tokens);
       g.decode = false;
       g.logits = p.last;
-      prefill_tokens += p.tokens;
+      rows.prefill += p.tokens;
     }
     with_logits += g.logits;
-    auto* t = static_cast<TenantShare*>(j.tenant_);
-    if (t != nullptr) (p.decode ? t->step_decode : t->step_prefill) += p.tokens;
+    if (TenantShare* t = j.tenant_) (p.decode ? t->step_decode : t->step_prefill) += p.tokens;
     segments_.push_back(g);
   }
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
@@ -690,14 +688,14 @@ void Engine::RunStep() {
     if (options_.observer) options_.observer->OnTenantStep(name, t.step_decode, t.step_prefill);
     t.step_decode = t.step_prefill = 0;
   }
-  last_batch_.store(decode_rows, std::memory_order_relaxed);
-  last_step_tokens_.store(decode_rows + prefill_tokens, std::memory_order_relaxed);
+  last_batch_.store(rows.decode, std::memory_order_relaxed);
+  last_step_tokens_.store(rows.decode + rows.prefill, std::memory_order_relaxed);
   if (!st.ok()) {
     // Every sequence of the step may be partly extended: each job ends.
-    spdlog::error("engine: a step of {} decode rows and {} prompt tokens failed: {}", decode_rows,
-                  prefill_tokens, st.ToString());
+    spdlog::error("engine: a step of {} decode rows and {} prompt tokens failed: {}", rows.decode,
+                  rows.prefill, st.ToString());
     for (StepPart& p : step_) FinishJob(*p.job, FinishReason::kNone, st);
-    return;
+    return rows;
   }
   size_t k = 0;
   for (StepPart& p : step_) {
@@ -716,12 +714,10 @@ void Engine::RunStep() {
       j.lease_->PublishMemory();  // the job's last chunk of this step
     }
   }
+  return rows;
 }
 
 void Engine::Loop() {
-  std::vector<DecodeRow> batch;
-  batch.reserve(options_.max_batch);
-  size_t rotate = 0;
   for (;;) {
     std::deque<std::shared_ptr<Job>> incoming;
     bool stop;
@@ -753,32 +749,17 @@ void Engine::Loop() {
     active_.store(jobs_.size(), std::memory_order_relaxed);
     if (stop) break;
 
-    // The decode candidates: every job with room in its queue, starting at
-    // a rotating index so that a max_batch cap never starves the same jobs.
-    batch.clear();
-    const size_t n = jobs_.size();
-    for (size_t i = 0; i < n; ++i) {
-      Job& j = *jobs_[(i + rotate) % n];
-      if (j.phase_ == Job::Phase::kDecode && j.QueueHasRoom()) {
-        for (size_t c = 0; c < j.choices_.size(); ++c) {
-          if (j.choices_[c].finish == FinishReason::kNone) batch.push_back({&j, c});
-        }
-      }
-    }
-    if (n > 0) rotate = (rotate + 1) % n;
-    PlanStep(batch);
+    PlanStep();
     if (step_.empty()) {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return wake_ || stop_; });
       continue;
     }
     const auto t0 = Clock::now();
-    RunStep();
+    const StepRows rows = RunStep();
     steps_.fetch_add(1, std::memory_order_relaxed);
     if (options_.observer) {
-      const size_t rows = last_step_tokens_.load(std::memory_order_relaxed);
-      const size_t decode = last_batch_.load(std::memory_order_relaxed);
-      options_.observer->OnStep(decode, rows - decode, Seconds(Clock::now() - t0));
+      options_.observer->OnStep(rows.decode, rows.prefill, Seconds(Clock::now() - t0));
     }
   }
   jobs_.clear();

@@ -58,6 +58,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -153,6 +154,21 @@ struct EngineOptions {
 
 class Engine;
 
+// A tenant's weight under `options`: its --tenant-weights entry, else
+// default_tenant_weight.
+double TenantWeight(const EngineOptions& options, std::string_view tenant);
+
+// A tenant's share of the engine's steps (engine thread only): weighted fair
+// queueing on virtual time, rows served / weight. The engine keeps one while
+// the tenant has admitted jobs.
+struct TenantShare {
+  std::string name;
+  double weight = 1.0;
+  double vtime = 0.0;
+  size_t jobs = 0;
+  size_t step_decode = 0, step_prefill = 0;  // this step's rows
+};
+
 class Job {
  public:
   // ---- consumer side (any one thread) ----
@@ -221,7 +237,7 @@ class Job {
   uint64_t serial_ = 0;         // arrival order
   uint64_t admitted_step_ = 0;  // Engine::steps_ at admission (aging)
   uint64_t decoded_step_ = 0;   // Engine::steps_ when it last had decode rows
-  void* tenant_ = nullptr;      // its Engine::TenantShare while admitted
+  TenantShare* tenant_ = nullptr;  // while admitted
   bool waiting_ = false;        // counted in Engine::waiting_
   size_t prefill_done_ = 0;           // tokens of `pending_` absorbed
   std::vector<int32_t> pending_;      // tokens to absorb: history tail + prompt
@@ -308,25 +324,11 @@ class Engine {
   friend class Job;
   void Loop();
   void Wake();
-  // One decode row: a choice of a job.
-  struct DecodeRow {
-    Job* job;
-    size_t choice;
-  };
   bool Admit(Job& job);                    // prepares a new job; false: finished at once
   // Admission's step for a reuse_prefix job: rolls the session back to what
   // the plan keeps (or starts it over) and appends the rest of the
   // conversation; the prompt tokens not prefilled are its cached_tokens.
   void AdmitReuse(Job& job);
-  // A tenant's share of the steps: weighted fair queueing on virtual time
-  // (rows served / weight). Entries live while the tenant has admitted jobs.
-  struct TenantShare {
-    std::string name;
-    double weight = 1.0;
-    double vtime = 0.0;
-    size_t jobs = 0;
-    size_t step_decode = 0, step_prefill = 0;  // this step's rows
-  };
   void JoinTenant(Job& job);
   void LeaveTenant(Job& job);
   // The job's level plus one per aging_steps steps since admission (capped).
@@ -335,9 +337,12 @@ class Engine {
   // The job no longer waits for its prompt (counted in waiting_ no more).
   void DoneWaiting(Job& job);
   // Picks the step's rows (decode rows, then whole chunks) into step_.
-  void PlanStep(std::vector<DecodeRow>& decode);
+  void PlanStep();
   // Runs step_ as one Transformer::Step and hands out its logits.
-  void RunStep();
+  struct StepRows {
+    size_t decode = 0, prefill = 0;
+  };
+  StepRows RunStep();
   // After the last chunk of the job's prompt: O(1) seals, forks, the first
   // token of every choice from `logits`.
   void PromptDone(Job& job, const float* logits);
@@ -376,6 +381,7 @@ class Engine {
   struct StepPart {
     Job* job;
     size_t choice;  // decode rows
+    size_t start;   // chunks: its first token in the job's pending_
     size_t tokens;  // chunks: its length
     bool decode;
     bool last;      // chunks: the prompt's last

@@ -21,7 +21,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+using session::Seconds;
 double Ms(Clock::duration d) { return Seconds(d) * 1e3; }
 
 // The model, its tokenizer and a store, loaded once per scenario; each
@@ -414,13 +414,6 @@ std::vector<double> DurationsMs(const Client& c) {
   return v;
 }
 
-double WeightOf(const TenantWeights& w, std::string_view tenant, double fallback) {
-  for (const auto& [name, weight] : w) {
-    if (name == tenant) return weight;
-  }
-  return fallback;
-}
-
 void PrintSharesRow(const char* phase, double ttft_ms, double alone_ms, const Shares& s) {
   std::printf("| %s | %.1f | %.2fx | %.1f / %.1f | %.1f / %.1f |\n", phase, ttft_ms,
               ttft_ms / alone_ms, Shares::Of(s.flood_generated, s.light_generated),
@@ -584,8 +577,8 @@ int RunTenantsBench(const SchedulerBenchOptions& opt) {
     }
   }
 
-  const double wf = WeightOf(weights, kFlood, eo.default_tenant_weight);
-  const double wl = WeightOf(weights, kLight, eo.default_tenant_weight);
+  const double wf = session::TenantWeight(eo, kFlood);
+  const double wl = session::TenantWeight(eo, kLight);
   std::printf(
       "\ntenants: flood (%zu clients resubmitting at once, weight %g), light (weight %g: one "
       "client, %zu requests, a pause as long as one request between them).\nrequests: %zu-token "
