@@ -59,6 +59,7 @@ class CacheAttention : public LayerAttentionState {
   void Release() override { cache_.Release(); }
   size_t MemoryBytes() const override { return cache_.MemoryBytes(); }
   const kv::LayerKvCache* cache() const override { return &cache_; }
+  kv::LayerKvCache* journal_rows() override { return cache_.O1Sealed() ? nullptr : &cache_; }
   absl::Status InstallCache(kv::LayerKvCache cache, size_t positions) override;
 
  protected:

@@ -49,6 +49,12 @@ absl::Status LayerAttentionState::InstallCache(kv::LayerKvCache, size_t) {
       absl::StrCat("the ", std::string(name()), " attention state does not hold exact cache rows"));
 }
 
+absl::Status LayerAttentionState::AuxRows(size_t, size_t count, uint8_t*) const {
+  if (count == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(std::string(name()), " attention keeps no aux state"));
+}
+
 absl::StatusOr<std::vector<uint8_t>> LayerAttentionState::SnapshotAux() const {
   return std::vector<uint8_t>{};
 }

@@ -196,6 +196,24 @@ class LayerAttentionState {
   // import); position() where there is no aux.
   virtual size_t AuxPositions() const { return position(); }
 
+  // ---- the journal (core/session/session_journal) ----
+  // A state whose positions are exact rows only ever appended or rolled
+  // back (exact, QSA, an O(1) layer before its seal) lends its cache here:
+  // a journal record carries the rows appended since the last one, and a
+  // restore appends them back (LayerKvCache::FillNext). nullptr for a state
+  // a record carries whole (a sealed O(1) layer, sink + window: both
+  // bounded in size).
+  virtual kv::LayerKvCache* journal_rows() { return nullptr; }
+  const kv::LayerKvCache* journal_rows() const {
+    return const_cast<LayerAttentionState*>(this)->journal_rows();
+  }
+  // The aux state's bytes per position (QSA: the indexer's raw bf16 key,
+  // hd · 2), 0 without aux; AuxRows copies positions [from, from + count)
+  // of them to dst (from + count <= AuxPositions()). With SnapshotAux's
+  // header they make its blob, so a record carries only the new positions.
+  virtual size_t AuxRowBytes() const { return 0; }
+  virtual absl::Status AuxRows(size_t from, size_t count, uint8_t* dst) const;
+
  protected:
   LayerAttentionState() = default;
 };

@@ -160,6 +160,15 @@ absl::StatusOr<std::vector<uint8_t>> QsaAttention::SnapshotAux() const {
   return indexer_->SnapshotAux(state_);
 }
 
+size_t QsaAttention::AuxRowBytes() const {
+  return indexer_ == nullptr ? 0 : indexer_->geometry().hd * 2;  // bf16 raw keys
+}
+
+absl::Status QsaAttention::AuxRows(size_t from, size_t count, uint8_t* dst) const {
+  if (indexer_ == nullptr) return LayerAttentionState::AuxRows(from, count, dst);
+  return indexer_->CopyRawKeys(state_, from, count, dst);
+}
+
 absl::Status QsaAttention::RestoreAux(const std::shared_ptr<QsaRuntime>& runtime,
                                       std::span<const uint8_t> blob) {
   CORTIQ_RETURN_IF_ERROR(Bind(runtime));

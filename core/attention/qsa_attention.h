@@ -59,6 +59,8 @@ class QsaAttention final : public CacheAttention {
   absl::Status RestoreAux(const std::shared_ptr<QsaRuntime>& runtime,
                           std::span<const uint8_t> blob) override;
   size_t AuxPositions() const override { return state_.ingested(); }
+  size_t AuxRowBytes() const override;
+  absl::Status AuxRows(size_t from, size_t count, uint8_t* dst) const override;
 
   // The indexer state (null until bound): tests and metrics.
   const qsa::QsaSeqState* state() const { return indexer_ != nullptr ? &state_ : nullptr; }

@@ -152,6 +152,21 @@ HeadRowsFill KvRows::Fill(size_t kv_head, size_t rows) {
                                  rows, k_f32_, v_f32_, k_i8_, v_i8_, k_scale_, v_scale_);
 }
 
+HeadRowsFill KvRows::FillNext(size_t kv_head, size_t rows) {
+  CORTIQ_KV_CHECK(kv_head < num_kv_heads_ && seq_len_ + rows <= capacity_);
+  CORTIQ_KV_CHECK(seq_len_ + rows <= committed_);  // Reserve(seq_len() + rows) first
+  return HeadSpans<HeadRowsFill>(mode_, RowBase(kv_head) + seq_len_ * head_dim_,
+                                 ScaleBase(kv_head) + seq_len_, rows * head_dim_, rows, k_f32_,
+                                 v_f32_, k_i8_, v_i8_, k_scale_, v_scale_);
+}
+
+void KvRows::AppendDenseRows(size_t rows) {
+  CORTIQ_KV_CHECK(alive_log_.empty() && seq_len_ + rows <= committed_);
+  if (rows == 0) return;
+  for (size_t h = 0; h < num_kv_heads_; ++h) head_len_[h] += rows;
+  seq_len_ += rows;
+}
+
 void KvRows::SetDenseRows(size_t seq_len) {
   CORTIQ_KV_CHECK(seq_len_ == 0 && seq_len <= capacity_);
   CORTIQ_KV_CHECK(importance_.empty() && alive_log_.empty());

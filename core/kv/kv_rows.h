@@ -144,6 +144,17 @@ class KvRows {
   // store holding no position, no importance and no alive log, and
   // seq_len <= capacity() (checked). O(num_kv_heads), no allocation.
   void SetDenseRows(size_t seq_len);
+  // The `rows` slots after the stored positions of kv_head's blocks
+  // ([seq_len(), seq_len() + rows)), writable: what a journal's restore
+  // appends (core/session/session_journal). Reserve(seq_len() + rows)
+  // first (checked). O(1), no allocation; nothing is stored until
+  // AppendDenseRows counts it.
+  HeadRowsFill FillNext(size_t kv_head, size_t rows);
+  // Declares the `rows` slots after seq_len() of every head stored, as
+  // written through FillNext. Requires every head dense (no alive log) and
+  // seq_len() + rows <= capacity() (checked). O(num_kv_heads), no
+  // allocation.
+  void AppendDenseRows(size_t rows);
 
  private:
   // Reallocates every per-position buffer to new_capacity (>= seq_len_),

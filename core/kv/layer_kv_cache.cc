@@ -50,6 +50,16 @@ void LayerKvCache::Reserve(size_t positions) {
   if (!O1Sealed()) rows_.Reserve(positions);
 }
 
+HeadRowsFill LayerKvCache::FillNext(size_t kv_head, size_t rows) {
+  CORTIQ_KV_CHECK(!o1_.has_value());
+  return rows_.FillNext(kv_head, rows);
+}
+
+void LayerKvCache::AppendDenseRows(size_t rows) {
+  CORTIQ_KV_CHECK(!o1_.has_value());
+  rows_.AppendDenseRows(rows);
+}
+
 void LayerKvCache::ReleaseUnused() {
   if (!O1Sealed()) rows_.ReleaseUnused();
 }

@@ -152,6 +152,14 @@ class LayerKvCache {
   // (KvRows::ReleaseUnused); no-op once sealed.
   void ReleaseUnused();
 
+  // ---- a journal's restore (core/session/session_journal) ----
+  // KvRows::FillNext / AppendDenseRows on the exact rows: `rows` stored
+  // positions appended as written (f32 rows, or int8 rows with their
+  // scales), without quantising again. A cache with an O(1) override
+  // (collecting or sealed) has no rows to append to (checked).
+  HeadRowsFill FillNext(size_t kv_head, size_t rows);
+  void AppendDenseRows(size_t rows);
+
   // ---- mutation ----
   // Appends one position. k_new, v_new: [num_kv_heads × head_dim]. Heads
   // with alive[h] == false store nothing for it. Allocates only when

@@ -567,6 +567,18 @@ absl::StatusOr<std::vector<uint8_t>> QsaIndexer::SnapshotAux(const QsaSeqState& 
   return blob;
 }
 
+absl::Status QsaIndexer::CopyRawKeys(const QsaSeqState& st, size_t from, size_t count,
+                                     uint8_t* dst, Stream stream) const {
+  CORTIQ_RETURN_IF_ERROR(CheckOwner(st, "CopyRawKeys"));
+  if (from > st.ingested_ || count > st.ingested_ - from) {
+    return absl::OutOfRangeError(absl::StrCat("qsa raw keys [", from, ", ", from + count,
+                                              ") past the ", st.ingested_, " ingested"));
+  }
+  if (count == 0) return absl::OkStatus();
+  const size_t row = g_.hd * kBf16;
+  return backend_->CopyToHost(dst, st.raw_keys_ + from * row, count * row, stream);
+}
+
 absl::Status QsaIndexer::RestoreAux(QsaSeqState& st, std::span<const uint8_t> blob,
                                     Stream stream) const {
   CORTIQ_RETURN_IF_ERROR(CheckOwner(st, "RestoreAux"));

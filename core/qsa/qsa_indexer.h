@@ -259,6 +259,11 @@ class QsaIndexer {
   // with this geometry → DATA_LOSS, state untouched.
   absl::Status RestoreAux(QsaSeqState& st, std::span<const uint8_t> blob,
                           Stream stream = kDefaultStream) const;
+  // The raw keys of tokens [from, from + count) (hd · 2 bytes each, as in
+  // the aux blob) copied to dst: what a journal record carries of the aux
+  // state (only the new tokens). OUT_OF_RANGE past ingested.
+  absl::Status CopyRawKeys(const QsaSeqState& st, size_t from, size_t count, uint8_t* dst,
+                           Stream stream = kDefaultStream) const;
 
   // ---- diagnostics ----
   // The block scores the selection of a query at `pos` (< ingested()) ranks:

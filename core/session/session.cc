@@ -116,9 +116,11 @@ void Session::RewindForReuse(const PrefixReuse& reuse) {
     kv_.Release();
     tokens_.clear();
     detok_pending_.clear();
+    LowerJournalMark(0, 0);
     PublishMemory();
     return;
   }
+  LowerJournalMark(reuse.kept, reuse.cached);
   const size_t position = kv_.position();
   if (position > reuse.cached) {
     const absl::Status st = kv_.TruncateLast(position - reuse.cached);
@@ -134,6 +136,7 @@ void Session::KeepDetokPending(std::string_view bytes) { detok_pending_.assign(b
 void Session::CopyStateFrom(const Session& source) {
   kv_ = source.kv_.Copy();
   tokens_ = source.tokens_;
+  LowerJournalMark(0, 0);
   detok_pending_ = source.detok_pending_;
   PublishMemory();
 }
@@ -157,6 +160,7 @@ absl::Status Session::RestoreHistory(std::vector<int32_t> tokens, size_t cached,
   }
   tokens_ = std::move(tokens);
   detok_pending_.assign(detok_pending);
+  LowerJournalMark(0, 0);
   return absl::OkStatus();
 }
 
@@ -183,6 +187,7 @@ void Session::PublishMemory() {
 
 void Session::ReleaseState() {
   kv_.Release();
+  LowerJournalMark(journal_.tokens, 0);
   PublishMemory();
 }
 

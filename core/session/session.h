@@ -28,6 +28,7 @@
 //   lease->PublishMemory();   // metrics now see the new bytes
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -231,6 +232,23 @@ class Session {
   // Frees every state byte (kv().Release()) and publishes zero. Idempotent.
   void ReleaseState();
 
+  // ---- the journal (core/session/session_journal): the lease holder, or
+  // the owner of an uninstalled session ----
+  // What the session's journal file (--state-dir) holds of it: whether the
+  // file exists, the prefix of the state it holds (history tokens and
+  // positions: a record appends what lies past them) and its size. The
+  // operations that roll the state back (RewindForReuse, ReleaseState,
+  // CopyStateFrom, RestoreHistory) lower the prefix; the journal sets the
+  // whole mark when it queues a record.
+  struct JournalMark {
+    bool written = false;
+    size_t tokens = 0;
+    size_t cached = 0;
+    uint64_t file_bytes = 0;
+  };
+  const JournalMark& journal_mark() const { return journal_; }
+  void set_journal_mark(const JournalMark& mark) { journal_ = mark; }
+
   // ---- any thread ----
   // Last published bytes by kind (exactly MemoryOf(kv()) as of the last
   // PublishMemory).
@@ -240,10 +258,18 @@ class Session {
   size_t published_cached() const { return published_cached_.load(std::memory_order_relaxed); }
 
  private:
-  // The lease hands out the mutable sequence (Lease::sequence()).
+  // The lease hands out the mutable sequence (Lease::sequence()); a
+  // journal's restore fills an uninstalled session's (session_journal.cc).
   friend class SessionStore;
+  friend class JournalRestore;
 
   Session(std::string id, const model::ModelConfig& config, const SessionConfig& session_config);
+  // A rollback to `tokens` history tokens and `cached` positions: the
+  // journal's prefix shrinks to them when it held more.
+  void LowerJournalMark(size_t tokens, size_t cached) {
+    journal_.tokens = std::min(journal_.tokens, tokens);
+    journal_.cached = std::min(journal_.cached, cached);
+  }
 
   std::string id_;
   std::string tenant_;
@@ -256,6 +282,7 @@ class Session {
   int64_t num_attention_heads_ = 0;
   int64_t vocab_size_ = 0;
   size_t max_positions_ = 0;  // the model's context
+  JournalMark journal_;
 
   std::array<std::atomic<size_t>, kNumMemoryKinds> memory_{};
   std::atomic<size_t> published_tokens_{0};

@@ -232,6 +232,17 @@ uint64_t ModelWireFingerprint(const model::Checkpoint& checkpoint,
   return h;
 }
 
+std::string EncodeSessionHeader(const model::ModelConfig& model, const Session& session) {
+  return HeaderPayload(model, session.config(), kSessionWireMaxVersion, session.id(),
+                       session.tenant());
+}
+
+absl::StatusOr<SessionHeader> DecodeSessionHeader(std::string_view payload,
+                                                  const model::ModelConfig& model) {
+  CORTIQ_ASSIGN_OR_RETURN(ParsedHeader parsed, ParseHeader(payload, model, kSessionWireMaxVersion));
+  return SessionHeader{parsed.config, std::move(parsed.id), std::move(parsed.tenant)};
+}
+
 absl::StatusOr<uint32_t> NegotiateWireVersion(const std::vector<uint32_t>& peer_versions) {
   uint32_t best = 0;
   for (uint32_t v : peer_versions) {

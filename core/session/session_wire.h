@@ -161,6 +161,19 @@ class SessionWireSink {
   std::unique_ptr<State> state_;
 };
 
+// The header section's payload at the newest version: `model`'s geometry,
+// the session's configuration, id and tenant. The journal
+// (session_journal.h) opens every session file with it.
+std::string EncodeSessionHeader(const model::ModelConfig& model, const Session& session);
+struct SessionHeader {
+  SessionConfig config;
+  std::string id, tenant;
+};
+// Parses EncodeSessionHeader's payload with the import's checks: another
+// geometry is FAILED_PRECONDITION, a malformed payload DATA_LOSS.
+absl::StatusOr<SessionHeader> DecodeSessionHeader(std::string_view payload,
+                                                  const model::ModelConfig& model);
+
 // The version an exporter should use toward a peer that reads `peer_versions`:
 // the highest one both speak; FAILED_PRECONDITION when there is none.
 absl::StatusOr<uint32_t> NegotiateWireVersion(const std::vector<uint32_t>& peer_versions);

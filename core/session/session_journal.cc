@@ -1,0 +1,471 @@
+#include "core/session/session_journal.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/kv/layer_kv_cache.h"
+#include "core/kv/wire_refusal.h"
+#include "core/session/session_wire.h"
+#include "core/util/bytes.h"
+#include "core/util/crc32c.h"
+#include "core/util/status_macros.h"
+#include "core/util/strings.h"
+
+namespace cortiq::session {
+
+namespace {
+
+using util::ByteReader;
+using util::ByteWriter;
+
+constexpr char kMagic[4] = {'C', 'Q', 'S', 'J'};
+constexpr uint32_t kRecordSession = 1;
+constexpr uint32_t kRecordTurn = 2;
+constexpr size_t kFrameBytes = 16 + 4;  // type, reserved, length; CRC
+constexpr uint8_t kLayerRows = 0;
+constexpr uint8_t kLayerWhole = 1;
+constexpr uint64_t kAuxHeaderBytes = 16;  // the QSA aux blob's [ingested][pooled]
+
+absl::Status Corrupt(std::string_view what) {
+  return absl::DataLossError(absl::StrCat("session journal: ", util::Sv(what)));
+}
+
+// Bytes one position of `cache`'s rows takes in a record, per KV head:
+// f32 K and V rows, or int8 K and V rows with their f32 scales.
+size_t RowBytesPerHead(kv::KvMode mode, size_t head_dim) {
+  return mode == kv::KvMode::kF32 ? 2 * head_dim * sizeof(float)
+                                  : 2 * (head_dim + sizeof(float));
+}
+
+// Appends a framed record: type, reserved, length, payload, CRC32C of them.
+void PutRecord(ByteWriter& w, uint32_t type, std::string_view payload) {
+  const size_t start = w.size();
+  w.U32(type);
+  w.U32(0);
+  w.U64(payload.size());
+  w.Bytes(payload);
+  w.U32(util::Crc32c(std::string_view(w.str()).substr(start)));
+}
+
+std::string FileHeader(uint64_t fingerprint) {
+  ByteWriter w;
+  w.Raw(kMagic, 4);
+  w.U32(kJournalVersion);
+  w.U32(0);  // flags
+  w.U32(0);  // reserved
+  w.U64(fingerprint);
+  return w.Take();
+}
+
+// One layer's part of a turn record, decided before any byte is written so
+// the record is sized once.
+struct LayerPart {
+  const kv::LayerKvCache* rows = nullptr;  // appendable rows, or
+  std::string whole;                       // the whole state's CQKV blob
+  size_t aux_row = 0;                      // aux bytes per position (0: none)
+};
+
+absl::StatusOr<std::string> TurnPayload(const Session& session, size_t keep_tokens,
+                                        size_t keep_cached, uint64_t* live_bytes) {
+  const model::SequenceKv& kv = session.kv();
+  const size_t cached = kv.position();
+  const std::vector<int32_t>& tokens = session.tokens();
+  if (keep_tokens > tokens.size() || keep_cached > cached) {
+    return absl::InternalError("session journal: the mark is past the session's state");
+  }
+  const size_t count = cached - keep_cached;
+  const size_t H = kv.geometry().num_kv_heads, D = kv.geometry().head_dim;
+  std::vector<LayerPart> parts(kv.num_layers());
+  size_t body = 0, live = 0;
+  for (size_t l = 0; l < kv.num_layers(); ++l) {
+    const attention::LayerAttentionState& state = kv.layer(l);
+    LayerPart& p = parts[l];
+    if (state.AwaitsPromptEnd()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer ", l, ": an O(1) trace being collected (a call ended inside its prompt)"));
+    }
+    p.rows = state.journal_rows();
+    if (p.rows != nullptr) {
+      if (p.rows->HasDeadHeads() || p.rows->HasImportance()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("layer ", l, ": dead heads or importance, which no record describes"));
+      }
+      const size_t per = H * RowBytesPerHead(p.rows->mode(), D);
+      body += 1 + 8 + count * per;
+      live += 1 + 8 + cached * per;
+    } else {
+      const kv::LayerKvCache* cache = state.cache();
+      absl::StatusOr<std::string> blob;
+      if (cache != nullptr) {
+        blob = cache->ExportWire({});
+      } else {
+        CORTIQ_ASSIGN_OR_RETURN(kv::LayerKvCache held, state.ExportRows());
+        blob = held.ExportWire({});
+      }
+      if (!blob.ok()) return kv::PrefixStatus(absl::StrCat("layer ", l, ": "), blob.status());
+      p.whole = *std::move(blob);
+      body += 1 + 8 + p.whole.size();
+      live += 1 + 8 + p.whole.size();
+    }
+    p.aux_row = state.HasAux() ? state.AuxRowBytes() : 0;
+    if (p.aux_row != 0 && state.AuxPositions() != cached) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer ", l, ": the QSA indexer holds ", state.AuxPositions(), " of ", cached,
+          " positions"));
+    }
+    body += 4 + (p.aux_row != 0 ? 8 + count * p.aux_row : 0);
+    live += 4 + (p.aux_row != 0 ? 8 + cached * p.aux_row : 0);
+  }
+  std::string sampler;
+  if (session.sampler().has_value()) sampler = session.sampler()->SerializeState();
+  const size_t fixed = 8 + 8 + 8 + 8 + 4 + session.detok_pending().size() + 1 + 4 +
+                       sampler.size() + 4;
+  ByteWriter w;
+  w.Reserve(fixed + (tokens.size() - keep_tokens) * 4 + body);
+  w.U64(keep_tokens);
+  w.U64(keep_cached);
+  w.U64(tokens.size() - keep_tokens);
+  w.Raw(tokens.data() + keep_tokens, (tokens.size() - keep_tokens) * sizeof(int32_t));
+  w.U64(cached);
+  w.U32(static_cast<uint32_t>(session.detok_pending().size()));
+  w.Bytes(session.detok_pending());
+  w.U8(session.sampler().has_value() ? 1 : 0);
+  w.U32(static_cast<uint32_t>(sampler.size()));
+  w.Bytes(sampler);
+  w.U32(static_cast<uint32_t>(kv.num_layers()));
+  std::vector<uint8_t> aux;
+  for (size_t l = 0; l < kv.num_layers(); ++l) {
+    const LayerPart& p = parts[l];
+    if (p.rows != nullptr) {
+      w.U8(kLayerRows);
+      w.U64(count);
+      for (size_t h = 0; h < H; ++h) {
+        const kv::HeadRowsView v = p.rows->HeadRows(h);
+        const size_t from = keep_cached * D, n = count * D;
+        if (p.rows->mode() == kv::KvMode::kF32) {
+          w.Raw(v.keys.data() + from, n * sizeof(float));
+          w.Raw(v.values.data() + from, n * sizeof(float));
+        } else {
+          w.Raw(v.keys_i8.data() + from, n);
+          w.Raw(v.key_scales.data() + keep_cached, count * sizeof(float));
+          w.Raw(v.values_i8.data() + from, n);
+          w.Raw(v.value_scales.data() + keep_cached, count * sizeof(float));
+        }
+      }
+    } else {
+      w.U8(kLayerWhole);
+      w.U64(p.whole.size());
+      w.Bytes(p.whole);
+    }
+    w.U32(static_cast<uint32_t>(p.aux_row));
+    if (p.aux_row != 0) {
+      w.U64(count);
+      aux.resize(count * p.aux_row);
+      CORTIQ_RETURN_IF_ERROR(kv.layer(l).AuxRows(keep_cached, count, aux.data()));
+      w.Raw(aux.data(), aux.size());
+    }
+  }
+  *live_bytes = kJournalHeaderBytes + fixed + tokens.size() * 4 + live;
+  return w.Take();
+}
+
+}  // namespace
+
+absl::StatusOr<JournalRecord> BuildJournalRecord(const Session& session,
+                                                 const model::ModelConfig& model,
+                                                 uint64_t fingerprint, bool rewrite) {
+  const Session::JournalMark& mark = session.journal_mark();
+  rewrite = rewrite || !mark.written;
+  JournalRecord out;
+  if (!rewrite) {
+    uint64_t live = 0;
+    CORTIQ_ASSIGN_OR_RETURN(std::string payload,
+                            TurnPayload(session, mark.tokens, mark.cached, &live));
+    const std::string header = EncodeSessionHeader(model, session);
+    live += kFrameBytes + header.size() + kFrameBytes;
+    const uint64_t after = mark.file_bytes + payload.size() + kFrameBytes;
+    // Compaction: a file whose dead bytes would pass its live bytes is
+    // written anew instead (amortised: the file never exceeds twice the
+    // state, and a rewrite happens after at least `live` dead bytes).
+    if (after <= 2 * live) {
+      ByteWriter w;
+      w.Reserve(payload.size() + kFrameBytes);
+      PutRecord(w, kRecordTurn, payload);
+      out.bytes = w.Take();
+      out.live_bytes = live;
+      out.mark = {true, session.tokens().size(), session.kv().position(), after};
+      return out;
+    }
+  }
+  uint64_t live = 0;
+  CORTIQ_ASSIGN_OR_RETURN(std::string payload, TurnPayload(session, 0, 0, &live));
+  const std::string header = EncodeSessionHeader(model, session);
+  ByteWriter w;
+  w.Reserve(kJournalHeaderBytes + 2 * kFrameBytes + header.size() + payload.size());
+  w.Bytes(FileHeader(fingerprint));
+  PutRecord(w, kRecordSession, header);
+  PutRecord(w, kRecordTurn, payload);
+  out.bytes = w.Take();
+  out.rewrite = true;
+  out.live_bytes = out.bytes.size();
+  out.mark = {true, session.tokens().size(), session.kv().position(), out.bytes.size()};
+  return out;
+}
+
+namespace {
+
+}  // namespace
+
+// Session's friend: the restore rebuilds the attention state of a session
+// it owns and nobody else sees (as the wire import does through its named
+// operations; a journal's rows go straight into the caches).
+class JournalRestore {
+ public:
+  static model::SequenceKv& Sequence(Session& session) { return session.kv_; }
+};
+
+namespace {
+
+struct Record {
+  uint32_t type;
+  std::string_view payload;
+  uint64_t offset;
+};
+
+// The restore of one file: the session being rebuilt and what the turn
+// records said so far.
+struct Restorer {
+  const model::Transformer& model;
+  std::unique_ptr<Session> session;
+  std::vector<int32_t> history;
+  size_t cached = 0;
+  std::string pending;
+  std::optional<model::Sampler> sampler;
+  std::vector<std::vector<uint8_t>> aux;  // per layer: the QSA aux blob being rebuilt
+  size_t reserve = 0;                     // positions every rows layer reserves up front
+
+  absl::Status ApplyTurn(std::string_view payload, model::SequenceKv& kv);
+  absl::Status Finish(model::SequenceKv& kv);
+};
+
+absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv) {
+  ByteReader r(payload);
+  uint64_t keep_tokens, keep_cached, n, new_cached;
+  if (!r.U64(&keep_tokens) || !r.U64(&keep_cached) || !r.U64(&n)) return Corrupt("truncated turn");
+  if (keep_tokens > history.size() || keep_cached > cached) {
+    return Corrupt(absl::StrCat("keeps ", keep_tokens, " tokens and ", keep_cached,
+                                " positions of a state of ", history.size(), " and ", cached));
+  }
+  if (n > r.remaining() / sizeof(int32_t)) return Corrupt("bad token count");
+  history.resize(keep_tokens + n);
+  if (!r.Raw(history.data() + keep_tokens, n * sizeof(int32_t))) return Corrupt("truncated tokens");
+  uint32_t p, sampler_len;
+  uint8_t has_sampler;
+  std::string_view pend, blob;
+  if (!r.U64(&new_cached) || new_cached < keep_cached || new_cached > history.size() ||
+      !r.U32(&p) || p > 3 || !r.Bytes(p, &pend) || !r.U8(&has_sampler) || has_sampler > 1 ||
+      !r.U32(&sampler_len) || !r.Bytes(sampler_len, &blob)) {
+    return Corrupt("malformed turn header");
+  }
+  pending.assign(pend);
+  if (has_sampler == 1) {
+    absl::StatusOr<model::Sampler> s = model::Sampler::Deserialize(blob);
+    if (!s.ok()) return Corrupt(absl::StrCat("sampler: ", s.status().message()));
+    sampler = *std::move(s);
+  }
+  uint32_t layers;
+  if (!r.U32(&layers) || layers != kv.num_layers()) return Corrupt("layer count");
+  const size_t count = new_cached - keep_cached;
+  const model::ModelConfig& m = model.config();
+  const size_t H = kv.geometry().num_kv_heads, D = kv.geometry().head_dim;
+  for (size_t l = 0; l < layers; ++l) {
+    attention::LayerAttentionState& state = kv.layer(l);
+    uint8_t kind;
+    if (!r.U8(&kind) || kind > kLayerWhole) return Corrupt(absl::StrCat("layer ", l, ": kind"));
+    if (kind == kLayerRows) {
+      uint64_t rows;
+      // A state kept from nothing starts empty (a sealed O(1) layer that a
+      // start over emptied is appendable rows again).
+      if (keep_cached == 0) state.Release();
+      kv::LayerKvCache* cache = state.journal_rows();
+      if (cache == nullptr) {
+        return Corrupt(absl::StrCat("layer ", l, ": rows for a ", util::Sv(state.name()), " layer"));
+      }
+      if (!r.U64(&rows) || rows != count || cache->seq_len() < keep_cached) {
+        return Corrupt(absl::StrCat("layer ", l, ": rows disagree with the positions"));
+      }
+      if (cache->seq_len() > keep_cached) state.TruncateLast(cache->seq_len() - keep_cached);
+      const size_t per = RowBytesPerHead(cache->mode(), D);
+      if (count > r.remaining() / (H * per)) return Corrupt(absl::StrCat("layer ", l, ": rows"));
+      cache->Reserve(std::max(reserve, new_cached));
+      for (size_t h = 0; h < H; ++h) {
+        const kv::HeadRowsFill f = cache->FillNext(h, count);
+        if (cache->mode() == kv::KvMode::kF32) {
+          r.Raw(f.keys.data(), f.keys.size_bytes());
+          r.Raw(f.values.data(), f.values.size_bytes());
+        } else {
+          r.Raw(f.keys_i8.data(), f.keys_i8.size_bytes());
+          r.Raw(f.key_scales.data(), f.key_scales.size_bytes());
+          r.Raw(f.values_i8.data(), f.values_i8.size_bytes());
+          r.Raw(f.value_scales.data(), f.value_scales.size_bytes());
+        }
+      }
+      cache->AppendDenseRows(count);
+    } else {
+      uint64_t len;
+      std::string_view wire;
+      if (!r.U64(&len) || !r.Bytes(len, &wire)) return Corrupt(absl::StrCat("layer ", l, ": blob"));
+      kv::LayerKvCache cache(H, D, session->config().kv_mode);
+      const kv::WireImportExpect expect{static_cast<size_t>(m.num_attention_heads),
+                                        static_cast<size_t>(m.max_position_embeddings)};
+      absl::Status st = cache.ImportWire(wire, expect);
+      if (st.ok()) st = state.InstallCache(std::move(cache), new_cached);
+      if (!st.ok()) return Corrupt(absl::StrCat("layer ", l, ": ", st.message()));
+    }
+    uint32_t aux_row;
+    if (!r.U32(&aux_row)) return Corrupt(absl::StrCat("layer ", l, ": aux"));
+    if (aux_row != 0) {
+      uint64_t rows;
+      std::string_view keys;
+      std::vector<uint8_t>& a = aux[l];
+      const uint64_t kept = kAuxHeaderBytes + keep_cached * uint64_t{aux_row};
+      if (!r.U64(&rows) || rows != count || (a.empty() ? keep_cached != 0 : a.size() < kept) ||
+          rows > r.remaining() / aux_row || !r.Bytes(rows * aux_row, &keys)) {
+        return Corrupt(absl::StrCat("layer ", l, ": aux rows disagree with the positions"));
+      }
+      a.resize(kept);
+      a.insert(a.end(), keys.begin(), keys.end());
+    } else {
+      aux[l].clear();
+    }
+  }
+  if (!r.done()) return Corrupt("trailing bytes in a turn");
+  cached = new_cached;
+  return absl::OkStatus();
+}
+
+absl::Status Restorer::Finish(model::SequenceKv& kv) {
+  for (size_t l = 0; l < kv.num_layers(); ++l) {
+    if (kv.layer(l).position() != cached) {
+      return Corrupt(absl::StrCat("layer ", l, " holds ", kv.layer(l).position(), " of ", cached,
+                                  " positions"));
+    }
+    std::vector<uint8_t>& a = aux[l];
+    if (a.empty()) continue;
+    const uint64_t row = (a.size() - kAuxHeaderBytes) / std::max<uint64_t>(1, cached);
+    const uint64_t ratio = std::max<size_t>(1, session->config().qsa.ratio);
+    const uint64_t ingested = cached, pooled = ingested / ratio;
+    if (cached == 0 || a.size() != kAuxHeaderBytes + cached * row) {
+      return Corrupt(absl::StrCat("layer ", l, ": aux rows disagree with the positions"));
+    }
+    std::memcpy(a.data(), &ingested, 8);
+    std::memcpy(a.data() + 8, &pooled, 8);
+    absl::Status st = session->RestoreLayerAux(l, model.qsa_runtime(), a);
+    if (!st.ok()) return Corrupt(absl::StrCat("layer ", l, ": ", st.message()));
+    std::vector<uint8_t>().swap(a);
+  }
+  const size_t positions = cached;
+  absl::Status st = session->RestoreHistory(std::move(history), positions, pending);
+  if (!st.ok()) return Corrupt(std::string(st.message()));
+  if (sampler.has_value()) session->RestoreSampler(*std::move(sampler));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
+                                               const model::Transformer& model,
+                                               uint64_t fingerprint) {
+  if (file.size() < kJournalHeaderBytes || std::memcmp(file.data(), kMagic, 4) != 0) {
+    return Corrupt("bad magic (not a Cortiq session journal)");
+  }
+  ByteReader hr(file.substr(4, kJournalHeaderBytes - 4));
+  uint32_t version, flags, reserved;
+  uint64_t fp;
+  hr.U32(&version);
+  hr.U32(&flags);
+  hr.U32(&reserved);
+  hr.U64(&fp);
+  if (version != kJournalVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session journal: version ", version, ": this build reads ", kJournalVersion));
+  }
+  if (flags != 0 || reserved != 0) return Corrupt("header: unknown flags");
+  if (fp != fingerprint) {
+    return absl::FailedPreconditionError(
+        "session journal: written for another model (fingerprint mismatch)");
+  }
+  // The records, checksummed. A record cut by the end of the file, or one
+  // whose checksum fails with nothing after it, is the torn last write of a
+  // crash: dropped. A checksum failure with bytes after it is corruption.
+  std::vector<Record> records;
+  uint64_t pos = kJournalHeaderBytes;
+  RestoredJournal out;
+  while (pos < file.size()) {
+    const uint64_t left = file.size() - pos;
+    if (left < kFrameBytes) break;
+    uint32_t type, res;
+    uint64_t len;
+    std::memcpy(&type, file.data() + pos, 4);
+    std::memcpy(&res, file.data() + pos + 4, 4);
+    std::memcpy(&len, file.data() + pos + 8, 8);
+    if (len > left - kFrameBytes) break;
+    const uint64_t end = pos + 16 + len + 4;
+    uint32_t crc;
+    std::memcpy(&crc, file.data() + pos + 16 + len, 4);
+    if (util::Crc32c(file.substr(pos, 16 + len)) != crc) {
+      if (end == file.size()) break;
+      return Corrupt(absl::StrCat("record ", records.size(), " at byte ", pos,
+                                  ": checksum mismatch, ", file.size() - end, " bytes after it"));
+    }
+    if (res != 0 || (type != kRecordSession && type != kRecordTurn) ||
+        (type == kRecordSession) != records.empty()) {
+      return Corrupt(absl::StrCat("record ", records.size(), " at byte ", pos, ": type ", type));
+    }
+    records.push_back({type, file.substr(pos + 16, len), pos});
+    pos = end;
+  }
+  out.valid_bytes = pos;
+  out.torn_bytes = file.size() - pos;
+  if (records.size() < 2) return Corrupt("no complete turn");
+
+  CORTIQ_ASSIGN_OR_RETURN(SessionHeader header,
+                          DecodeSessionHeader(records[0].payload, model.config()));
+  absl::StatusOr<std::unique_ptr<Session>> made = Session::Create(header.id, model, header.config);
+  if (!made.ok()) return Corrupt(absl::StrCat("header: ", made.status().message()));
+  Restorer rs{model, *std::move(made), {}, 0, {}, std::nullopt, {}, 0};
+  rs.session->set_tenant(std::move(header.tenant));
+  model::SequenceKv& kv = JournalRestore::Sequence(*rs.session);
+  rs.aux.resize(kv.num_layers());
+  // Every rows layer reserves the most positions any turn reaches, once:
+  // a restore never reallocates its rows turn after turn.
+  for (size_t i = 1; i < records.size(); ++i) {
+    ByteReader r(records[i].payload);
+    uint64_t kt, kc, n, c = 0;
+    std::string_view skipped;
+    if (r.U64(&kt) && r.U64(&kc) && r.U64(&n) && n <= r.remaining() / 4 &&
+        r.Bytes(n * 4, &skipped) && r.U64(&c)) {
+      rs.reserve = std::max<size_t>(
+          rs.reserve, std::min<uint64_t>(c, model.config().max_position_embeddings));
+    }
+  }
+  for (size_t i = 1; i < records.size(); ++i) {
+    absl::Status st = rs.ApplyTurn(records[i].payload, kv);
+    if (!st.ok()) {
+      return absl::DataLossError(absl::StrCat("record ", i, " at byte ", records[i].offset, ": ",
+                                              st.message()));
+    }
+  }
+  CORTIQ_RETURN_IF_ERROR(rs.Finish(kv));
+  kv.ReleaseUnused();
+  rs.session->PublishMemory();
+  out.turns = records.size() - 1;
+  rs.session->set_journal_mark(
+      {true, rs.session->tokens().size(), rs.session->kv().position(), out.valid_bytes});
+  out.session = std::move(rs.session);
+  return out;
+}
+
+}  // namespace cortiq::session

@@ -1,0 +1,328 @@
+// The session journal (--state-dir): a file grown turn by turn restores the
+// session exactly — every row, the QSA indexer keys, the whole O(1) and
+// sink + window states, the sampler's RNG, the history — in every attention
+// mode, across reuse_prefix rollbacks and start-overs; a turn costs its new
+// rows only; compaction bounds the file; a torn last record is dropped and
+// the session comes back at its last complete turn; corruption anywhere
+// else is DATA_LOSS, another model's file FAILED_PRECONDITION.
+#include "core/session/session_journal.h"
+
+#include <cstring>
+
+#include "core/session/engine.h"
+#include "core/session/session_store.h"
+#include "core/session/session_wire.h"
+#include "core/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "tests/common/model_test_util.h"
+
+namespace cortiq::session {
+namespace {
+
+constexpr uint64_t kFingerprint = 0x1234abcd5678ef01ull;
+
+class JournalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(testing::LoadTempModel("tiny", &model_, &tok_));
+    engine_ = std::make_unique<Engine>(*model_, *tok_, EngineOptions{});
+  }
+
+  static SessionConfig Mode(int mode) {
+    SessionConfig c;
+    if (mode == 1) c.kv_mode = kv::KvMode::kInt8;
+    if (mode == 2) {
+      c.attention = AttentionMode::kO1;
+      c.o1.layers = {0, 1};
+      c.o1.m = 8;
+      c.o1.w = 16;
+      c.o1.sink = 2;
+    }
+    if (mode == 3) {
+      c.attention = AttentionMode::kQsa;
+      auto q = model::MakeQsaConfig("all", 16, 4, 2);
+      EXPECT_TRUE(q.ok());
+      c.qsa = *q;
+    }
+    if (mode == 4) {
+      c.attention = AttentionMode::kWindow;
+      auto w = attention::MakeWindowConfig("all", 2, 8, 2);
+      EXPECT_TRUE(w.ok());
+      c.window = *w;
+    }
+    return c;
+  }
+
+  GenerationRequest Req(std::vector<int32_t> prompt, size_t n, bool sampled) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    r.sampling.temperature = sampled ? 0.9f : 0.0f;
+    r.sampling.seed = 77;
+    return r;
+  }
+
+  std::vector<int32_t> Run(SessionStore& store, const std::string& id, GenerationRequest r) {
+    auto lease = store.Acquire(id);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    auto job = engine_->Submit(*std::move(lease), std::move(r));
+    EXPECT_TRUE(job.ok()) << job.status();
+    std::vector<int32_t> ids;
+    GenerationEvent ev;
+    while ((*job)->WaitPop(&ev)) ids.push_back(ev.token_id);
+    EXPECT_TRUE((*job)->result().status.ok()) << (*job)->result().status;
+    return ids;
+  }
+
+  // Appends (or rewrites) `id`'s record to `file`, as the persister would,
+  // and returns the record's size.
+  size_t Journal(SessionStore& store, const std::string& id, std::string& file,
+                 bool* rewrote = nullptr) {
+    auto lease = store.Acquire(id);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    auto rec = BuildJournalRecord(**lease, model_->config(), kFingerprint);
+    EXPECT_TRUE(rec.ok()) << rec.status();
+    if (!rec.ok()) return 0;
+    if (rec->rewrite) {
+      file = rec->bytes;
+    } else {
+      file += rec->bytes;
+    }
+    EXPECT_EQ(rec->mark.file_bytes, file.size());
+    (*lease)->set_journal_mark(rec->mark);
+    if (rewrote) *rewrote = rec->rewrite;
+    return rec->bytes.size();
+  }
+
+  // The restored session holds exactly the live one's state.
+  void ExpectSameState(const Session& live, const Session& back) {
+    EXPECT_EQ(back.id(), live.id());
+    EXPECT_EQ(back.tenant(), live.tenant());
+    EXPECT_EQ(back.tokens(), live.tokens());
+    EXPECT_EQ(back.detok_pending(), live.detok_pending());
+    ASSERT_EQ(back.sampler().has_value(), live.sampler().has_value());
+    if (live.sampler()) {
+      EXPECT_EQ(back.sampler()->SerializeState(), live.sampler()->SerializeState());
+    }
+    ASSERT_EQ(back.kv().position(), live.kv().position());
+    for (size_t l = 0; l < live.kv().num_layers(); ++l) {
+      SCOPED_TRACE(::testing::Message() << "layer " << l);
+      const auto& a = live.kv().layer(l);
+      const auto& b = back.kv().layer(l);
+      ASSERT_EQ(a.journal_rows() != nullptr, b.journal_rows() != nullptr);
+      if (const kv::LayerKvCache* ra = a.journal_rows()) {
+        const kv::LayerKvCache* rb = b.journal_rows();
+        ASSERT_EQ(ra->seq_len(), rb->seq_len());
+        for (size_t h = 0; h < ra->num_kv_heads(); ++h) {
+          const kv::HeadRowsView va = ra->HeadRows(h), vb = rb->HeadRows(h);
+          auto same = [](auto x, auto y) {
+            return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size_bytes()) == 0;
+          };
+          EXPECT_TRUE(same(va.keys, vb.keys) && same(va.values, vb.values));
+          EXPECT_TRUE(same(va.keys_i8, vb.keys_i8) && same(va.values_i8, vb.values_i8));
+          EXPECT_TRUE(same(va.key_scales, vb.key_scales) && same(va.value_scales, vb.value_scales));
+        }
+      } else if (a.cache() != nullptr) {
+        EXPECT_EQ(*a.cache()->ExportWire({}), *b.cache()->ExportWire({}));
+      } else {
+        EXPECT_EQ(*a.ExportRows()->ExportWire({}), *b.ExportRows()->ExportWire({}));
+      }
+      ASSERT_EQ(a.HasAux(), b.HasAux());
+      if (a.HasAux()) {
+        EXPECT_EQ(*a.SnapshotAux(), *b.SnapshotAux());
+      }
+    }
+  }
+
+  // Restores `file` into a second store and checks it against `id` in `store`.
+  std::string RestoreAndCompare(SessionStore& store, const std::string& id, const std::string& file,
+                                SessionStore& other) {
+    auto back = RestoreJournal(file, *model_, kFingerprint);
+    EXPECT_TRUE(back.ok()) << back.status();
+    if (!back.ok()) return "";
+    EXPECT_EQ(back->torn_bytes, 0u);
+    EXPECT_EQ(back->valid_bytes, file.size());
+    {
+      auto lease = store.Acquire(id);
+      EXPECT_TRUE(lease.ok());
+      ExpectSameState(**lease, *back->session);
+      EXPECT_EQ(back->session->journal_mark().file_bytes, file.size());
+    }
+    auto installed = other.Install(std::move(back->session));
+    EXPECT_TRUE(installed.ok()) << installed.status();
+    return id;
+  }
+
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// Turn by turn, every mode: after each turn the file restores the session
+// exactly, and the restored session continues with the same tokens (greedy
+// and sampled: the RNG travels).
+TEST_F(JournalTest, EveryTurnRestoresExactlyInEveryMode) {
+  for (int mode = 0; mode < 5; ++mode) {
+    for (bool sampled : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
+      SessionStore store({});
+      auto lease = store.Create(*model_, Mode(mode), 0, "team-a");
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      const std::string id = (*lease)->id();
+      lease->Return();
+      std::string file;
+      GenerationRequest first = Req(testing::TestIds(70, 259, 5), 9, sampled);
+      first.seed_given = true;
+      Run(store, id, first);
+      bool rewrote = false;
+      Journal(store, id, file, &rewrote);
+      EXPECT_TRUE(rewrote) << "a session's first record is the whole file";
+      for (int turn = 0; turn < 3; ++turn) {
+        Run(store, id, Req(testing::TestIds(5 + turn, 259, 10 + turn), 6, sampled));
+        const size_t before = file.size();
+        Journal(store, id, file, &rewrote);
+        EXPECT_FALSE(rewrote);
+        EXPECT_GT(file.size(), before);
+        SessionStore other({});
+        RestoreAndCompare(store, id, file, other);
+        const auto next = testing::TestIds(4, 259, 40 + turn);
+        GenerationRequest a = Req(next, 5, sampled), b = Req(next, 5, sampled);
+        EXPECT_EQ(Run(other, id, a), Run(store, id, b));
+        Journal(store, id, file);  // the continuation too
+      }
+    }
+  }
+}
+
+// A turn record holds the new rows only: its size grows with the turn's
+// tokens, not with the session.
+TEST_F(JournalTest, ATurnCostsItsNewRowsOnly) {
+  SessionStore store({});
+  auto lease = store.Create(*model_, Mode(0), 0);
+  ASSERT_TRUE(lease.ok());
+  const std::string id = (*lease)->id();
+  lease->Return();
+  std::string file;
+  Run(store, id, Req(testing::TestIds(200, 259, 5), 4, false));
+  const size_t whole = Journal(store, id, file);
+  const auto& cfg = model_->config();
+  const size_t row = static_cast<size_t>(cfg.num_hidden_layers * cfg.num_key_value_heads *
+                                         cfg.head_dim) * 2 * sizeof(float);
+  std::vector<size_t> sizes;
+  for (int turn = 0; turn < 4; ++turn) {
+    Run(store, id, Req(testing::TestIds(3, 259, 20 + turn), 4, false));
+    sizes.push_back(Journal(store, id, file));
+  }
+  for (size_t s : sizes) {
+    // The same new positions; the held-back UTF-8 bytes (at most 3) vary.
+    EXPECT_NEAR(double(s), double(sizes[0]), 3) << "every turn of the same length costs the same";
+    EXPECT_LT(s, 8 * row + 1024) << "7 new positions and the small sections";
+  }
+  EXPECT_GT(whole, 200 * row);
+}
+
+// reuse_prefix rollbacks keep a prefix and append the rest; a start over
+// keeps nothing. Dead bytes pile up until they would pass the live ones:
+// then the file is written anew, so it stays within twice the state.
+TEST_F(JournalTest, RollbacksRestoreExactlyAndCompactionBoundsTheFile) {
+  for (int mode : {0, 1, 3, 4}) {
+    SCOPED_TRACE(::testing::Message() << "mode " << mode);
+    SessionStore store({});
+    auto lease = store.Create(*model_, Mode(mode), 0);
+    ASSERT_TRUE(lease.ok());
+    const std::string id = (*lease)->id();
+    lease->Return();
+    std::string file;
+    std::vector<int32_t> conversation = testing::TestIds(60, 259, 5);
+    Run(store, id, Req(conversation, 4, false));
+    Journal(store, id, file);
+    size_t rewrites = 0;
+    for (int turn = 0; turn < 8; ++turn) {
+      // Keep the first 30 tokens, then a new tail: 30+ positions are dead.
+      std::vector<int32_t> conv(conversation.begin(), conversation.begin() + 30);
+      const auto tail = testing::TestIds(35, 259, 100 + turn);
+      conv.insert(conv.end(), tail.begin(), tail.end());
+      GenerationRequest r = Req(conv, 3, false);
+      r.reuse_prefix = true;
+      Run(store, id, r);
+      bool rewrote = false;
+      Journal(store, id, file, &rewrote);
+      rewrites += rewrote;
+      auto back = RestoreJournal(file, *model_, kFingerprint);
+      ASSERT_TRUE(back.ok()) << back.status();
+      auto l2 = store.Acquire(id);
+      ASSERT_TRUE(l2.ok());
+      ExpectSameState(**l2, *back->session);
+      auto rec = BuildJournalRecord(**l2, model_->config(), kFingerprint, /*rewrite=*/true);
+      ASSERT_TRUE(rec.ok());
+      EXPECT_LE(file.size(), 2 * rec->bytes.size() + rec->bytes.size() / 2)
+          << "the file stays within about twice the state";
+    }
+    if (mode != 4) {
+      EXPECT_GE(rewrites, 1u) << "the dead rows forced a compaction";
+    }
+    // A start over: the history diverges at the first token.
+    std::vector<int32_t> fresh = testing::TestIds(20, 259, 999);
+    GenerationRequest r = Req(fresh, 3, false);
+    r.reuse_prefix = true;
+    Run(store, id, r);
+    Journal(store, id, file);
+    SessionStore other({});
+    RestoreAndCompare(store, id, file, other);
+  }
+}
+
+// A crash mid-write leaves a torn last record: every cut inside it restores
+// the previous turn. A flipped byte with complete records after it is
+// DATA_LOSS naming the record; another model's file FAILED_PRECONDITION.
+TEST_F(JournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
+  SessionStore store({});
+  auto lease = store.Create(*model_, Mode(1), 0);
+  ASSERT_TRUE(lease.ok());
+  const std::string id = (*lease)->id();
+  lease->Return();
+  std::string file;
+  Run(store, id, Req(testing::TestIds(20, 259, 5), 3, true));
+  Journal(store, id, file);
+  const size_t first_end = file.size();
+  const size_t tokens_first = store.Get(id)->tokens;
+  Run(store, id, Req(testing::TestIds(4, 259, 6), 3, true));
+  Journal(store, id, file);
+  const size_t tokens_second = store.Get(id)->tokens;
+  ASSERT_GT(tokens_second, tokens_first);
+
+  for (size_t cut = first_end; cut < file.size(); cut += std::max<size_t>(1, (file.size() - first_end) / 97)) {
+    auto back = RestoreJournal(std::string_view(file).substr(0, cut), *model_, kFingerprint);
+    ASSERT_TRUE(back.ok()) << "cut at " << cut << ": " << back.status();
+    EXPECT_EQ(back->session->tokens().size(), tokens_first);
+    EXPECT_EQ(back->valid_bytes, first_end);
+    EXPECT_EQ(back->torn_bytes, cut - first_end);
+  }
+  // A flipped byte in the last record: torn as well (the previous turn).
+  std::string flipped = file;
+  flipped[file.size() - 10] ^= 0x40;
+  auto back = RestoreJournal(flipped, *model_, kFingerprint);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->session->tokens().size(), tokens_first);
+  // A flipped byte anywhere before the last record: DATA_LOSS.
+  for (size_t at = 0; at < first_end; at += 1 + first_end / 61) {
+    std::string bad = file;
+    bad[at] ^= 0x01;
+    auto r = RestoreJournal(bad, *model_, kFingerprint);
+    EXPECT_FALSE(r.ok()) << "flip at " << at;
+    if (!r.ok() && at >= 24) {
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << at;
+    }
+  }
+  // Nothing but the header, or a cut inside the first record: nothing to restore.
+  EXPECT_EQ(RestoreJournal(std::string_view(file).substr(0, 24), *model_, kFingerprint)
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(RestoreJournal(file, *model_, kFingerprint ^ 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace cortiq::session
