@@ -175,6 +175,11 @@ std::string ServerUsage() {
   --memory-capacity BYTES with no --memory-budget, what cortiq_memory_utilization_ratio divides
                           the committed bytes by (default 0 = the machine's MemTotal)
   --session-ttl SECONDS   idle sessions are released after this long (default 600)
+  --state-dir DIR         keep every kept session durable: its journal file in DIR gets each
+                          call's new state; restored on start (default off; docs/PERSISTENCE.md)
+  --persist-sync turn|interval|none  when session files are fsynced: before each call's last
+                          message / every --persist-interval / never (default turn)
+  --persist-interval SECONDS  the interval of --persist-sync interval (default 1)
   --kv-dtype f32|int8     default K/V row type of new sessions (default f32)
   --attention exact|o1|qsa|window  default attention mode of new sessions (default exact)
   --o1-layers SPEC        O(1) layers: all | none | deepN | 3,5-7 (default all)
@@ -278,6 +283,9 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::BytesFlag("memory-budget", &c.memory_budget_bytes),
       util::BytesFlag("memory-capacity", &c.memory_capacity_bytes),
       util::SecondsFlag("session-ttl", &c.session_ttl),
+      StringFlag("state-dir", &c.state_dir),
+      util::ChoiceFlag("persist-sync", &c.persist_sync, {"turn", "interval", "none"}),
+      util::SecondsFlag("persist-interval", &c.persist_interval),
       util::ChoiceFlag("kv-dtype", &c.kv_dtype, {"f32", "int8"}),
       util::ChoiceFlag("activations", &c.activations, {"bf16", "f32"}),
       util::ChoiceFlag("weights", &c.weights, {"checkpoint", "int8"}),

@@ -37,6 +37,9 @@ struct ServerConfig {
   // budget; 0 = the machine's MemTotal (server::MachineMemoryBytes).
   size_t memory_capacity_bytes = 0;
   std::chrono::milliseconds session_ttl{600'000};
+  std::string state_dir;              // --state-dir ("" = off)
+  std::string persist_sync = "turn";  // --persist-sync turn|interval|none
+  std::chrono::milliseconds persist_interval{1000};
   std::string kv_dtype = "f32";               // default for new sessions: f32 | int8
   std::string attention = "exact";            // default mode: exact | o1 | qsa | window
   kv::O1Overrides o1;                         // --o1-layers/-m/-window/-sink/-rect

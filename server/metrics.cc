@@ -195,6 +195,7 @@ class Metrics::LiveState : public prometheus::Collectable {
         model_(s.model),
         memory_capacity_(s.memory_capacity_bytes),
         tenants_(s.tenants),
+        persister_(s.persister),
         engine_(s.engine) {}
 
   void AttachEngine(const session::Engine* engine) {
@@ -225,6 +226,7 @@ class Metrics::LiveState : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out;
     if (store_ != nullptr) CollectStore(out);
+    if (persister_ != nullptr) CollectPersister(*persister_, out);
     if (const session::Engine* e = engine_.load(std::memory_order_acquire)) CollectEngine(*e, out);
     if (model_ != nullptr) {
       out.push_back(GaugeFamily("cortiq_qsa_backend_live_bytes",
@@ -370,6 +372,50 @@ class Metrics::LiveState : public prometheus::Collectable {
     out.push_back(std::move(bytes));
   }
 
+  // --state-dir: the session files and their writes.
+  static void CollectPersister(const session::SessionPersister& p,
+                               std::vector<prometheus::MetricFamily>& out) {
+    const session::SessionPersister::Stats s = p.stats();
+    const session::SessionPersister::RestoreReport r = p.last_restore();
+    out.push_back(GaugeFamily("cortiq_session_disk_bytes",
+                              "Bytes of the session files in --state-dir (exact: the sum of their "
+                              "sizes as written).",
+                              static_cast<double>(s.disk_bytes)));
+    out.push_back(GaugeFamily("cortiq_session_files", "Session files in --state-dir.",
+                              static_cast<double>(s.files)));
+    out.push_back(CounterFamily("cortiq_persist_records_total",
+                                "Session records written (turn appends and whole files).",
+                                static_cast<double>(s.records)));
+    out.push_back(CounterFamily("cortiq_persist_rewrites_total",
+                                "Session files written whole (new sessions, compactions, after a "
+                                "failed write).",
+                                static_cast<double>(s.rewrites)));
+    out.push_back(CounterFamily("cortiq_persist_bytes_total", "Bytes written to session files.",
+                                static_cast<double>(s.bytes)));
+    out.push_back(CounterFamily("cortiq_persist_write_seconds_total",
+                                "Seconds the persister spent writing and syncing session files.",
+                                s.write_seconds));
+    out.push_back(CounterFamily("cortiq_persist_failures_total",
+                                "Session file writes that failed (disk full, I/O error): the call "
+                                "succeeded, its durability was lost until the next write.",
+                                static_cast<double>(s.failures)));
+    out.push_back(CounterFamily("cortiq_persist_skipped_total",
+                                "Calls whose state no record could describe (an O(1) trace cut "
+                                "inside its prompt): the file keeps the previous turn.",
+                                static_cast<double>(s.unpersisted)));
+    out.push_back(GaugeFamily("cortiq_restore_sessions",
+                              "Sessions the last start restored from --state-dir.",
+                              static_cast<double>(r.restored)));
+    out.push_back(GaugeFamily("cortiq_restore_quarantined_files",
+                              "Session files the last start moved to quarantine/ (corrupt, "
+                              "another model's).",
+                              static_cast<double>(r.quarantined)));
+    out.push_back(GaugeFamily("cortiq_restore_bytes", "Bytes the last start's restore read.",
+                              static_cast<double>(r.bytes)));
+    out.push_back(GaugeFamily("cortiq_restore_seconds", "Seconds the last start's restore took.",
+                              r.seconds));
+  }
+
   static void CollectEngine(const session::Engine& e, std::vector<prometheus::MetricFamily>& out) {
     out.push_back(GaugeFamily("cortiq_engine_batch_size",
                               "Decode rows in the engine's last step: the streams it ran.",
@@ -405,6 +451,7 @@ class Metrics::LiveState : public prometheus::Collectable {
   const model::Transformer* const model_;
   const size_t memory_capacity_;
   const std::function<std::vector<std::string>()> tenants_;
+  const session::SessionPersister* const persister_;
   std::atomic<const session::Engine*> engine_;
   // Rows the engine served each tenant (AddTenantRows), by the engine's name.
   struct TenantRows {

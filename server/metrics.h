@@ -50,6 +50,7 @@
 #include "core/kv/wire_refusal.h"
 #include "core/model/transformer.h"
 #include "core/session/engine.h"
+#include "core/session/session_persister.h"
 #include "core/session/session_store.h"
 
 namespace prometheus {
@@ -150,6 +151,8 @@ struct MetricsSources {
   // labels of the per-tenant session series, besides "" and "~other".
   // Called at scrape time (thread-safe); empty function = none.
   std::function<std::vector<std::string>()> tenants = nullptr;
+  // --state-dir's persister (the session files' series), or null.
+  const session::SessionPersister* persister = nullptr;
 };
 
 // The machine's memory: MemTotal of /proc/meminfo, in bytes; nullopt when it

@@ -77,6 +77,16 @@ absl::Status Server::Init() {
   CORTIQ_ASSIGN_OR_RETURN(model_, model::Transformer::Load(c.model_dir, load));
   CORTIQ_ASSIGN_OR_RETURN(model::ModelTokenizer tok, model::LoadModelTokenizer(c.model_dir));
   tokenizer_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok.tokenizer));
+  const uint64_t wire_fingerprint = session::ModelWireFingerprint(model_->checkpoint(), tok.identity);
+
+  if (!c.state_dir.empty()) {
+    session::PersisterOptions po;
+    po.dir = c.state_dir;
+    po.sync = *session::ParsePersistSync(c.persist_sync);  // ChoiceFlag checked it
+    po.interval = std::max(c.persist_interval, std::chrono::milliseconds(1));
+    po.fingerprint = wire_fingerprint;
+    CORTIQ_ASSIGN_OR_RETURN(persister_, session::SessionPersister::Open(*model_, std::move(po)));
+  }
 
   session::StoreOptions so;
   so.max_sessions = c.max_sessions;
@@ -84,6 +94,10 @@ absl::Status Server::Init() {
   so.ttl = c.session_ttl;
   so.lease_wait = c.lease_wait;
   so.max_imports = c.max_concurrent_imports;
+  if (persister_) {
+    // A released session's file goes with it (durable once the release returns).
+    so.on_release = [p = persister_.get()](const std::string& id) { p->Remove(id); };
+  }
   store_ = std::make_unique<session::SessionStore>(so);
   CORTIQ_ASSIGN_OR_RETURN(auth_, Authenticator::Create(c.auth_tokens_file, c.auth_token));
 
@@ -95,6 +109,7 @@ absl::Status Server::Init() {
     src.model_name = model::ModelName(c.model_dir);
     src.version = "0.1.0";
     src.tenants = [auth = auth_.get()] { return auth->Tenants(); };
+    src.persister = persister_.get();
     src.memory_capacity_bytes =
         c.memory_capacity_bytes > 0 ? c.memory_capacity_bytes : MachineMemoryBytes().value_or(0);
     CORTIQ_ASSIGN_OR_RETURN(metrics_, Metrics::Create(src));
@@ -108,6 +123,7 @@ absl::Status Server::Init() {
   eo.queue_capacity = c.queue_capacity;
   eo.max_context = c.max_context;
   eo.observer = metrics_.get();
+  eo.persister = persister_.get();
   engine_ = std::make_unique<session::Engine>(*model_, *tokenizer_, eo);
   if (metrics_) metrics_->AttachEngine(engine_.get());
 
@@ -134,7 +150,8 @@ absl::Status Server::Init() {
   ctx_->model_name = model::ModelName(c.model_dir);
   if (config_.node_name.empty()) config_.node_name = DefaultNodeName(c.listen);
   ctx_->node_name = config_.node_name;
-  ctx_->wire_fingerprint = session::ModelWireFingerprint(model_->checkpoint(), tok.identity);
+  ctx_->wire_fingerprint = wire_fingerprint;
+  ctx_->persister = persister_.get();
   ctx_->fingerprint = absl::StrFormat("%016x", ctx_->wire_fingerprint);
   CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session, DefaultSessionConfig(c, *model_, c.model_dir));
   background_ = std::make_unique<util::TaskRunner>(kBackgroundWorkers, kBackgroundQueue);
@@ -145,6 +162,7 @@ absl::Status Server::Init() {
     return Drain(grace);
   };
   service_ = std::make_unique<InferenceService>(ctx_.get());
+  if (persister_) RestoreSessions();
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!c.tls_cert.empty()) {
@@ -183,6 +201,24 @@ absl::Status Server::Init() {
   }
   reaper_ = std::thread([this] { ReaperLoop(); });
   return absl::OkStatus();
+}
+
+// Every session file in --state-dir comes back under its id, tenant and
+// configuration before the node listens (so before it reports SERVING).
+void Server::RestoreSessions() {
+  spdlog::info("state: restoring sessions from {}", util::EscapeForLog(config_.state_dir));
+  const session::SessionPersister::RestoreReport r =
+      persister_->RestoreAll([this](std::unique_ptr<session::Session> s) -> absl::Status {
+        absl::StatusOr<session::SessionStore::Lease> lease = store_->Install(std::move(s));
+        if (!lease.ok()) return lease.status();
+        lease->Return();
+        return absl::OkStatus();
+      });
+  spdlog::info(
+      "state: restored {} session(s), {:.1f} MB in {:.3f} s ({:.0f} MB/s); {} quarantined, {} torn "
+      "tail(s) dropped, {} not installed",
+      r.restored, r.bytes / 1e6, r.seconds, r.seconds > 0 ? r.bytes / 1e6 / r.seconds : 0.0,
+      r.quarantined, r.torn, r.refused);
 }
 
 absl::Status Server::ReloadAuth() {

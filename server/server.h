@@ -100,6 +100,9 @@ class Server {
   // Stops new work, lets streams run up to `grace`, cancels the rest and
   // waits for the engine to let go of every session.
   void Quiesce(std::chrono::milliseconds grace);
+  // --state-dir: restores every session file into the store (Init, before
+  // the node listens).
+  void RestoreSessions();
   // Drain's migration of one session: peers[first_peer] first, then the
   // others, each bounded by `deadline`.
   DrainReport::Entry DrainOne(const std::string& session_id, const std::vector<std::string>& peers,
@@ -109,6 +112,9 @@ class Server {
   std::unique_ptr<util::ThreadPool> pool_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  // --state-dir: before the store and the engine, which write through it
+  // (so it outlives them and writes their last records).
+  std::unique_ptr<session::SessionPersister> persister_;
   std::unique_ptr<session::SessionStore> store_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<Metrics> metrics_;

@@ -32,6 +32,10 @@ int main(int argc, char** argv) {
 
   // Signals are taken synchronously by this thread: block them before any
   // other thread starts, so every thread inherits the mask.
+  // A session file that would pass the process's file size limit fails
+  // its write (EFBIG), which the persister counts and survives, instead of
+  // killing the process.
+  signal(SIGXFSZ, SIG_IGN);
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);

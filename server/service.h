@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "core/model/transformer.h"
 #include "core/session/engine.h"
+#include "core/session/session_persister.h"
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/in_flight.h"
@@ -67,6 +68,7 @@ struct ServiceContext {
   const tokenizer::Tokenizer* tokenizer = nullptr;
   session::SessionStore* store = nullptr;
   session::Engine* engine = nullptr;
+  session::SessionPersister* persister = nullptr;  // --state-dir; may be null
   Metrics* metrics = nullptr;              // may be null (metrics off)
   SessionRouter* router = nullptr;         // where other nodes' sessions live (session_router.h)
   PeerDialer* peers = nullptr;             // every channel to another node (peer_dialer.h)

@@ -301,7 +301,14 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // The stream is whole: no timeout may answer for an installed session.
       if (watch_) watch_->Stop();
       if (finished()) return;
-      Done(ToGrpcStatus(Install()));
+      const absl::Status installed = Install();
+      if (installed.ok() && record_) {
+        // The session's file is written on this node before the import
+        // answers: a migration's source deletes its own only after that.
+        ctx_->persister->Submit(*std::move(record_), [this] { Done(grpc::Status::OK); });
+        return;
+      }
+      Done(ToGrpcStatus(installed));
       return;
     }
     if (finished()) return;  // ended (timed out, cancelled): read no more
@@ -381,6 +388,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (installed.status().code() == absl::StatusCode::kAlreadyExists) return AlreadyHeld(id_);
     CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, std::move(installed));
     if (ctx_->router) ctx_->router->Forget(id_);  // it lives here again
+    if (ctx_->persister != nullptr) record_ = ctx_->persister->Prepare(*lease);
     lease.Return();
     v1::ImportSessionResponse reply;
     auto snap = ctx_->store->Get(id_);
@@ -436,6 +444,9 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::string id_;
   grpc::ByteBuffer message_;
   ChunkView chunk_;
+  // --state-dir: the installed session's whole file, written before the
+  // import answers.
+  std::optional<session::SessionPersister::Pending> record_;
 };
 
 }  // namespace

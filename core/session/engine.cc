@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/session/session_persister.h"
 #include "spdlog/spdlog.h"
 
 namespace cortiq::session {
@@ -477,11 +478,40 @@ void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
                                    ? ReleaseReason::kCancelled
                                    : ReleaseReason::kOneshot);
   }
-  // The session is no longer the engine's: return the lease before the
-  // consumer learns the job is over, so a next call on the session (or a
-  // ReleaseSession waiting for it) proceeds at once.
+  // A kept session's file gets this call's record (prepared here, with the
+  // lease: a copy of the new rows); the consumer learns the job is over
+  // once it is written (under --persist-sync turn, on disk).
+  // It is queued before the lease returns, so a release that the return
+  // carries out deletes the file after this write, never before it.
+  std::optional<SessionPersister::Pending> record;
+  if (options_.persister != nullptr && !job.request_.release_at_end && status.ok()) {
+    record = options_.persister->Prepare(s);
+  }
+  if (!record) {
+    // The session is no longer the engine's: return the lease before the
+    // consumer learns the job is over, so a next call on the session (or a
+    // ReleaseSession waiting for it) proceeds at once.
+    job.lease_.Return();
+    job.Finish(reason, std::move(status));
+    return;
+  }
+  // The job finishes once both the write is done and the lease returned.
+  struct Ending {
+    std::shared_ptr<Job> job;
+    FinishReason reason;
+    absl::Status status;
+    std::atomic<int> left{2};
+    void Arrive() {
+      if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) job->Finish(reason, std::move(status));
+    }
+  };
+  auto ending = std::make_shared<Ending>();
+  ending->job = job.shared_from_this();
+  ending->reason = reason;
+  ending->status = std::move(status);
+  options_.persister->Submit(*std::move(record), [ending] { ending->Arrive(); });
   job.lease_.Return();
-  job.Finish(reason, std::move(status));
+  ending->Arrive();
 }
 
 void Engine::OnLogits(Job& job, size_t c, const float* logits) {

@@ -132,6 +132,8 @@ class EngineObserver {
                         const absl::Status& /*status*/, const GenerationResult& /*result*/) {}
 };
 
+class SessionPersister;
+
 struct EngineOptions {
   size_t max_batch = 32;          // decode rows per step (< kMatMulGemmMinBatch keeps batches bit-identical to single streams); a request's n choices share one step, so n <= max_batch
   // Rows one step may hold: decode rows plus prefill chunk rows
@@ -150,6 +152,11 @@ struct EngineOptions {
   size_t queue_capacity = 64;     // events buffered per job before it pauses
   size_t max_context = 0;         // positions per session (0 = the model's max_position_embeddings)
   EngineObserver* observer = nullptr;  // not owned; may be null
+  // --state-dir (not owned; may be null): at the end of each call on a kept
+  // session the engine prepares the session's journal record (a copy of
+  // its new rows, with the lease) and the job's consumer learns the call
+  // is over once the persister has written it.
+  SessionPersister* persister = nullptr;
 };
 
 class Engine;
@@ -169,7 +176,7 @@ struct TenantShare {
   size_t step_decode = 0, step_prefill = 0;  // this step's rows
 };
 
-class Job {
+class Job : public std::enable_shared_from_this<Job> {
  public:
   // ---- consumer side (any one thread) ----
   // Pops one event without blocking; false when none is queued.

@@ -355,6 +355,7 @@ ReleaseResult SessionStore::Release(const std::string& id, ReleaseReason reason,
   if (!it->second.leased) {
     std::unique_ptr<Session> s = EraseLocked(it, reason, &r.freed_bytes);
     lock.unlock();
+    if (options_.on_release) options_.on_release(s->id());
     s->ReleaseState();  // frees outside the lock
     return r;
   }
@@ -391,7 +392,10 @@ size_t SessionStore::ReapIdle(Clock::time_point now) {
       it = next;
     }
   }
-  for (auto& s : dead) s->ReleaseState();
+  for (auto& s : dead) {
+    if (options_.on_release) options_.on_release(s->id());
+    s->ReleaseState();
+  }
   return dead.size();
 }
 
@@ -521,7 +525,10 @@ void SessionStore::ReturnLease(Session* session) {
       dead = EraseLocked(it, *e.release_on_return, pending ? &pending->freed_bytes : nullptr);
     }
   }
-  if (dead) dead->ReleaseState();
+  if (dead) {
+    if (options_.on_release) options_.on_release(dead->id());
+    dead->ReleaseState();
+  }
   if (pending) {
     std::unique_lock lock(mu_);
     pending->done = true;

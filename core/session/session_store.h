@@ -83,6 +83,11 @@ struct StoreOptions {
   std::chrono::milliseconds cancel_settle{20};
   // Imports in flight at once (--max-concurrent-imports); 0 = unlimited.
   size_t max_imports = 4;
+  // Called once per session the store lets go of (any reason), after it is
+  // erased and outside the lock, before its state is freed and before the
+  // release is reported done: the --state-dir deletes its file here, so a
+  // release is durable once Release returns. May block briefly.
+  std::function<void(const std::string& id)> on_release;
 };
 
 // Which sessions a caller may see (see the banner): nullopt = every

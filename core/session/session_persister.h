@@ -1,0 +1,160 @@
+// SessionPersister: the --state-dir. Every kept session has one journal file
+// there (DIR/<id>.cqsj, session_journal.h), appended after each call that
+// changes it, deleted when the session is released, read back at start.
+//
+// Writes run on the persister's own thread, in the order they were
+// submitted: the engine prepares a record (Prepare: a copy of the new rows,
+// on the engine thread, with the session's lease) and hands it over
+// (Submit); the call's final message waits for the write (the `done`
+// callback), so under --persist-sync turn a client that saw a call complete
+// has that turn on disk. The sync modes:
+//   turn      fdatasync each record before `done` (a crash loses no turn a
+//             client saw complete);
+//   interval  fdatasync the files written in the last --persist-interval,
+//             every interval (a machine crash loses at most that window; a
+//             process crash loses nothing, the page cache survives it);
+//   none      never (the kernel writes back when it will; a process crash
+//             loses nothing, a machine crash what was not yet written back).
+// A file is created, and compacted, by writing it whole beside the old one
+// and renaming it over it: a crash leaves the old file or the new, never a
+// mix. An append that fails (disk full, I/O error) is cut back off the file,
+// logged and counted, and the session's next record rewrites its file
+// whole; the call itself succeeds (durability is lost, not the session).
+//
+// Threads: every method is thread-safe. Prepare reads the session, so it
+// needs the session's lease (the engine thread at the end of a call, an
+// importer before it installs).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "core/model/transformer.h"
+#include "core/session/session.h"
+#include "core/session/session_journal.h"
+
+namespace cortiq::session {
+
+enum class PersistSync : uint8_t { kTurn, kInterval, kNone };
+std::string_view PersistSyncName(PersistSync sync);  // "turn" | "interval" | "none"
+std::optional<PersistSync> ParsePersistSync(std::string_view name);
+
+struct PersisterOptions {
+  std::string dir;  // created if missing (with quarantine/ inside)
+  PersistSync sync = PersistSync::kTurn;
+  std::chrono::milliseconds interval{1000};  // kInterval's period
+  uint64_t fingerprint = 0;                  // the model's wire fingerprint
+};
+
+class SessionPersister {
+ public:
+  // Creates the directory and its quarantine/ when missing. INVALID_ARGUMENT
+  // naming --state-dir when it cannot be created or written.
+  static absl::StatusOr<std::unique_ptr<SessionPersister>> Open(const model::Transformer& model,
+                                                                PersisterOptions options);
+  // Runs every queued write (and its done), syncs, stops the thread.
+  ~SessionPersister();
+  SessionPersister(const SessionPersister&) = delete;
+  SessionPersister& operator=(const SessionPersister&) = delete;
+
+  struct RestoreReport {
+    size_t restored = 0;     // sessions installed
+    size_t quarantined = 0;  // files moved to quarantine/
+    size_t refused = 0;      // restored but refused by `install` (left on disk)
+    size_t torn = 0;         // files whose torn last record was cut off
+    uint64_t bytes = 0;      // file bytes read
+    double seconds = 0;
+  };
+  // Reads every session file in the directory back, hands each session to
+  // `install` (the store), and quarantines each file that fails its checks
+  // (a corrupt file, another model's, a name that is not its session's id):
+  // the others still load. A torn last record is cut off the file. Left-over
+  // temporary files of an interrupted rewrite are deleted (the file they
+  // were to replace is whole). Call before serving.
+  RestoreReport RestoreAll(const std::function<absl::Status(std::unique_ptr<Session>)>& install);
+  // The last RestoreAll's report (zeros before one).
+  RestoreReport last_restore() const;
+
+  // A record ready to be written.
+  struct Pending {
+    std::string id;
+    JournalRecord record;
+  };
+  // The record bringing `session`'s file up to date (BuildJournalRecord;
+  // the whole file when it has none yet or its last write failed), with the
+  // session's mark set. nullopt, logged and counted as unpersisted, when no
+  // record can describe the state now (the file keeps its last turn; the
+  // next call's record covers both). The lease holder.
+  std::optional<Pending> Prepare(Session& session);
+  // Queues `pending`; `done` (may be empty) runs on the writer thread once
+  // it is written and synced per the mode, or failed.
+  void Submit(Pending pending, std::function<void()> done);
+  // Prepare + Submit, then waits for the write: OK once it is on disk (per
+  // the mode), else why not. For an import, which answers only after the
+  // session's file exists on this node.
+  absl::Status PersistNow(Session& session);
+  // Deletes `id`'s file after the writes queued for it, and syncs the
+  // directory (except under kNone): the release is durable on return. A
+  // session that never had a file returns at once.
+  void Remove(const std::string& id);
+
+  struct Stats {
+    uint64_t records = 0;      // records written (appends and rewrites)
+    uint64_t rewrites = 0;     // of which whole files (new sessions, compactions)
+    uint64_t bytes = 0;        // bytes written
+    uint64_t failures = 0;     // writes that failed (disk full, I/O error)
+    uint64_t unpersisted = 0;  // calls whose state no record could describe
+    uint64_t disk_bytes = 0;   // the session files' bytes now
+    size_t files = 0;          // session files now
+    double write_seconds = 0;  // time spent writing and syncing
+  };
+  Stats stats() const;
+  // `id`'s file size now (0 without one).
+  uint64_t FileBytes(const std::string& id) const;
+  const PersisterOptions& options() const { return options_; }
+  std::string PathOf(const std::string& id) const;
+
+ private:
+  SessionPersister(const model::Transformer& model, PersisterOptions options);
+  struct Op {
+    enum Kind { kWrite, kRemove } kind = kWrite;
+    std::string id;
+    JournalRecord record;
+    std::function<void()> done;
+  };
+  void Loop();
+  // On the writer thread. False on failure (logged, counted, marked broken).
+  bool Write(const std::string& id, const JournalRecord& record);
+  void Unlink(const std::string& id);
+  void SyncDir();
+  void SyncDirty();
+
+  const model::Transformer& model_;
+  const PersisterOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<Op> queue_;
+  bool stop_ = false;
+  size_t busy_ = 0;  // ops popped and not yet done
+  std::map<std::string, uint64_t> sizes_;  // file bytes per session with a file (or one queued)
+  std::set<std::string> broken_;           // last write failed: rewrite whole next time
+  std::set<std::string> dirty_;            // written since the last interval sync
+  Stats stats_;
+  RestoreReport last_restore_;
+  std::thread thread_;
+};
+
+}  // namespace cortiq::session
