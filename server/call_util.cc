@@ -161,6 +161,8 @@ void ToProto(const session::SessionSnapshot& s, std::string_view node, v1::Sessi
   out->set_age_seconds(s.age_seconds);
   out->set_idle_seconds(s.idle_seconds);
   out->set_ttl_remaining_seconds(s.ttl_remaining_seconds);
+  out->set_spilled(s.spilled);
+  out->set_disk_bytes(s.disk_bytes);
 }
 
 v1::FinishReason ToProto(session::FinishReason r) {

@@ -180,6 +180,10 @@ std::string ServerUsage() {
   --persist-sync turn|interval|none  when session files are fsynced: before each call's last
                           message / every --persist-interval / never (default turn)
   --persist-interval SECONDS  the interval of --persist-sync interval (default 1)
+                          With --state-dir, --session-ttl SPILLS an idle session (RAM freed, its
+                          file kept; the next call reads it back) and admission spills the least
+                          recently used idle sessions before refusing for the memory budget.
+  --session-max-age SECONDS  release sessions this old for good, spilled or not (default 0 = never)
   --kv-dtype f32|int8     default K/V row type of new sessions (default f32)
   --attention exact|o1|qsa|window  default attention mode of new sessions (default exact)
   --o1-layers SPEC        O(1) layers: all | none | deepN | 3,5-7 (default all)
@@ -284,6 +288,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::BytesFlag("memory-capacity", &c.memory_capacity_bytes),
       util::SecondsFlag("session-ttl", &c.session_ttl),
       StringFlag("state-dir", &c.state_dir),
+      util::SecondsFlag("session-max-age", &c.session_max_age),
       util::ChoiceFlag("persist-sync", &c.persist_sync, {"turn", "interval", "none"}),
       util::SecondsFlag("persist-interval", &c.persist_interval),
       util::ChoiceFlag("kv-dtype", &c.kv_dtype, {"f32", "int8"}),

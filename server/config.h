@@ -40,6 +40,7 @@ struct ServerConfig {
   std::string state_dir;              // --state-dir ("" = off)
   std::string persist_sync = "turn";  // --persist-sync turn|interval|none
   std::chrono::milliseconds persist_interval{1000};
+  std::chrono::milliseconds session_max_age{0};  // --session-max-age (0 = never)
   std::string kv_dtype = "f32";               // default for new sessions: f32 | int8
   std::string attention = "exact";            // default mode: exact | o1 | qsa | window
   kv::O1Overrides o1;                         // --o1-layers/-m/-window/-sink/-rect

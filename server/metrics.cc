@@ -271,6 +271,16 @@ class Metrics::LiveState : public prometheus::Collectable {
                               static_cast<double>(store_->num_sessions())));
     out.push_back(GaugeFamily("cortiq_sessions_busy", "Sessions leased by a running call.",
                               static_cast<double>(store_->num_leased())));
+    out.push_back(GaugeFamily("cortiq_sessions_spilled",
+                              "Sessions whose state is on disk only (--state-dir: spilled by the "
+                              "idle TTL or the memory budget); counted in cortiq_sessions_active.",
+                              static_cast<double>(store_->num_spilled())));
+    out.push_back(CounterFamily("cortiq_session_spills_total",
+                                "Sessions spilled to disk (RAM freed, file kept).",
+                                static_cast<double>(store_->spills())));
+    out.push_back(CounterFamily("cortiq_session_unspills_total",
+                                "Spilled sessions read back from disk by a call that named them.",
+                                static_cast<double>(store_->unspills())));
     out.push_back(GaugeFamily("cortiq_sessions_max", "Session cap of this node.",
                               static_cast<double>(store_->options().max_sessions)));
     out.push_back(GaugeFamily("cortiq_memory_budget_bytes",

@@ -94,10 +94,8 @@ absl::Status Server::Init() {
   so.ttl = c.session_ttl;
   so.lease_wait = c.lease_wait;
   so.max_imports = c.max_concurrent_imports;
-  if (persister_) {
-    // A released session's file goes with it (durable once the release returns).
-    so.on_release = [p = persister_.get()](const std::string& id) { p->Remove(id); };
-  }
+  so.persister = persister_.get();  // files deleted on release; idle sessions spilled
+  so.max_age = c.session_max_age;
   store_ = std::make_unique<session::SessionStore>(so);
   CORTIQ_ASSIGN_OR_RETURN(auth_, Authenticator::Create(c.auth_tokens_file, c.auth_token));
 
@@ -208,17 +206,14 @@ absl::Status Server::Init() {
 void Server::RestoreSessions() {
   spdlog::info("state: restoring sessions from {}", util::EscapeForLog(config_.state_dir));
   const session::SessionPersister::RestoreReport r =
-      persister_->RestoreAll([this](std::unique_ptr<session::Session> s) -> absl::Status {
-        absl::StatusOr<session::SessionStore::Lease> lease = store_->Install(std::move(s));
-        if (!lease.ok()) return lease.status();
-        lease->Return();
-        return absl::OkStatus();
+      persister_->RestoreAll([this](std::unique_ptr<session::Session> s) {
+        return store_->InstallRestored(std::move(s));
       });
   spdlog::info(
-      "state: restored {} session(s), {:.1f} MB in {:.3f} s ({:.0f} MB/s); {} quarantined, {} torn "
-      "tail(s) dropped, {} not installed",
-      r.restored, r.bytes / 1e6, r.seconds, r.seconds > 0 ? r.bytes / 1e6 / r.seconds : 0.0,
-      r.quarantined, r.torn, r.refused);
+      "state: restored {} session(s) ({} of them spilled: beyond the memory budget), {:.1f} MB in "
+      "{:.3f} s ({:.0f} MB/s); {} quarantined, {} torn tail(s) dropped, {} not installed",
+      r.restored, store_->num_spilled(), r.bytes / 1e6, r.seconds,
+      r.seconds > 0 ? r.bytes / 1e6 / r.seconds : 0.0, r.quarantined, r.torn, r.refused);
 }
 
 absl::Status Server::ReloadAuth() {

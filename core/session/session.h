@@ -214,6 +214,9 @@ class Session {
   // Sets the tenant (the owner of an uninstalled session only: the wire
   // import sets the tenant the stream carries before SessionStore::Install).
   void set_tenant(std::string tenant) { tenant_ = std::move(tenant); }
+  // Keeps the creation time of the session this one replaces (a spilled
+  // session read back: --session-max-age counts from its first creation).
+  void set_created(Clock::time_point created) { created_ = created; }
   // Sets the sampler (with its RNG state), e.g. Sampler::Deserialize's.
   void RestoreSampler(model::Sampler sampler);
   // Installs `cache` as layer `layer`'s rows holding `positions` positions

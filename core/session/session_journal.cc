@@ -39,11 +39,22 @@ size_t RowBytesPerHead(kv::KvMode mode, size_t head_dim) {
                                   : 2 * (head_dim + sizeof(float));
 }
 
-// Appends a framed record: type, reserved, length, payload, CRC32C of them.
+// The frame check: CRC32C of a record's type and length. A flipped bit in
+// a length is then corruption, never mistaken for a record cut short by a
+// crash (which keeps its header whole).
+uint32_t FrameCrc(uint32_t type, uint64_t len) {
+  char b[12];
+  std::memcpy(b, &type, 4);
+  std::memcpy(b + 4, &len, 8);
+  return util::Crc32c(std::string_view(b, 12));
+}
+
+// Appends a framed record: type, frame check, length, payload, CRC32C of
+// them all.
 void PutRecord(ByteWriter& w, uint32_t type, std::string_view payload) {
   const size_t start = w.size();
   w.U32(type);
-  w.U32(0);
+  w.U32(FrameCrc(type, payload.size()));
   w.U64(payload.size());
   w.Bytes(payload);
   w.U32(util::Crc32c(std::string_view(w.str()).substr(start)));
@@ -397,20 +408,28 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     return absl::FailedPreconditionError(
         "session journal: written for another model (fingerprint mismatch)");
   }
-  // The records, checksummed. A record cut by the end of the file, or one
-  // whose checksum fails with nothing after it, is the torn last write of a
-  // crash: dropped. A checksum failure with bytes after it is corruption.
+  // The records, checksummed. The torn last write of a crash is dropped: a
+  // record whose whole frame is past the end, a header that fails its frame
+  // check with nothing but zeros after it, a record (its frame check
+  // passing) cut by the end of the file, or one whose checksum fails with
+  // nothing after it. Any other failure is corruption.
   std::vector<Record> records;
   uint64_t pos = kJournalHeaderBytes;
   RestoredJournal out;
   while (pos < file.size()) {
     const uint64_t left = file.size() - pos;
     if (left < kFrameBytes) break;
-    uint32_t type, res;
+    uint32_t type, frame;
     uint64_t len;
     std::memcpy(&type, file.data() + pos, 4);
-    std::memcpy(&res, file.data() + pos + 4, 4);
+    std::memcpy(&frame, file.data() + pos + 4, 4);
     std::memcpy(&len, file.data() + pos + 8, 8);
+    if (frame != FrameCrc(type, len)) {
+      const std::string_view rest = file.substr(pos);
+      if (rest.find_first_not_of('\0') == std::string_view::npos) break;
+      return Corrupt(absl::StrCat("record ", records.size(), " at byte ", pos,
+                                  ": its frame check fails"));
+    }
     if (len > left - kFrameBytes) break;
     const uint64_t end = pos + 16 + len + 4;
     uint32_t crc;
@@ -420,7 +439,7 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
       return Corrupt(absl::StrCat("record ", records.size(), " at byte ", pos,
                                   ": checksum mismatch, ", file.size() - end, " bytes after it"));
     }
-    if (res != 0 || (type != kRecordSession && type != kRecordTurn) ||
+    if ((type != kRecordSession && type != kRecordTurn) ||
         (type == kRecordSession) != records.empty()) {
       return Corrupt(absl::StrCat("record ", records.size(), " at byte ", pos, ": type ", type));
     }

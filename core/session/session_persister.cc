@@ -203,6 +203,8 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(
       ++report.torn;
     }
     const uint64_t size = back->valid_bytes;
+    const std::pair<size_t, size_t> restored_mark = {back->session->journal_mark().tokens,
+                                                     back->session->journal_mark().cached};
     absl::Status st = install(std::move(back->session));
     if (!st.ok()) {
       spdlog::warn("state: session {} restored but not installed: {}", stem,
@@ -212,6 +214,7 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(
     }
     std::unique_lock lock(mu_);
     sizes_[stem] = size;
+    written_[stem] = restored_mark;
     ++report.restored;
   }
   report.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
@@ -249,6 +252,7 @@ void SessionPersister::Submit(Pending pending, std::function<void()> done) {
     op.record = std::move(pending.record);
     op.done = std::move(done);
     sizes_.try_emplace(op.id, 0);  // a file exists or is on its way (Remove waits for it)
+    ++queued_[op.id];
     queue_.push_back(std::move(op));
   }
   cv_.notify_all();
@@ -290,6 +294,7 @@ void SessionPersister::Remove(const std::string& id) {
       finished = true;
       cv.notify_all();
     };
+    ++queued_[op.id];
     queue_.push_back(std::move(op));
   }
   cv_.notify_all();
@@ -345,6 +350,12 @@ void SessionPersister::Loop() {
     } else {
       Unlink(op.id);
     }
+    // The op counts as done before its callback runs: whoever the callback
+    // wakes (a call's consumer) finds the file current (IsCurrent).
+    lock.lock();
+    if (auto it = queued_.find(op.id); it != queued_.end() && --it->second == 0) queued_.erase(it);
+    idle_cv_.notify_all();
+    lock.unlock();
     if (op.done) op.done();
     lock.lock();
   }
@@ -404,6 +415,7 @@ bool SessionPersister::Write(const std::string& id, const JournalRecord& record)
     return false;
   }
   ++stats_.records;
+  written_[id] = {record.mark.tokens, record.mark.cached};
   if (record.rewrite) ++stats_.rewrites;
   stats_.bytes += record.bytes.size();
   sizes_[id] = size;
@@ -420,6 +432,54 @@ void SessionPersister::Unlink(const std::string& id) {
   sizes_.erase(id);
   broken_.erase(id);
   dirty_.erase(id);
+  written_.erase(id);
+}
+
+void SessionPersister::WaitIdle(const std::string& id) {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [&] { return queued_.count(id) == 0; });
+}
+
+bool SessionPersister::IsCurrent(const std::string& id, const Session::JournalMark& mark) const {
+  std::unique_lock lock(mu_);
+  auto it = written_.find(id);
+  return mark.written && it != written_.end() && queued_.count(id) == 0 &&
+         broken_.count(id) == 0 && it->second == std::make_pair(mark.tokens, mark.cached);
+}
+
+void SessionPersister::Quarantine(const std::string& path, const std::string& why) {
+  const fs::path from(path);
+  const fs::path to = fs::path(options_.dir) / std::string(kQuarantine) / from.filename();
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  spdlog::error("state: {} quarantined ({}){}", util::EscapeForLog(from.filename().string()),
+                util::EscapeForLog(why), ec ? absl::StrCat("; moving it failed: ", ec.message()) : "");
+}
+
+absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::string& id) {
+  WaitIdle(id);
+  const std::string path = PathOf(id);
+  absl::StatusOr<RestoredJournal> back;
+  {
+    absl::StatusOr<MappedFile> file = MappedFile::Open(path);
+    if (!file.ok()) {
+      return absl::NotFoundError(absl::StrCat("session ", id, ": its file: ", file.status().message()));
+    }
+    back = RestoreJournal(file->view(), model_, options_.fingerprint);
+  }
+  if (back.ok() && (back->torn_bytes > 0 || back->session->id() != id)) {
+    back = absl::DataLossError("the file does not end with the session's last record");
+  }
+  if (!back.ok()) {
+    Quarantine(path, std::string(back.status().message()));
+    std::unique_lock lock(mu_);
+    sizes_.erase(id);
+    written_.erase(id);
+    return absl::DataLossError(
+        absl::StrCat("session ", id, ": its spilled state cannot be read back: ",
+                     back.status().message()));
+  }
+  return std::move(back->session);
 }
 
 void SessionPersister::SyncDir() {

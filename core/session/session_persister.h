@@ -110,6 +110,16 @@ class SessionPersister {
   // session that never had a file returns at once.
   void Remove(const std::string& id);
 
+  // ---- spilling (SessionStore, under --state-dir) ----
+  // True when `id`'s file holds exactly its session's state at `mark`
+  // (written whole up to it, nothing queued, its last write not failed):
+  // the session's RAM may be freed (spilled) and read back with Load.
+  bool IsCurrent(const std::string& id, const Session::JournalMark& mark) const;
+  // Reads a spilled session back from its file, after the writes queued for
+  // it: the session (installed nowhere), or DATA_LOSS / NOT_FOUND (the file
+  // is then moved to quarantine/). Runs on the calling thread: O(file).
+  absl::StatusOr<std::unique_ptr<Session>> Load(const std::string& id);
+
   struct Stats {
     uint64_t records = 0;      // records written (appends and rewrites)
     uint64_t rewrites = 0;     // of which whole files (new sessions, compactions)
@@ -140,6 +150,9 @@ class SessionPersister {
   void Unlink(const std::string& id);
   void SyncDir();
   void SyncDirty();
+  // Waits until no op is queued or running for `id`.
+  void WaitIdle(const std::string& id);
+  void Quarantine(const std::string& path, const std::string& why);
 
   const model::Transformer& model_;
   const PersisterOptions options_;
@@ -150,6 +163,9 @@ class SessionPersister {
   bool stop_ = false;
   size_t busy_ = 0;  // ops popped and not yet done
   std::map<std::string, uint64_t> sizes_;  // file bytes per session with a file (or one queued)
+  std::map<std::string, size_t> queued_;   // ops queued or running per session
+  // The mark (tokens, positions) of each session's last successful write.
+  std::map<std::string, std::pair<size_t, size_t>> written_;
   std::set<std::string> broken_;           // last write failed: rewrite whole next time
   std::set<std::string> dirty_;            // written since the last interval sync
   Stats stats_;

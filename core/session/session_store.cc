@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/session/session_persister.h"
+#include "core/util/log_escape.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
 #include "spdlog/spdlog.h"
@@ -19,6 +21,8 @@ std::string_view ReleaseReasonName(ReleaseReason reason) {
     case ReleaseReason::kCancelled: return "cancelled";
     case ReleaseReason::kMigrated: return "migrated";
     case ReleaseReason::kOneshot: return "oneshot";
+    case ReleaseReason::kMaxAge: return "max_age";
+    case ReleaseReason::kLost: return "lost";
   }
   return "unknown";
 }
@@ -65,6 +69,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Sessio
   std::unique_lock lock(mu_);
   // The import's bytes are this session's: admit it as if they were free.
   import_bytes_ -= held.bytes_;
+  MakeRoomLocked(bytes);
   absl::Status admitted = AdmitLocked(bytes, "the imported session holds");
   import_bytes_ += held.bytes_;
   CORTIQ_RETURN_IF_ERROR(admitted);
@@ -136,6 +141,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transforme
                                                          size_t projected_bytes,
                                                          std::string tenant) {
   std::unique_lock lock(mu_);
+  MakeRoomLocked(projected_bytes);
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(projected_bytes, "this request projects"));
   return CreateLocked(model, config, projected_bytes, NewId(), std::move(tenant));
 }
@@ -164,6 +170,7 @@ absl::StatusOr<std::vector<SessionStore::Lease>> SessionStore::CreateMany(
     const model::Transformer& model, const RequestPlan& plan, size_t count, std::string tenant) {
   const size_t each = plan.projected.total();
   std::unique_lock lock(mu_);
+  MakeRoomLocked(each * count);
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(
       each * count,
       count == 1 ? std::string("this request projects")
@@ -208,6 +215,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::CreateNamed(const model::Trans
   if (sessions_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: '", id, "' exists"));
   }
+  MakeRoomLocked(plan.projected.total());
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(plan.projected.total(), "this request projects"));
   return CreateLocked(model, plan.config, plan.projected.total(), id, std::move(tenant));
 }
@@ -283,15 +291,15 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
                                                           Clock::time_point deadline,
                                                           const TenantFilter& tenant) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
+  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant));
   return LeaseLocked(sessions_.at(id));
 }
 
 absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id,
                                                    Clock::time_point deadline,
-                                                   const TenantFilter& tenant) const {
+                                                   const TenantFilter& tenant) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
+  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant));
   // Unleased: no call mutates the history while mu_ is held.
   const Session& s = *sessions_.at(id).session;
   return ExistingSession{s.tokens().size(), s.config()};
@@ -300,9 +308,9 @@ absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id,
 absl::StatusOr<ExistingSession> SessionStore::PeekForReuse(const std::string& id,
                                                            std::span<const int32_t> conversation,
                                                            Clock::time_point deadline,
-                                                           const TenantFilter& tenant) const {
+                                                           const TenantFilter& tenant) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
+  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant));
   // Unleased: no call touches the session while mu_ is held.
   const Entry& e = sessions_.at(id);
   const Session& s = *e.session;
@@ -317,7 +325,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
                                                           Clock::time_point deadline,
                                                           const TenantFilter& tenant) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
+  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant));
   Entry& e = sessions_.at(id);
   if (plan.reuse.has_value() && plan.lease_serial != e.lease_serial) {
     return absl::AbortedError(absl::StrCat(
@@ -355,8 +363,7 @@ ReleaseResult SessionStore::Release(const std::string& id, ReleaseReason reason,
   if (!it->second.leased) {
     std::unique_ptr<Session> s = EraseLocked(it, reason, &r.freed_bytes);
     lock.unlock();
-    if (options_.on_release) options_.on_release(s->id());
-    s->ReleaseState();  // frees outside the lock
+    Forget(std::move(s));  // frees outside the lock
     return r;
   }
   // Leased: stop the call, then wait for the lease to come back; ReturnLease
@@ -378,25 +385,46 @@ ReleaseResult SessionStore::Release(const std::string& id, ReleaseReason reason,
   return r;
 }
 
+void SessionStore::Forget(std::unique_ptr<Session> session) {
+  if (options_.persister != nullptr) options_.persister->Remove(session->id());
+  session->ReleaseState();
+}
+
 size_t SessionStore::ReapIdle(Clock::time_point now) {
   std::vector<std::unique_ptr<Session>> dead;
+  size_t spilled = 0;
   {
     std::unique_lock lock(mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       auto next = std::next(it);
-      if (!it->second.leased && now - it->second.last_used >= options_.ttl) {
-        spdlog::info("session {} idle for {:.0f} s: released (ttl)", it->first,
-                     Seconds(now - it->second.last_used));
-        dead.push_back(EraseLocked(it, ReleaseReason::kTtl, nullptr));
+      Entry& e = it->second;
+      if (e.leased) {
+        it = next;
+        continue;
+      }
+      if (options_.max_age.count() > 0 && now - e.session->created() >= options_.max_age) {
+        spdlog::info("session {} is {:.0f} s old: released (max_age)", it->first,
+                     Seconds(now - e.session->created()));
+        dead.push_back(EraseLocked(it, ReleaseReason::kMaxAge, nullptr));
+      } else if (!e.spilled && now - e.last_used >= options_.ttl) {
+        if (options_.persister != nullptr &&
+            options_.persister->IsCurrent(it->first, e.session->journal_mark())) {
+          spdlog::info("session {} idle for {:.0f} s: spilled to disk (ttl)", it->first,
+                       Seconds(now - e.last_used));
+          SpillLocked(e);
+          ++spilled;
+        } else {
+          spdlog::info("session {} idle for {:.0f} s: released (ttl)", it->first,
+                       Seconds(now - e.last_used));
+          dead.push_back(EraseLocked(it, ReleaseReason::kTtl, nullptr));
+        }
       }
       it = next;
     }
   }
-  for (auto& s : dead) {
-    if (options_.on_release) options_.on_release(s->id());
-    s->ReleaseState();
-  }
-  return dead.size();
+  const size_t n = dead.size() + spilled;
+  for (auto& s : dead) Forget(std::move(s));
+  return n;
 }
 
 void SessionStore::CancelAll() {
@@ -429,6 +457,9 @@ SessionSnapshot SessionStore::SnapshotLocked(const Entry& e, Clock::time_point n
   s.idle_seconds = e.leased ? 0.0 : Seconds(now - e.last_used);
   s.ttl_remaining_seconds =
       e.leased ? Seconds(options_.ttl) : std::max(0.0, Seconds(options_.ttl) - s.idle_seconds);
+  s.spilled = e.spilled;
+  if (e.spilled) s.cached_tokens = e.spilled_cached;
+  if (options_.persister != nullptr) s.disk_bytes = options_.persister->FileBytes(s.id);
   return s;
 }
 
@@ -480,6 +511,126 @@ size_t SessionStore::num_sessions() const {
   return sessions_.size();
 }
 
+size_t SessionStore::num_spilled() const {
+  std::unique_lock lock(mu_);
+  size_t n = 0;
+  for (const auto& [id, e] : sessions_) n += e.spilled ? 1 : 0;
+  return n;
+}
+
+uint64_t SessionStore::spills() const {
+  std::unique_lock lock(mu_);
+  return spills_;
+}
+
+uint64_t SessionStore::unspills() const {
+  std::unique_lock lock(mu_);
+  return unspills_;
+}
+
+void SessionStore::SpillLocked(Entry& e) {
+  e.spilled_cached = e.session->published_cached();
+  e.session->ReleaseState();
+  e.spilled = true;
+  ++spills_;
+}
+
+void SessionStore::MakeRoomLocked(size_t bytes, const Entry* except) {
+  const size_t budget = options_.memory_budget_bytes;
+  if (options_.persister == nullptr || budget == 0) return;
+  size_t committed = CommittedLocked();
+  if (committed + bytes <= budget) return;
+  std::vector<std::pair<Clock::time_point, Entry*>> idle;
+  for (auto& [id, e] : sessions_) {
+    if (&e != except && !e.leased && !e.spilled && e.session->Memory().total() > 0 &&
+        options_.persister->IsCurrent(id, e.session->journal_mark())) {
+      idle.emplace_back(e.last_used, &e);
+    }
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [used, e] : idle) {
+    if (committed + bytes <= budget) break;
+    const size_t freed = e->session->Memory().total();
+    spdlog::info("session {}: spilled to disk (memory budget: {} bytes wanted, {} of {} committed)",
+                 e->session->id(), bytes, committed, budget);
+    SpillLocked(*e);
+    committed -= std::min(committed, freed);
+  }
+}
+
+absl::Status SessionStore::WaitResidentLocked(std::unique_lock<std::mutex>& lock,
+                                              const std::string& id, Clock::time_point deadline,
+                                              const TenantFilter& tenant) {
+  for (;;) {
+    CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
+    if (!sessions_.at(id).spilled) return absl::OkStatus();
+    CORTIQ_RETURN_IF_ERROR(UnspillLocked(lock, id));
+  }
+}
+
+absl::Status SessionStore::UnspillLocked(std::unique_lock<std::mutex>& lock,
+                                         const std::string& id) {
+  // Leased while it is read back, ending: another call for it waits (up to
+  // lease_wait) instead of racing this one; a Release waits for it.
+  Entry& e = sessions_.at(id);
+  e.leased = true;
+  e.lease_serial = ++next_serial_;
+  e.ending_at = Clock::time_point::min();
+  Session* held = e.session.get();
+  lock.unlock();
+  absl::StatusOr<std::unique_ptr<Session>> back = options_.persister->Load(id);
+  lock.lock();
+  Entry& f = sessions_.at(id);  // a leased entry is never erased
+  absl::Status st;
+  if (!back.ok()) {
+    st = back.status();
+    spdlog::error("{}: released", util::EscapeForLog(std::string(st.message())));
+    if (!f.release_on_return) f.release_on_return = ReleaseReason::kLost;
+  } else {
+    const size_t bytes = (*back)->Memory().total();
+    MakeRoomLocked(bytes);
+    const size_t budget = options_.memory_budget_bytes;
+    const size_t committed = CommittedLocked();
+    if (budget > 0 && committed + bytes > budget) {
+      st = absl::ResourceExhaustedError(absl::StrCat(
+          "memory budget: reading spilled session '", id, "' back needs ", bytes, " bytes, ",
+          committed, " of the ", budget, " byte budget are committed (",
+          budget - std::min(committed, budget), " free)"));
+    } else {
+      (*back)->set_created(held->created());
+      f.session = *std::move(back);
+      f.spilled = false;
+      f.spilled_cached = 0;
+      held = f.session.get();
+      ++unspills_;
+    }
+  }
+  lock.unlock();
+  ReturnLease(held);  // ends the lease (and carries out a release asked meanwhile)
+  lock.lock();
+  return st;
+}
+
+absl::Status SessionStore::InstallRestored(std::unique_ptr<Session> session) {
+  session->PublishMemory();
+  const size_t bytes = session->Memory().total();
+  std::unique_lock lock(mu_);
+  if (sessions_.contains(session->id())) {
+    return absl::AlreadyExistsError(absl::StrCat("session_id: '", session->id(), "' exists"));
+  }
+  MakeRoomLocked(bytes);
+  absl::Status fits = AdmitLocked(bytes, "the restored session holds");
+  const bool spill = !fits.ok() && options_.persister != nullptr &&
+                     sessions_.size() < options_.max_sessions;
+  if (!fits.ok() && !spill) return fits;
+  Entry& e = sessions_[session->id()];
+  e.session = std::move(session);
+  e.last_used = Clock::now();
+  if (spill) SpillLocked(e);
+  return absl::OkStatus();
+}
+
 size_t SessionStore::num_leased() const {
   std::unique_lock lock(mu_);
   size_t n = 0;
@@ -525,10 +676,7 @@ void SessionStore::ReturnLease(Session* session) {
       dead = EraseLocked(it, *e.release_on_return, pending ? &pending->freed_bytes : nullptr);
     }
   }
-  if (dead) {
-    if (options_.on_release) options_.on_release(dead->id());
-    dead->ReleaseState();
-  }
+  if (dead) Forget(std::move(dead));
   if (pending) {
     std::unique_lock lock(mu_);
     pending->done = true;
@@ -551,6 +699,8 @@ SessionStore::Lease& SessionStore::Lease::operator=(Lease&& o) noexcept {
 absl::Status SessionStore::ReserveLocked(Entry& e, size_t projected_bytes) {
   const size_t budget = options_.memory_budget_bytes;
   if (budget > 0 && projected_bytes > e.reservation) {
+    const size_t current = std::max(e.session->Memory().total(), e.reservation);
+    MakeRoomLocked(projected_bytes - std::min(projected_bytes, current), &e);
     const size_t mine = std::max(e.session->Memory().total(), e.reservation);
     const size_t others = CommittedLocked() - mine;
     if (others + std::max(mine, projected_bytes) > budget) {

@@ -62,8 +62,20 @@
 
 namespace cortiq::session {
 
-enum class ReleaseReason : uint8_t { kExplicit = 0, kTtl, kCancelled, kMigrated, kOneshot };
-inline constexpr size_t kNumReleaseReasons = 5;
+// kMaxAge: --session-max-age; kLost: a spilled session whose file could not
+// be read back.
+enum class ReleaseReason : uint8_t {
+  kExplicit = 0,
+  kTtl,
+  kCancelled,
+  kMigrated,
+  kOneshot,
+  kMaxAge,
+  kLost
+};
+inline constexpr size_t kNumReleaseReasons = 7;
+
+class SessionPersister;
 std::string_view ReleaseReasonName(ReleaseReason reason);  // "explicit", "ttl", ...
 
 struct StoreOptions {
@@ -83,11 +95,21 @@ struct StoreOptions {
   std::chrono::milliseconds cancel_settle{20};
   // Imports in flight at once (--max-concurrent-imports); 0 = unlimited.
   size_t max_imports = 4;
-  // Called once per session the store lets go of (any reason), after it is
-  // erased and outside the lock, before its state is freed and before the
-  // release is reported done: the --state-dir deletes its file here, so a
-  // release is durable once Release returns. May block briefly.
-  std::function<void(const std::string& id)> on_release;
+  // --state-dir (not owned; may be null). With it:
+  //   * a session the store lets go of has its file deleted (after it is
+  //     erased, outside the lock, before the release is reported done: a
+  //     release is durable once Release returns);
+  //   * the idle TTL SPILLS a session whose file holds its whole state: its
+  //     RAM is freed, the session stays listed (SessionSnapshot::spilled),
+  //     and the next call that names it reads it back (Peek / Acquire, on
+  //     the caller's thread); a session whose file is not current is
+  //     released as without a state dir;
+  //   * admission under the memory budget spills the least recently used
+  //     idle sessions before it refuses.
+  SessionPersister* persister = nullptr;
+  // Releases for good (reason max_age) an unleased session this old,
+  // spilled or not (--session-max-age); 0 = never.
+  std::chrono::milliseconds max_age{0};
 };
 
 // Which sessions a caller may see (see the banner): nullopt = every
@@ -107,6 +129,8 @@ struct SessionSnapshot {
   double age_seconds = 0;
   double idle_seconds = 0;
   double ttl_remaining_seconds = 0;
+  bool spilled = false;     // its state is on disk only (StoreOptions::persister)
+  uint64_t disk_bytes = 0;  // its file's bytes (0 without a state dir)
 };
 
 // One tenant's share of the store (SessionStore::UsageByTenant).
@@ -190,9 +214,13 @@ class SessionStore {
   // history length and config, without leasing it or touching it. NOT_FOUND
   // / ABORTED as Acquire would answer now, after the same wait for an ending
   // holder.
+  // A spilled session is read back first (Peek, PeekForReuse and Acquire
+  // alike): DATA_LOSS when its file cannot be (the session is then
+  // released, reason lost), RESOURCE_EXHAUSTED when its state does not fit
+  // the budget (it stays spilled).
   absl::StatusOr<ExistingSession> Peek(const std::string& id,
                                        Clock::time_point deadline = Clock::time_point::max(),
-                                       const TenantFilter& tenant = kAnyTenant) const;
+                                       const TenantFilter& tenant = kAnyTenant);
   // Peek for a reuse_prefix call whose prompt is `conversation` (the whole
   // conversation, non-empty): also what the call keeps of the history
   // (ExistingSession::reuse, Session::PlanReuse computed under the store's
@@ -202,7 +230,12 @@ class SessionStore {
   absl::StatusOr<ExistingSession> PeekForReuse(const std::string& id,
                                                std::span<const int32_t> conversation,
                                                Clock::time_point deadline = Clock::time_point::max(),
-                                               const TenantFilter& tenant = kAnyTenant) const;
+                                               const TenantFilter& tenant = kAnyTenant);
+  // A session restored from --state-dir at start: installed like Install,
+  // or, when its state does not fit the memory budget, installed spilled
+  // (its RAM freed at once; a persister is required). RESOURCE_EXHAUSTED
+  // at the session cap.
+  absl::Status InstallRestored(std::unique_ptr<Session> session);
   // Leases the session `plan` was made for (from Peek) and reserves
   // plan.projected.total() bytes for the call, in one step: nothing changes
   // on an error. NOT_FOUND / ABORTED as Acquire; ABORTED ("session busy")
@@ -225,8 +258,11 @@ class SessionStore {
   ReleaseResult Release(const std::string& id, ReleaseReason reason = ReleaseReason::kExplicit,
                         const TenantFilter& tenant = kAnyTenant);
 
-  // Releases (reason ttl) every idle, unleased session whose last use is
-  // older than the TTL. Returns how many. Called by the server's reaper.
+  // Every idle, unleased session whose last use is older than the TTL is
+  // released (reason ttl), or with a persister spilled when its file is
+  // current; every unleased session older than max_age is released (reason
+  // max_age). Returns how many were released or spilled. Called by the
+  // server's reaper.
   size_t ReapIdle(Clock::time_point now = Clock::now());
 
   // Cancels every running call (their leases' cancellers) and marks every
@@ -246,8 +282,11 @@ class SessionStore {
   // to num_sessions() and the bytes to MemoryByKindTotal().total() as of
   // that pass. O(sessions).
   std::map<std::string, TenantUsage> UsageByTenant() const;
-  size_t num_sessions() const;
+  size_t num_sessions() const;  // spilled ones included
   size_t num_leased() const;
+  size_t num_spilled() const;
+  uint64_t spills() const;    // sessions spilled so far (TTL and memory pressure)
+  uint64_t unspills() const;  // spilled sessions read back so far
   // Bytes admission counts as committed: Σ max(current, reservation).
   size_t committed_bytes() const;
   // Bytes the imports in flight hold (their reservations' sum); 0 when none runs.
@@ -375,6 +414,9 @@ class SessionStore {
     // and sets done once the state is freed.
     std::shared_ptr<PendingRelease> pending_release;
     Clock::time_point last_used;
+    // Its state is on disk only (freed from RAM); cached positions then.
+    bool spilled = false;
+    size_t spilled_cached = 0;
   };
 
   std::string NewId();  // 32 hex digits from a CSPRNG-seeded 128-bit draw; mu_ held
@@ -405,6 +447,21 @@ class SessionStore {
   Lease LeaseLocked(Entry& e);
   // Lease::Reserve with mu_ held.
   absl::Status ReserveLocked(Entry& e, size_t projected_bytes);
+  // Spilling (options_.persister). Frees an unleased session's state, which
+  // its file holds; mu_ held.
+  void SpillLocked(Entry& e);
+  // Spills the least recently used idle sessions whose files are current
+  // until `bytes` more fit the memory budget, or none is left; mu_ held.
+  void MakeRoomLocked(size_t bytes, const Entry* except = nullptr);
+  // WaitLeasableLocked, then a spilled session is read back (UnspillLocked)
+  // and the wait repeated; on OK `id` is unleased and resident.
+  absl::Status WaitResidentLocked(std::unique_lock<std::mutex>& lock, const std::string& id,
+                                  Clock::time_point deadline, const TenantFilter& tenant);
+  // Reads spilled, unleased `id` back from its file, leased meanwhile (mu_
+  // released during the read).
+  absl::Status UnspillLocked(std::unique_lock<std::mutex>& lock, const std::string& id);
+  // The store lets go of a session: its file goes (persister), then its state.
+  void Forget(std::unique_ptr<Session> session);
   SessionSnapshot SnapshotLocked(const Entry& e, Clock::time_point now) const;
   // Erases the entry and returns the session to free outside the lock.
   std::unique_ptr<Session> EraseLocked(std::map<std::string, Entry>::iterator it,
@@ -417,6 +474,7 @@ class SessionStore {
   uint64_t next_serial_ = 0;
   std::map<std::string, Entry> sessions_;
   std::array<uint64_t, kNumReleaseReasons> releases_{};
+  uint64_t spills_ = 0, unspills_ = 0;
   size_t import_bytes_ = 0;  // Σ the ImportReservations' bytes
   size_t num_imports_ = 0;   // ImportReservations alive
 };

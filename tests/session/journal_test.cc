@@ -305,6 +305,17 @@ TEST_F(JournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
   auto back = RestoreJournal(flipped, *model_, kFingerprint);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->session->tokens().size(), tokens_first);
+  // A flipped bit in the last record's length (its frame) is corruption,
+  // not a torn write: the frame check catches it, so no turn is silently cut.
+  for (int bit : {0, 20, 40, 62}) {
+    std::string bad = file;
+    bad[first_end + 8 + bit / 8] ^= static_cast<char>(1 << (bit % 8));
+    EXPECT_EQ(RestoreJournal(bad, *model_, kFingerprint).status().code(),
+              absl::StatusCode::kDataLoss)
+        << "bit " << bit;
+  }
+  // A crash that extended the file with zeros after the last record: torn.
+  EXPECT_TRUE(RestoreJournal(file + std::string(64, '\0'), *model_, kFingerprint).ok());
   // A flipped byte anywhere before the last record: DATA_LOSS.
   for (size_t at = 0; at < first_end; at += 1 + first_end / 61) {
     std::string bad = file;

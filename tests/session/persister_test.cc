@@ -1,0 +1,333 @@
+// --state-dir through the store and the engine: each kept session's file
+// follows its calls; a release deletes it before returning; a restart
+// restores every session at its last call; the idle TTL and the memory
+// budget spill sessions (RAM freed, file kept) and the next call reads them
+// back and continues exactly; --session-max-age releases for good; a failed
+// write (the file size limit) leaves the call successful and the next
+// record rewrites the file.
+#include "core/session/session_persister.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/session/engine.h"
+#include "core/session/session_store.h"
+#include "core/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "tests/common/model_test_util.h"
+
+namespace cortiq::session {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr uint64_t kFingerprint = 0x42;
+
+class PersisterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(testing::LoadTempModel("tiny", &model_, &tok_));
+    dir_ = fs::temp_directory_path() /
+           ("cortiq-persister-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    engine_.reset();
+    store_.reset();
+    persister_.reset();
+    fs::remove_all(dir_);
+  }
+
+  // A node: a persister on dir_, a store and an engine writing through it.
+  void Start(StoreOptions so = {}, PersistSync sync = PersistSync::kTurn) {
+    engine_.reset();
+    store_.reset();
+    persister_.reset();
+    auto p = SessionPersister::Open(*model_, {.dir = dir_.string(), .sync = sync,
+                                              .fingerprint = kFingerprint});
+    ASSERT_TRUE(p.ok()) << p.status();
+    persister_ = *std::move(p);
+    so.persister = persister_.get();
+    store_ = std::make_unique<SessionStore>(so);
+    EngineOptions eo;
+    eo.persister = persister_.get();
+    engine_ = std::make_unique<Engine>(*model_, *tok_, eo);
+  }
+
+  static GenerationRequest Req(std::vector<int32_t> prompt, size_t n, bool sampled = false) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    r.sampling.temperature = sampled ? 0.9f : 0.0f;
+    r.sampling.seed = 5;
+    return r;
+  }
+
+  // As the server runs a call: Peek (a spilled session is read back), plan,
+  // Acquire with the plan (its bytes reserved against the budget), Submit.
+  std::vector<int32_t> Run(Engine& engine, SessionStore& store, const std::string& id,
+                           GenerationRequest r) {
+    auto existing = store.Peek(id);
+    EXPECT_TRUE(existing.ok()) << existing.status();
+    if (!existing.ok()) return {};
+    const PlanLimits limits{.max_tokens = 4096, .max_context = 4096, .max_n = 8};
+    auto plan = PlanRequest(r, limits, model_->config(), *existing);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    if (!plan.ok()) return {};
+    auto lease = store.Acquire(id, *plan);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (!lease.ok()) return {};
+    auto job = engine.Submit(*std::move(lease), std::move(r), *plan);
+    EXPECT_TRUE(job.ok()) << job.status();
+    std::vector<int32_t> ids;
+    GenerationEvent ev;
+    while ((*job)->WaitPop(&ev)) ids.push_back(ev.token_id);
+    EXPECT_TRUE((*job)->result().status.ok()) << (*job)->result().status;
+    return ids;
+  }
+  std::vector<int32_t> Run(const std::string& id, GenerationRequest r) {
+    return Run(*engine_, *store_, id, std::move(r));
+  }
+
+  std::string NewSession(SessionStore& store, SessionConfig config = {}) {
+    auto lease = store.Create(*model_, config, 0, "t1");
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    return lease.ok() ? (*lease)->id() : "";
+  }
+
+  fs::path FileOf(const std::string& id) const { return dir_ / (id + ".cqsj"); }
+
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  fs::path dir_;
+  std::unique_ptr<SessionPersister> persister_;
+  std::unique_ptr<SessionStore> store_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// Files follow the calls; a release deletes the file before it returns; a
+// new node on the same directory restores every session at its last call,
+// and it continues exactly as the session that never stopped.
+TEST_F(PersisterTest, FilesFollowTheCallsAndARestartRestoresEverySession) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  // The reference: the same calls on a node without a state dir.
+  SessionStore ref_store({});
+  Engine ref_engine(*model_, *tok_, {});
+  std::vector<std::string> ids, refs;
+  for (int i = 0; i < 4; ++i) {
+    SessionConfig c;
+    if (i == 1) c.kv_mode = kv::KvMode::kInt8;
+    ids.push_back(NewSession(*store_, c));
+    refs.push_back(NewSession(ref_store, c));
+    for (int turn = 0; turn < 2; ++turn) {
+      const auto prompt = testing::TestIds(12 + turn, 259, 3 * i + turn);
+      EXPECT_EQ(Run(ids[i], Req(prompt, 5, i == 2)),
+                Run(ref_engine, ref_store, refs[i], Req(prompt, 5, i == 2)));
+    }
+    EXPECT_TRUE(fs::exists(FileOf(ids[i])));
+    EXPECT_EQ(store_->Get(ids[i])->disk_bytes, fs::file_size(FileOf(ids[i])));
+  }
+  EXPECT_EQ(persister_->stats().files, 4u);
+  // A release is durable once it returns.
+  EXPECT_TRUE(store_->Release(ids[3]).released);
+  EXPECT_FALSE(fs::exists(FileOf(ids[3])));
+  EXPECT_EQ(persister_->stats().files, 3u);
+
+  // "Restart": a new persister, store and engine on the same directory.
+  ASSERT_NO_FATAL_FAILURE(Start());
+  auto report = persister_->RestoreAll(
+      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  EXPECT_EQ(report.restored, 3u);
+  EXPECT_EQ(report.quarantined, 0u);
+  EXPECT_EQ(store_->num_sessions(), 3u);
+  EXPECT_FALSE(store_->Get(ids[3]).has_value());
+  for (int i = 0; i < 3; ++i) {
+    auto snap = store_->Get(ids[i]);
+    ASSERT_TRUE(snap.has_value());
+    EXPECT_EQ(snap->tenant, "t1");
+    EXPECT_EQ(snap->tokens, ref_store.Get(refs[i])->tokens);
+    const auto prompt = testing::TestIds(7, 259, 50 + i);
+    const auto got = Run(ids[i], Req(prompt, 6, i == 2));
+    EXPECT_EQ(got.size(), 6u);
+    EXPECT_EQ(got, Run(ref_engine, ref_store, refs[i], Req(prompt, 6, i == 2)));
+  }
+}
+
+// The idle TTL spills a session whose file is current: its RAM is freed,
+// it stays listed as spilled, and the next call reads it back and
+// continues exactly. --session-max-age releases for good.
+TEST_F(PersisterTest, TheTtlSpillsAndTheNextCallReadsBack) {
+  StoreOptions so;
+  so.ttl = std::chrono::milliseconds(0);
+  ASSERT_NO_FATAL_FAILURE(Start(so));
+  SessionStore ref_store({});
+  Engine ref_engine(*model_, *tok_, {});
+  const std::string id = NewSession(*store_), ref = NewSession(ref_store);
+  const auto p1 = testing::TestIds(30, 259, 1);
+  Run(id, Req(p1, 6, true));
+  Run(ref_engine, ref_store, ref, Req(p1, 6, true));
+  ASSERT_GT(store_->MemoryByKindTotal().total(), 0u);
+  EXPECT_EQ(store_->ReapIdle(), 1u);
+  auto snap = store_->Get(id);
+  ASSERT_TRUE(snap.has_value());
+  EXPECT_TRUE(snap->spilled);
+  EXPECT_EQ(snap->memory.total(), 0u);
+  EXPECT_EQ(snap->tokens, 36u);
+  EXPECT_EQ(snap->cached_tokens, 35u);
+  EXPECT_GT(snap->disk_bytes, 0u);
+  EXPECT_EQ(store_->MemoryByKindTotal().total(), 0u);
+  EXPECT_EQ(store_->num_spilled(), 1u);
+  EXPECT_EQ(store_->ReapIdle(), 0u) << "a spilled session is not spilled again";
+  // The next call reads it back (the sampler's RNG too).
+  const auto p2 = testing::TestIds(4, 259, 2);
+  EXPECT_EQ(Run(id, Req(p2, 6, true)), Run(ref_engine, ref_store, ref, Req(p2, 6, true)));
+  EXPECT_FALSE(store_->Get(id)->spilled);
+  EXPECT_EQ(store_->unspills(), 1u);
+  EXPECT_EQ(store_->Get(id)->memory.total(), ref_store.Get(ref)->memory.total());
+
+  // max_age: released for good, the file deleted.
+  StoreOptions aged;
+  aged.max_age = std::chrono::milliseconds(1);
+  ASSERT_NO_FATAL_FAILURE(Start(aged));
+  persister_->RestoreAll(
+      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  ASSERT_EQ(store_->num_sessions(), 1u);
+  EXPECT_EQ(store_->ReapIdle(Clock::now() + std::chrono::seconds(1)), 1u);
+  EXPECT_EQ(store_->num_sessions(), 0u);
+  EXPECT_FALSE(fs::exists(FileOf(id)));
+  EXPECT_EQ(store_->releases()[static_cast<size_t>(ReleaseReason::kMaxAge)], 1u);
+}
+
+// Three times more sessions than the memory budget holds: admission spills
+// the least recently used idle ones instead of refusing, and every session
+// continues exactly as on a node with no budget. A restart under the same
+// budget installs the sessions that do not fit as spilled.
+TEST_F(PersisterTest, TheMemoryBudgetSpillsInsteadOfRefusing) {
+  // Measure one session's peak to size the budget to about 3 sessions.
+  size_t one = 0;
+  {
+    SessionStore probe({});
+    Engine e(*model_, *tok_, {});
+    auto lease = probe.Create(*model_, SessionConfig{}, 0);
+    ASSERT_TRUE(lease.ok());
+    const std::string id = (*lease)->id();
+    lease->Return();
+    Run(e, probe, id, Req(testing::TestIds(40, 259, 9), 8));
+    Run(e, probe, id, Req(testing::TestIds(6, 259, 10), 8));
+    one = probe.Get(id)->memory.total();
+  }
+  ASSERT_GT(one, 0u);
+  StoreOptions so;
+  so.memory_budget_bytes = 4 * one;
+  ASSERT_NO_FATAL_FAILURE(Start(so));
+  SessionStore ref_store({});
+  Engine ref_engine(*model_, *tok_, {});
+  constexpr int kSessions = 9;
+  std::vector<std::string> ids, refs;
+  for (int i = 0; i < kSessions; ++i) {
+    ids.push_back(NewSession(*store_));
+    refs.push_back(NewSession(ref_store));
+  }
+  for (int turn = 0; turn < 3; ++turn) {
+    for (int i = 0; i < kSessions; ++i) {
+      SCOPED_TRACE(::testing::Message() << "turn " << turn << " session " << i);
+      const auto prompt = testing::TestIds(turn == 0 ? 40 : 6, 259, 100 * turn + i);
+      const auto got = Run(ids[i], Req(prompt, 8));
+      EXPECT_EQ(got.size(), 8u);
+      EXPECT_EQ(got, Run(ref_engine, ref_store, refs[i], Req(prompt, 8)));
+      EXPECT_LE(store_->MemoryByKindTotal().total(), so.memory_budget_bytes);
+    }
+  }
+  EXPECT_GT(store_->spills(), static_cast<uint64_t>(kSessions));
+  EXPECT_GT(store_->unspills(), static_cast<uint64_t>(kSessions));
+  EXPECT_GE(store_->num_spilled(), static_cast<size_t>(kSessions - 4));
+
+  // A restart: what does not fit is installed spilled; all continue.
+  ASSERT_NO_FATAL_FAILURE(Start(so));
+  auto report = persister_->RestoreAll(
+      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  EXPECT_EQ(report.restored, static_cast<size_t>(kSessions));
+  EXPECT_GE(store_->num_spilled(), static_cast<size_t>(kSessions - 4));
+  for (int i = 0; i < kSessions; ++i) {
+    const auto prompt = testing::TestIds(5, 259, 1000 + i);
+    EXPECT_EQ(Run(ids[i], Req(prompt, 4)), Run(ref_engine, ref_store, refs[i], Req(prompt, 4)));
+  }
+}
+
+// Disk full (here the process's file size limit): the call succeeds, the
+// failure is counted, the file keeps its last whole record, and the next
+// record, once writes work again, rewrites the file whole.
+TEST_F(PersisterTest, AFailedWriteKeepsTheCallAndTheNextRecordRewrites) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const std::string id = NewSession(*store_);
+  Run(id, Req(testing::TestIds(20, 259, 1), 4));
+  const uint64_t size = fs::file_size(FileOf(id));
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = size + 100;  // the next turn's record does not fit
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const auto got = Run(id, Req(testing::TestIds(30, 259, 2), 4));
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(got.size(), 4u) << "the call succeeded";
+  EXPECT_EQ(persister_->stats().failures, 1u);
+  EXPECT_EQ(fs::file_size(FileOf(id)), size) << "the partial record was cut off";
+  EXPECT_FALSE(persister_->IsCurrent(id, store_->Acquire(id).value()->journal_mark()));
+  // Writes work again: the next record is the whole file.
+  const uint64_t rewrites = persister_->stats().rewrites;
+  Run(id, Req(testing::TestIds(3, 259, 3), 4));
+  EXPECT_EQ(persister_->stats().rewrites, rewrites + 1);
+  auto lease = store_->Acquire(id);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_TRUE(persister_->IsCurrent(id, (*lease)->journal_mark()));
+  lease->Return();
+  // And it restores at that call.
+  const size_t tokens = store_->Get(id)->tokens;
+  ASSERT_NO_FATAL_FAILURE(Start());
+  persister_->RestoreAll(
+      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  EXPECT_EQ(store_->Get(id)->tokens, tokens);
+}
+
+// A corrupt file is quarantined; the others load.
+TEST_F(PersisterTest, ACorruptFileIsQuarantinedAndTheOthersLoad) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(NewSession(*store_));
+    Run(ids[i], Req(testing::TestIds(10, 259, i), 3));
+    Run(ids[i], Req(testing::TestIds(3, 259, 10 + i), 3));
+  }
+  engine_.reset();
+  store_.reset();
+  persister_.reset();
+  {  // a byte flipped in the first (session) record: records follow it
+    std::fstream f(FileOf(ids[1]), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(30);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(30);
+    f.write(&c, 1);
+  }
+  std::ofstream(dir_ / "notes.cqsj") << "not a session";
+  ASSERT_NO_FATAL_FAILURE(Start());
+  auto report = persister_->RestoreAll(
+      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  EXPECT_EQ(report.restored, 2u);
+  EXPECT_EQ(report.quarantined, 2u);
+  EXPECT_TRUE(fs::exists(dir_ / "quarantine" / (ids[1] + ".cqsj")));
+  EXPECT_TRUE(fs::exists(dir_ / "quarantine" / "notes.cqsj"));
+  EXPECT_FALSE(store_->Get(ids[1]).has_value());
+  EXPECT_TRUE(store_->Get(ids[0]).has_value());
+  EXPECT_TRUE(store_->Get(ids[2]).has_value());
+}
+
+}  // namespace
+}  // namespace cortiq::session
