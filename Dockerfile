@@ -65,9 +65,15 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 cortiq \
  && useradd --system --uid 10001 --gid cortiq --home-dir /nonexistent --no-create-home \
-      --shell /usr/sbin/nologin cortiq
+      --shell /usr/sbin/nologin cortiq \
+ && install -d -o 10001 -g 10001 -m 0750 /var/lib/cortiq /var/lib/cortiq/state
 COPY --from=build /out/bin/cortiq-server /out/bin/cortiq /usr/bin/
 COPY --from=build /src/models/cortiq-byte-4m /usr/share/cortiq/model
+# /var/lib/cortiq/state: where deploy/compose.yaml and deploy/k8s mount the
+# session state volume (--state-dir; off unless given). Owned by the user, so
+# a new Docker named volume mounted there starts with that owner (Docker
+# copies the folder's ownership into an empty volume); Kubernetes makes its
+# volume writable through the pod's fsGroup instead.
 USER 10001:10001
 EXPOSE 50051 8080 9464
 # grpc.health.v1 through the client: exit 0 only when SERVING (a draining node

@@ -12,11 +12,16 @@
 #   scripts/cluster.sh down     drain the nodes one by one, a, b, then c (SIGTERM;
 #                               each waits for the previous to exit: a's kept
 #                               sessions move to b or c, b's to c, c's have
-#                               nowhere to go), then stop Prometheus
+#                               nowhere to go and stay in c's state directory,
+#                               restored by the next `up`), then stop Prometheus
 #
-# Pids, logs and Prometheus' data live in build/cluster/. Prometheus' config is
-# generated from deploy/prometheus/prometheus.yml (the `cortiq` job, targets
-# on loopback) and uses deploy/prometheus/rules.yml as it is.
+# Every node keeps its sessions in its own --state-dir, build/cluster/state-a,
+# state-b, state-c: a node killed with kill -9 and started again (`up` starts
+# only the nodes that are not running) restores its kept sessions before it
+# serves. Remove the folders to start empty.
+# Pids, logs, state and Prometheus' data live in build/cluster/. Prometheus'
+# config is generated from deploy/prometheus/prometheus.yml (the `cortiq` job,
+# targets on loopback) and uses deploy/prometheus/rules.yml as it is.
 # Environment: CORTIQ_SERVER_FLAGS (extra flags for every node),
 # CLUSTER_GRPC_PORTS (default "50051 50052 50053"), CLUSTER_METRICS_PORTS
 # ("9464 9465 9466"), CLUSTER_PROMETHEUS_PORT (9090; a taken 9090, e.g. by Debian's
@@ -83,7 +88,7 @@ model_flags() {
 
 start_node() {  # start_node INDEX
   local i=$1 name=${NODES[$1]} j peers=""
-  local pidf="$DIR/node-$name.pid" log="$DIR/node-$name.log"
+  local pidf="$DIR/node-$name.pid" log="$DIR/node-$name.log" state="$DIR/state-$name"
   local grpc=${GRPC_PORTS[$i]} metrics=${METRICS_PORTS[$i]}
   for j in "${!NODES[@]}"; do
     [ "$j" -eq "$i" ] || peers+="${peers:+,}127.0.0.1:${GRPC_PORTS[$j]}"
@@ -92,10 +97,11 @@ start_node() {  # start_node INDEX
   for p in "$grpc" "$metrics"; do
     if port_taken "$p"; then echo "node $name: port $p is taken (set CLUSTER_GRPC_PORTS / CLUSTER_METRICS_PORTS)" >&2; return 1; fi
   done
+  mkdir -p "$state"
   # shellcheck disable=SC2086
   # The nodes speak gRPC to each other; no HTTP front (several would share 8080).
   "$SERVER" "${MODEL_FLAG[@]}" --listen "127.0.0.1:$grpc" --metrics-listen "127.0.0.1:$metrics" \
-      --http-listen off --peers "$peers" ${CORTIQ_SERVER_FLAGS:-} >"$log" 2>&1 &
+      --http-listen off --peers "$peers" --state-dir "$state" ${CORTIQ_SERVER_FLAGS:-} >"$log" 2>&1 &
   echo $! >"$pidf"
 }
 

@@ -16,9 +16,14 @@ pod named after itself (--node-name from metadata.name) and advertised at its
 IP (--advertise from status.podIP, the gRPC port). Tokens: the roles file
 (--auth-tokens), the peer token and the drain hook's admin token come from
 the Secret the kustomization generates from files deploy/make-tokens.sh
-writes (never a literal). Compose runs three nodes, each naming the other two
+writes (never a literal). Session state: --state-dir is a per-pod
+volumeClaimTemplate (ReadWriteOnce, at least 2 x --memory-budget) mounted
+read-write, writable through fsGroup, and the startupProbe's window covers
+restoring a full volume. Compose runs three nodes, each naming the other two
 as peers, with the roles file and the peer token from compose secret files,
-Prometheus scraping all three with the rules and Grafana with the dashboard.
+each with its own named state volume at --state-dir (a folder the image makes,
+owned by its user), Prometheus scraping all three with the rules and Grafana
+with the dashboard.
 deploy/make-tokens.sh writes a roles file in the server's format.
 """
 import argparse
@@ -110,6 +115,13 @@ def duration_s(d):
     for n, unit in re.findall(r"([0-9.]+)(h|ms|m|s|us)", text):
         total += float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6}[unit]
     return total
+
+
+# Restore (--state-dir) runs before SERVING and reads every session file: the
+# startupProbe must wait for a full state volume at this rate (a small cloud
+# disk), plus RESTORE_SLACK_S for the model load (deploy/k8s/statefulset.yaml).
+RESTORE_MIB_S = 50
+RESTORE_SLACK_S = 60
 
 
 # What deploy/make-tokens.sh writes into its folder (the Secret's and the
@@ -288,6 +300,31 @@ def check_k8s(root):
                              fs_group == get(pod, "securityContext", "runAsGroup", default=user)),
           f"the roles file is readable by the pod's user (mode {mode:o}, fsGroup {fs_group})")
     check("--insecure" not in args, "the StatefulSet does not pass --insecure")
+    # Session state: a per-pod PVC (outlives the pod, follows cortiq-N),
+    # mounted read-write at --state-dir, writable by the pod's group.
+    state_dir = (flag(args, "--state-dir") or "").rstrip("/")
+    if check(bool(state_dir), f"--state-dir is set ({state_dir})"):
+        smount = mounts.get(state_dir) or {}
+        claims = {get(t, "metadata", "name"): t for t in spec.get("volumeClaimTemplates") or []}
+        claim = claims.get(smount.get("name"))
+        check(claim is not None and smount.get("name") not in vols and not smount.get("readOnly"),
+              f"--state-dir {state_dir} is a read-write mount of a volumeClaimTemplate "
+              f"({smount.get('name')}; templates {sorted(claims)})")
+        size = quantity(get(claim or {}, "spec", "resources", "requests", "storage", default="0")) or 0
+        if claim is not None:
+            check(get(claim, "spec", "accessModes", default=[]) == ["ReadWriteOnce"],
+                  f"the state claim is ReadWriteOnce ({get(claim, 'spec', 'accessModes')})")
+            check(size >= 2 * (quantity(budget or "0") or 0) > 0,
+                  f"the state claim ({size / 2**30:g} GiB) holds 2 x --memory-budget {budget} "
+                  f"(sessions + compaction headroom)")
+        check(fs_group is not None and fs_group == get(pod, "securityContext", "runAsGroup", default=user),
+              f"the state volume is writable by the pod's user (fsGroup {fs_group} = its group)")
+        sp = server.get("startupProbe") or {}
+        window = sp.get("periodSeconds", 10) * sp.get("failureThreshold", 3)
+        need = size / (RESTORE_MIB_S * 2**20) + RESTORE_SLACK_S
+        check(bool(sp) and window >= need,
+              f"the startupProbe window {window} s covers restoring the state volume: "
+              f"{size / 2**30:g} GiB at {RESTORE_MIB_S} MiB/s + {RESTORE_SLACK_S} s = {need:.0f} s")
     tgp = pod.get("terminationGracePeriodSeconds")
     check(tgp is not None and tgp >= bound,
           f"terminationGracePeriodSeconds {tgp} >= {FORMULA} = {grace:g} + {drain_timeout:g} + "
@@ -380,6 +417,9 @@ def check_compose(root):
               f"folder is ignored): {src}")
 
     host_ports = []
+    state_volumes = []
+    named_volumes = docs[0].get("volumes") or {}
+    image_dirs, image_user = dockerfile_user_dirs(root)
     for n in servers:
         svc = services[n]
         cmd = svc.get("command") or []
@@ -412,11 +452,31 @@ def check_compose(root):
         m = re.search(r'--peer-token "\$\$\(cat (/run/secrets/[\w.-]+)\)"', script)
         if check(m is not None, f"{n}: --peer-token is read from a secret file ({script})"):
             secret_file(n, m.group(1), "the peer token", "peer-token")
+        # Session state: the node's own named volume at --state-dir, on a
+        # folder the image makes owned by its user (Docker copies that owner
+        # into a new empty volume, so the server can write there).
+        state_dir = (flag(cmd, "--state-dir") or "").rstrip("/")
+        source = None
+        for v in svc.get("volumes") or []:
+            if isinstance(v, str):
+                parts = v.split(":")
+                if len(parts) >= 2 and parts[1].rstrip("/") == state_dir:
+                    source = parts[0]
+            elif isinstance(v, dict) and str(v.get("target", "")).rstrip("/") == state_dir \
+                    and v.get("type", "volume") == "volume":
+                source = v.get("source")
+        if check(bool(state_dir) and source in named_volumes,
+                 f"{n}: --state-dir {state_dir} is a named volume ({source})"):
+            state_volumes.append(source)
+            check(state_dir in image_dirs and image_dirs[state_dir] == image_user,
+                  f"{n}: the image makes {state_dir} owned by its user {image_user} "
+                  f"(owner {image_dirs.get(state_dir)})")
         for spec in svc.get("ports") or []:
             host, _, rest = str(spec).partition(":")
             check(host == "127.0.0.1", f"{n} publishes {spec} on loopback only")
             host_ports.append(rest.split(":")[0])
     check(len(host_ports) == len(set(host_ports)), f"the nodes' host ports differ ({host_ports})")
+    check(len(state_volumes) == len(set(state_volumes)), f"every node has its own state volume ({state_volumes})")
 
     prom = next((n for n, s in services.items() if "prometheus" in str(s.get("image", ""))), None)
     graf = next((n for n, s in services.items() if "grafana" in str(s.get("image", ""))), None)
@@ -492,6 +552,37 @@ def dockerfile_entrypoint(root):
             if line.startswith("ENTRYPOINT "):
                 entry = json.loads(line[len("ENTRYPOINT "):])
     return entry
+
+
+def dockerfile_user_dirs(root):
+    """({folder: owner} the runtime stage makes with `install -d -o OWNER`,
+    the runtime USER's uid or name), from the last stage of the Dockerfile."""
+    with open(os.path.join(root, "Dockerfile"), encoding="utf-8") as f:
+        text = f.read().replace("\\\n", " ")
+    stage = text[text.rindex("\nFROM "):] if "\nFROM " in text else text
+    dirs, user = {}, None
+    for line in stage.splitlines():
+        line = line.strip()
+        if line.startswith("USER "):
+            user = line.split()[1].split(":")[0]
+        if not line.startswith("RUN "):
+            continue
+        for cmd in re.split(r"&&|;", line[len("RUN "):]):
+            words = shlex.split(cmd)
+            if words[:1] != ["install"] or "-d" not in words:
+                continue
+            owner, paths, i = None, [], 1
+            while i < len(words):
+                if words[i] in ("-o", "-g", "-m"):
+                    owner = words[i + 1] if words[i] == "-o" else owner
+                    i += 2
+                    continue
+                if not words[i].startswith("-"):
+                    paths.append(words[i].rstrip("/"))
+                i += 1
+            for p in paths:
+                dirs[p] = owner
+    return dirs, user
 
 
 def check_make_tokens(root):
