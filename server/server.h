@@ -81,6 +81,8 @@ class Server {
 
   session::SessionStore& store() { return *store_; }
   session::Engine& engine() { return *engine_; }
+  // --state-dir's persister; null without one.
+  session::SessionPersister* persister() { return persister_.get(); }
   const model::Transformer& model() const { return *model_; }
   // The ISA tier the model's math kernels run on (e.g. "avx512bf16"), for logs.
   const char* kernel_tier() const;

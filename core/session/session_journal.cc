@@ -78,8 +78,10 @@ struct LayerPart {
   size_t aux_row = 0;                      // aux bytes per position (0: none)
 };
 
-absl::StatusOr<std::string> TurnPayload(const Session& session, size_t keep_tokens,
-                                        size_t keep_cached, uint64_t* live_bytes) {
+// The turn record (framed, after `prefix`) of what lies past keep_tokens /
+// keep_cached, written into `out`.
+absl::Status TurnRecord(const Session& session, size_t keep_tokens, size_t keep_cached,
+                        uint64_t* live_bytes, std::string_view prefix, ByteWriter& w) {
   const model::SequenceKv& kv = session.kv();
   const size_t cached = kv.position();
   const std::vector<int32_t>& tokens = session.tokens();
@@ -133,8 +135,13 @@ absl::StatusOr<std::string> TurnPayload(const Session& session, size_t keep_toke
   if (session.sampler().has_value()) sampler = session.sampler()->SerializeState();
   const size_t fixed = 8 + 8 + 8 + 8 + 4 + session.detok_pending().size() + 1 + 4 +
                        sampler.size() + 4;
-  ByteWriter w;
-  w.Reserve(fixed + (tokens.size() - keep_tokens) * 4 + body);
+  const size_t payload_bytes = fixed + (tokens.size() - keep_tokens) * 4 + body;
+  w.Reserve(prefix.size() + 16 + payload_bytes + 4);
+  w.Bytes(prefix);
+  const size_t start = w.size();
+  w.U32(kRecordTurn);
+  w.U32(FrameCrc(kRecordTurn, payload_bytes));
+  w.U64(payload_bytes);
   w.U64(keep_tokens);
   w.U64(keep_cached);
   w.U64(tokens.size() - keep_tokens);
@@ -178,46 +185,47 @@ absl::StatusOr<std::string> TurnPayload(const Session& session, size_t keep_toke
       w.Raw(aux.data(), aux.size());
     }
   }
+  if (w.size() - start - 16 != payload_bytes) {
+    return absl::InternalError("session journal: a turn record's size was miscounted");
+  }
+  w.U32(util::Crc32c(std::string_view(w.str()).substr(start)));
   *live_bytes = kJournalHeaderBytes + fixed + tokens.size() * 4 + live;
-  return w.Take();
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<JournalRecord> BuildJournalRecord(const Session& session,
                                                  const model::ModelConfig& model,
-                                                 uint64_t fingerprint, bool rewrite) {
+                                                 uint64_t fingerprint, bool rewrite,
+                                                 std::string buffer) {
   const Session::JournalMark& mark = session.journal_mark();
   rewrite = rewrite || !mark.written;
   JournalRecord out;
+  const std::string header = EncodeSessionHeader(model, session);
   if (!rewrite) {
     uint64_t live = 0;
-    CORTIQ_ASSIGN_OR_RETURN(std::string payload,
-                            TurnPayload(session, mark.tokens, mark.cached, &live));
-    const std::string header = EncodeSessionHeader(model, session);
+    ByteWriter w(std::move(buffer));
+    CORTIQ_RETURN_IF_ERROR(TurnRecord(session, mark.tokens, mark.cached, &live, {}, w));
     live += kFrameBytes + header.size() + kFrameBytes;
-    const uint64_t after = mark.file_bytes + payload.size() + kFrameBytes;
+    const uint64_t after = mark.file_bytes + w.size();
     // Compaction: a file whose dead bytes would pass its live bytes is
     // written anew instead (amortised: the file never exceeds twice the
     // state, and a rewrite happens after at least `live` dead bytes).
     if (after <= 2 * live) {
-      ByteWriter w;
-      w.Reserve(payload.size() + kFrameBytes);
-      PutRecord(w, kRecordTurn, payload);
       out.bytes = w.Take();
       out.live_bytes = live;
       out.mark = {true, session.tokens().size(), session.kv().position(), after};
       return out;
     }
+    buffer = w.Take();
   }
   uint64_t live = 0;
-  CORTIQ_ASSIGN_OR_RETURN(std::string payload, TurnPayload(session, 0, 0, &live));
-  const std::string header = EncodeSessionHeader(model, session);
-  ByteWriter w;
-  w.Reserve(kJournalHeaderBytes + 2 * kFrameBytes + header.size() + payload.size());
-  w.Bytes(FileHeader(fingerprint));
-  PutRecord(w, kRecordSession, header);
-  PutRecord(w, kRecordTurn, payload);
+  ByteWriter prefix;
+  prefix.Bytes(FileHeader(fingerprint));
+  PutRecord(prefix, kRecordSession, header);
+  ByteWriter w(std::move(buffer));
+  CORTIQ_RETURN_IF_ERROR(TurnRecord(session, 0, 0, &live, prefix.str(), w));
   out.bytes = w.Take();
   out.rewrite = true;
   out.live_bytes = out.bytes.size();

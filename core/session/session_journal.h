@@ -60,9 +60,12 @@ struct JournalRecord {
 // describes (an O(1) trace being collected: a call cancelled inside its
 // prompt; dead heads; accumulated importance). O(new rows) for a turn,
 // O(session bytes) for a whole file.
+// `buffer`: an emptied string whose capacity the record's bytes reuse (a
+// recycled record: no fresh pages to fault in on the engine thread).
 absl::StatusOr<JournalRecord> BuildJournalRecord(const Session& session,
                                                  const model::ModelConfig& model,
-                                                 uint64_t fingerprint, bool rewrite = false);
+                                                 uint64_t fingerprint, bool rewrite = false,
+                                                 std::string buffer = {});
 
 struct RestoredJournal {
   std::unique_ptr<Session> session;  // installed nowhere yet; its mark set

@@ -24,6 +24,9 @@ namespace fs = std::filesystem;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr std::string_view kTmpSuffix = ".tmp";
+// Record buffers kept for reuse, and the largest kept (a whole file is not).
+constexpr size_t kSpares = 4;
+constexpr size_t kSpareMaxBytes = size_t{64} << 20;
 constexpr std::string_view kQuarantine = "quarantine";
 
 std::string Errno(int err) { return std::string(std::strerror(err)); }
@@ -224,13 +227,19 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(
 }
 
 std::optional<SessionPersister::Pending> SessionPersister::Prepare(Session& session) {
+  const auto t0 = SteadyClock::now();
   bool rewrite;
+  std::string buffer;
   {
     std::unique_lock lock(mu_);
     rewrite = broken_.erase(session.id()) > 0;
+    if (!spare_.empty()) {
+      buffer = std::move(spare_.back());
+      spare_.pop_back();
+    }
   }
-  absl::StatusOr<JournalRecord> rec =
-      BuildJournalRecord(session, model_.config(), options_.fingerprint, rewrite);
+  absl::StatusOr<JournalRecord> rec = BuildJournalRecord(
+      session, model_.config(), options_.fingerprint, rewrite, std::move(buffer));
   if (!rec.ok()) {
     spdlog::warn("state: session {}: this call's state is not persisted: {}", session.id(),
                  util::EscapeForLog(std::string(rec.status().message())));
@@ -240,6 +249,11 @@ std::optional<SessionPersister::Pending> SessionPersister::Prepare(Session& sess
     return std::nullopt;
   }
   session.set_journal_mark(rec->mark);
+  const double seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  {
+    std::unique_lock lock(mu_);
+    stats_.prepare_seconds += seconds;
+  }
   return Pending{session.id(), *std::move(rec)};
 }
 
@@ -350,9 +364,14 @@ void SessionPersister::Loop() {
     } else {
       Unlink(op.id);
     }
+    // A turn-sized buffer is recycled: the next record reuses its pages.
+    std::string spent = std::move(op.record.bytes);
     // The op counts as done before its callback runs: whoever the callback
     // wakes (a call's consumer) finds the file current (IsCurrent).
     lock.lock();
+    if (spent.capacity() > 0 && spent.capacity() <= kSpareMaxBytes && spare_.size() < kSpares) {
+      spare_.push_back(std::move(spent));
+    }
     if (auto it = queued_.find(op.id); it != queued_.end() && --it->second == 0) queued_.erase(it);
     idle_cv_.notify_all();
     lock.unlock();

@@ -39,6 +39,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/model/transformer.h"
@@ -129,6 +130,7 @@ class SessionPersister {
     uint64_t disk_bytes = 0;   // the session files' bytes now
     size_t files = 0;          // session files now
     double write_seconds = 0;  // time spent writing and syncing
+    double prepare_seconds = 0;  // time Prepare spent on its callers' threads (the engine's)
   };
   Stats stats() const;
   // `id`'s file size now (0 without one).
@@ -170,6 +172,9 @@ class SessionPersister {
   std::set<std::string> dirty_;            // written since the last interval sync
   Stats stats_;
   RestoreReport last_restore_;
+  // Spent record buffers (turn-sized), reused by Prepare: the engine thread
+  // then copies the new rows into pages already mapped.
+  std::vector<std::string> spare_;
   std::thread thread_;
 };
 
