@@ -1,7 +1,12 @@
 #include "core/session/session_journal.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -299,6 +304,13 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
   const size_t count = new_cached - keep_cached;
   const model::ModelConfig& m = model.config();
   const size_t H = kv.geometry().num_kv_heads, D = kv.geometry().head_dim;
+  // The rows layers' copies, made once the record has parsed (below).
+  struct Copy {
+    kv::LayerKvCache* cache;
+    std::string_view rows;  // per head: K, (K scales), V, (V scales)
+  };
+  std::vector<Copy> copies;
+  copies.reserve(layers);
   for (size_t l = 0; l < layers; ++l) {
     attention::LayerAttentionState& state = kv.layer(l);
     uint8_t kind;
@@ -317,21 +329,11 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
       }
       if (cache->seq_len() > keep_cached) state.TruncateLast(cache->seq_len() - keep_cached);
       const size_t per = RowBytesPerHead(cache->mode(), D);
-      if (count > r.remaining() / (H * per)) return Corrupt(absl::StrCat("layer ", l, ": rows"));
-      cache->Reserve(std::max(reserve, new_cached));
-      for (size_t h = 0; h < H; ++h) {
-        const kv::HeadRowsFill f = cache->FillNext(h, count);
-        if (cache->mode() == kv::KvMode::kF32) {
-          r.Raw(f.keys.data(), f.keys.size_bytes());
-          r.Raw(f.values.data(), f.values.size_bytes());
-        } else {
-          r.Raw(f.keys_i8.data(), f.keys_i8.size_bytes());
-          r.Raw(f.key_scales.data(), f.key_scales.size_bytes());
-          r.Raw(f.values_i8.data(), f.values_i8.size_bytes());
-          r.Raw(f.value_scales.data(), f.value_scales.size_bytes());
-        }
+      std::string_view rows_bytes;
+      if (count > r.remaining() / (H * per) || !r.Bytes(count * H * per, &rows_bytes)) {
+        return Corrupt(absl::StrCat("layer ", l, ": rows"));
       }
-      cache->AppendDenseRows(count);
+      copies.push_back({cache, rows_bytes});
     } else {
       uint64_t len;
       std::string_view wire;
@@ -361,6 +363,45 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
     }
   }
   if (!r.done()) return Corrupt("trailing bytes in a turn");
+  // The copies, layer by layer on two threads: each reserves its layer's
+  // rows (faulting its pages in) and copies the record's rows into them.
+  const size_t reserve_to = std::max(reserve, new_cached);
+  auto copy_layer = [&](const Copy& c) {
+    kv::LayerKvCache& cache = *c.cache;
+    cache.Reserve(reserve_to);
+    const char* src = c.rows.data();
+    auto take = [&](void* dst, size_t bytes) {
+      std::memcpy(dst, src, bytes);
+      src += bytes;
+    };
+    for (size_t h = 0; h < H; ++h) {
+      const kv::HeadRowsFill f = cache.FillNext(h, count);
+      if (cache.mode() == kv::KvMode::kF32) {
+        take(f.keys.data(), f.keys.size_bytes());
+        take(f.values.data(), f.values.size_bytes());
+      } else {
+        take(f.keys_i8.data(), f.keys_i8.size_bytes());
+        take(f.key_scales.data(), f.key_scales.size_bytes());
+        take(f.values_i8.data(), f.values_i8.size_bytes());
+        take(f.value_scales.data(), f.value_scales.size_bytes());
+      }
+    }
+    cache.AppendDenseRows(count);
+  };
+  constexpr size_t kParallelBytes = size_t{8} << 20;
+  size_t total = 0;
+  for (const Copy& c : copies) total += c.rows.size();
+  if (total < kParallelBytes || copies.size() < 2) {
+    for (const Copy& c : copies) copy_layer(c);
+  } else {
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < copies.size();) copy_layer(copies[i]);
+    };
+    std::thread helper(work);
+    work();
+    helper.join();
+  }
   cached = new_cached;
   return absl::OkStatus();
 }
@@ -416,10 +457,10 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     return absl::FailedPreconditionError(
         "session journal: written for another model (fingerprint mismatch)");
   }
-  // The records, checksummed. The torn last write of a crash is dropped: a
-  // record whose whole frame is past the end, a header that fails its frame
-  // check with nothing but zeros after it, a record (its frame check
-  // passing) cut by the end of the file, or one whose checksum fails with
+  // The records' frames. The torn last write of a crash is dropped: a record
+  // whose whole frame is past the end, a header that fails its frame check
+  // with nothing but zeros after it, a record (its frame check passing) cut
+  // by the end of the file, or (below) one whose checksum fails with
   // nothing after it. Any other failure is corruption.
   std::vector<Record> records;
   uint64_t pos = kJournalHeaderBytes;
@@ -440,13 +481,6 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     }
     if (len > left - kFrameBytes) break;
     const uint64_t end = pos + 16 + len + 4;
-    uint32_t crc;
-    std::memcpy(&crc, file.data() + pos + 16 + len, 4);
-    if (util::Crc32c(file.substr(pos, 16 + len)) != crc) {
-      if (end == file.size()) break;
-      return Corrupt(absl::StrCat("record ", records.size(), " at byte ", pos,
-                                  ": checksum mismatch, ", file.size() - end, " bytes after it"));
-    }
     if ((type != kRecordSession && type != kRecordTurn) ||
         (type == kRecordSession) != records.empty()) {
       return Corrupt(absl::StrCat("record ", records.size(), " at byte ", pos, ": type ", type));
@@ -454,9 +488,58 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     records.push_back({type, file.substr(pos + 16, len), pos});
     pos = end;
   }
-  out.valid_bytes = pos;
-  out.torn_bytes = file.size() - pos;
+  // The checksums, on a thread of their own, in file order, while the
+  // records are applied on this one: reading a cold file, the two overlap
+  // (the verifier streams it from the disk, the applier follows in the page
+  // cache). A record applied before its checksum is known is harmless: the
+  // session is returned only once every checksum has matched. The last
+  // record is applied only once it has, as a failure there is a torn write
+  // (dropped), anywhere else corruption.
+  std::mutex verify_mu;
+  std::condition_variable verify_cv;
+  size_t verified = 0;                  // records whose checksum is known
+  std::optional<size_t> first_bad;      // the first that failed
+  std::atomic<bool> verify_stop{false};
+  std::thread verifier([&] {
+    for (size_t i = 0; i < records.size() && !verify_stop.load(); ++i) {
+      const Record& rec = records[i];
+      const uint64_t len = rec.payload.size();
+      uint32_t crc;
+      std::memcpy(&crc, file.data() + rec.offset + 16 + len, 4);
+      const bool ok = util::Crc32c(file.substr(rec.offset, 16 + len)) == crc;
+      std::lock_guard lock(verify_mu);
+      if (!ok && !first_bad) first_bad = i;
+      verified = i + 1;
+      verify_cv.notify_all();
+      if (!ok) break;
+    }
+    std::lock_guard lock(verify_mu);
+    verified = records.size();
+    verify_cv.notify_all();
+  });
+  struct JoinVerifier {
+    std::thread& t;
+    std::atomic<bool>& stop;
+    ~JoinVerifier() {
+      stop.store(true);
+      if (t.joinable()) t.join();
+    }
+  } join_verifier{verifier, verify_stop};
+  // Waits until record i's checksum is known; true when it (and every one
+  // before it) matched.
+  auto verified_ok = [&](size_t i) {
+    std::unique_lock lock(verify_mu);
+    verify_cv.wait(lock, [&] { return verified > i; });
+    return !first_bad || *first_bad > i;
+  };
+  auto corrupt_at = [&](size_t i) {
+    const Record& rec = records[i];
+    return Corrupt(absl::StrCat("record ", i, " at byte ", rec.offset, ": checksum mismatch, ",
+                                file.size() - (rec.offset + 16 + rec.payload.size() + 4),
+                                " bytes after it"));
+  };
   if (records.size() < 2) return Corrupt("no complete turn");
+  if (!verified_ok(0)) return corrupt_at(*first_bad);
 
   CORTIQ_ASSIGN_OR_RETURN(SessionHeader header,
                           DecodeSessionHeader(records[0].payload, model.config()));
@@ -479,12 +562,25 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     }
   }
   for (size_t i = 1; i < records.size(); ++i) {
+    if (i + 1 == records.size() && !verified_ok(i)) {
+      if (*first_bad != i) return corrupt_at(*first_bad);
+      // The last record, torn: dropped.
+      if (i == 1) return Corrupt("no complete turn");
+      pos = records[i].offset;
+      records.pop_back();
+      break;
+    }
     absl::Status st = rs.ApplyTurn(records[i].payload, kv);
     if (!st.ok()) {
+      // A record that fails its checksum is reported as such.
+      if (!verified_ok(i)) return corrupt_at(*first_bad);
       return absl::DataLossError(absl::StrCat("record ", i, " at byte ", records[i].offset, ": ",
                                               st.message()));
     }
   }
+  if (!verified_ok(records.size() - 1)) return corrupt_at(*first_bad);
+  out.valid_bytes = pos;
+  out.torn_bytes = file.size() - pos;
   CORTIQ_RETURN_IF_ERROR(rs.Finish(kv));
   kv.ReleaseUnused();
   rs.session->PublishMemory();

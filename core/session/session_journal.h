@@ -3,7 +3,8 @@
 //
 // A file is a 24-byte header (magic "CQSJ", version, the model's wire
 // fingerprint) followed by records framed as the session wire's sections
-// (type, reserved, length, payload, CRC32C): one `session` record (the
+// (type, a frame check in place of their reserved field, length, payload,
+// CRC32C): one `session` record (the
 // session wire's header payload: geometry, configuration, id, tenant),
 // then `turn` records. A turn record says how much of the state before it
 // is kept (history tokens, positions: a reuse_prefix rollback keeps less)

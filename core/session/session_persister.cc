@@ -59,13 +59,16 @@ class MappedFile {
     MappedFile f;
     f.size_ = static_cast<size_t>(st.st_size);
     if (f.size_ > 0) {
-      void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+      // Not populated up front: the kernel reads ahead (WILLNEED) while the
+      // restore's checksum thread and its applier consume the pages.
+      void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
         const int err = errno;
         ::close(fd);
         return absl::UnavailableError(absl::StrCat("mmap: ", Errno(err)));
       }
       ::madvise(p, f.size_, MADV_SEQUENTIAL);
+      ::madvise(p, f.size_, MADV_WILLNEED);
       f.data_ = static_cast<const char*>(p);
     }
     ::close(fd);
@@ -482,7 +485,9 @@ absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::strin
   {
     absl::StatusOr<MappedFile> file = MappedFile::Open(path);
     if (!file.ok()) {
-      return absl::NotFoundError(absl::StrCat("session ", id, ": its file: ", file.status().message()));
+      return absl::DataLossError(absl::StrCat("session ", id,
+                                              ": its spilled state cannot be read back: its file: ",
+                                              file.status().message()));
     }
     back = RestoreJournal(file->view(), model_, options_.fingerprint);
   }

@@ -117,8 +117,9 @@ class SessionPersister {
   // the session's RAM may be freed (spilled) and read back with Load.
   bool IsCurrent(const std::string& id, const Session::JournalMark& mark) const;
   // Reads a spilled session back from its file, after the writes queued for
-  // it: the session (installed nowhere), or DATA_LOSS / NOT_FOUND (the file
-  // is then moved to quarantine/). Runs on the calling thread: O(file).
+  // it: the session (installed nowhere), or DATA_LOSS (a missing file; or
+  // a corrupt one, then moved to quarantine/). Runs on the calling thread:
+  // O(file).
   absl::StatusOr<std::unique_ptr<Session>> Load(const std::string& id);
 
   struct Stats {
