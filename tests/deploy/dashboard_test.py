@@ -14,7 +14,9 @@
   inter-token by front end, tokens per request, finish reasons, memory
   utilisation, HTTP requests by route and status and their duration), and
   the scheduler (waiting jobs by priority, step rows against the budget,
-  queue wait p50/p99 by priority, step rows by kind).
+  queue wait p50/p99 by priority, step rows by kind), and persistence
+  (session disk bytes per node, spilled sessions, write bytes/s and
+  seconds/s, failures, spills and read-backs).
 * With promtool, every dashboard expression (Grafana variables substituted)
   is valid PromQL: they are checked as recording rules.
 """
@@ -184,6 +186,13 @@ def main():
         "queue wait p50 by priority": r"histogram_quantile\(0\.5, sum by \(le, priority\) \(rate\(cortiq_queue_wait_seconds_bucket",
         "queue wait p99 by priority": r"histogram_quantile\(0\.99, sum by \(le, priority\) \(rate\(cortiq_queue_wait_seconds_bucket",
         "step rows by kind": r"by \(kind\) \(rate\(cortiq_engine_step_tokens_total",
+        # Persistence (issue 18, --state-dir).
+        "session disk bytes per node": r"by \(instance\) \(cortiq_session_disk_bytes",
+        "spilled sessions": r"cortiq_sessions_spilled\b",
+        "persist write bytes/s": r"rate\(cortiq_persist_bytes_total",
+        "persist write seconds/s": r"rate\(cortiq_persist_write_seconds_total",
+        "persist failures": r"rate\(cortiq_persist_failures_total",
+        "spills and read-backs": r"rate\(cortiq_session_spills_total[\s\S]*rate\(cortiq_session_unspills_total",
     }
     for what, pattern in wanted.items():
         check(re.search(pattern, joined) is not None, f"the dashboard shows {what}")
