@@ -389,8 +389,15 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
     cache.AppendDenseRows(count);
   };
   constexpr size_t kParallelBytes = size_t{8} << 20;
+  // Parallel when the copies, or the rows the layers reserve now (the first
+  // record reserves every turn's positions), are large.
   size_t total = 0;
-  for (const Copy& c : copies) total += c.rows.size();
+  for (const Copy& c : copies) {
+    total += c.rows.size();
+    if (c.cache->capacity() < reserve_to) {
+      total += (reserve_to - c.cache->capacity()) * H * RowBytesPerHead(c.cache->mode(), D);
+    }
+  }
   if (total < kParallelBytes || copies.size() < 2) {
     for (const Copy& c : copies) copy_layer(c);
   } else {

@@ -489,7 +489,22 @@ absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::strin
                                               ": its spilled state cannot be read back: its file: ",
                                               file.status().message()));
     }
+    // A reader streams the file into the page cache ahead of the restore,
+    // with large sequential reads (as fast as the disk's own read), so the
+    // mapping's faults find their pages there.
+    std::atomic<bool> done{false};
+    std::thread reader([&] {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
+      std::vector<char> scratch(4 << 20);
+      while (!done.load(std::memory_order_relaxed) &&
+             ::read(fd, scratch.data(), scratch.size()) > 0) {
+      }
+      ::close(fd);
+    });
     back = RestoreJournal(file->view(), model_, options_.fingerprint);
+    done.store(true);
+    reader.join();
   }
   if (back.ok() && (back->torn_bytes > 0 || back->session->id() != id)) {
     back = absl::DataLossError("the file does not end with the session's last record");
