@@ -42,7 +42,8 @@ class CountingObserver : public EngineObserver {
     steps_.push_back({decode, prefill});
     in_step_ = true;
     cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
+    cv_.wait(lock, [&] { return open_ || permits_ > 0; });
+    if (!open_) --permits_;
     in_step_ = false;
   }
   void OnQueueWait(Frontend, Priority p, double) override {
@@ -55,11 +56,24 @@ class CountingObserver : public EngineObserver {
     if (prefill > 0) served_.push_back({steps_.size(), std::string(tenant), prefill});
   }
 
-  // Shuts the gate and waits until the engine thread is held in OnStep.
-  void ShutAndWait() {
+  // Shuts the gate: the engine thread's next OnStep holds it there.
+  void Shut() {
     std::unique_lock lock(mu_);
     open_ = false;
+  }
+  // Waits until the engine thread is held in OnStep (after Shut).
+  void WaitHeld() {
+    std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return in_step_; });
+  }
+  // Lets the held engine thread run one more step, and waits until it is
+  // held after it.
+  void StepOnce() {
+    std::unique_lock lock(mu_);
+    const size_t n = steps_.size();
+    ++permits_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return in_step_ && steps_.size() > n; });
   }
   // Opens the gate; returns the index the next step will have.
   size_t Open() {
@@ -91,6 +105,7 @@ class CountingObserver : public EngineObserver {
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true, in_step_ = false;
+  size_t permits_ = 0;  // steps the shut gate lets through (StepOnce)
   std::vector<Step> steps_;
   std::vector<Wait> waits_;
   std::vector<Served> served_;
@@ -151,13 +166,23 @@ class SchedulerTest : public ::testing::Test {
     return o;
   }
   // A stream that keeps the engine stepping, with the engine thread then
-  // held in OnStep: what the test submits next lands between two steps.
+  // held in OnStep once the stream has its first token: what the test
+  // submits next lands between two steps. The gate shuts before the stream
+  // starts and lets one step through at a time: shut after the first token,
+  // the engine could already have filled the stream's event queue (its
+  // consumer reads one event here) and gone idle, never to reach OnStep.
   std::shared_ptr<Job> HoldTheEngine(Engine& e, SessionStore& store, CountingObserver& obs) {
+    obs.Shut();
     auto warm = Start(e, store, Greedy(4, 400, 1));
+    return HeldAtFirstToken(obs, warm);
+  }
+  // With the gate shut and `job` started: steps one at a time until it has
+  // its first token, the engine thread held after that step.
+  static std::shared_ptr<Job> HeldAtFirstToken(CountingObserver& obs, std::shared_ptr<Job> job) {
+    obs.WaitHeld();
     GenerationEvent ev;
-    EXPECT_TRUE(warm->WaitPop(&ev));
-    obs.ShutAndWait();
-    return warm;
+    while (!job->Pop(&ev)) obs.StepOnce();
+    return job;
   }
   static void Stop(Job& job) {
     job.Cancel();
@@ -286,10 +311,8 @@ TEST_F(SchedulerTest, ShortPromptsArrivingTogetherShareOneStep) {
   EngineOptions o = Budget(256, 64, &obs);
   SessionStore store({});  // outlives the engine
   Engine engine(*model_, *tok_, o);
-  auto running = Start(engine, store, Greedy(8, 400, 1));
-  GenerationEvent ev;
-  ASSERT_TRUE(running->WaitPop(&ev));
-  obs.ShutAndWait();
+  obs.Shut();  // before the stream starts (see HoldTheEngine)
+  auto running = HeldAtFirstToken(obs, Start(engine, store, Greedy(8, 400, 1)));
   std::vector<std::shared_ptr<Job>> jobs;
   for (int i = 0; i < 8; ++i) jobs.push_back(Start(engine, store, Greedy(30, 4, 20 + i)));
   const size_t next = obs.Open();
