@@ -168,12 +168,7 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(
   }
   std::sort(files.begin(), files.end());
   auto quarantine = [&](const fs::path& path, const std::string& why) {
-    const fs::path to = fs::path(options_.dir) / std::string(kQuarantine) / path.filename();
-    std::error_code rename_ec;
-    fs::rename(path, to, rename_ec);
-    spdlog::error("state: {} quarantined ({}){}", util::EscapeForLog(path.filename().string()),
-                  util::EscapeForLog(why),
-                  rename_ec ? absl::StrCat("; moving it failed: ", rename_ec.message()) : "");
+    Quarantine(path.string(), why);
     ++report.quarantined;
   };
   for (const fs::path& path : files) {
@@ -273,27 +268,6 @@ void SessionPersister::Submit(Pending pending, std::function<void()> done) {
     queue_.push_back(std::move(op));
   }
   cv_.notify_all();
-}
-
-absl::Status SessionPersister::PersistNow(Session& session) {
-  std::optional<Pending> p = Prepare(session);
-  if (!p) return absl::FailedPreconditionError("the session's state cannot be persisted now");
-  const uint64_t failures_before = stats().failures;
-  std::mutex m;
-  std::condition_variable cv;
-  bool finished = false;
-  Submit(*std::move(p), [&] {
-    std::unique_lock lock(m);
-    finished = true;
-    cv.notify_all();
-  });
-  std::unique_lock lock(m);
-  cv.wait(lock, [&] { return finished; });
-  std::unique_lock state(mu_);
-  if (broken_.count(session.id()) > 0 || stats_.failures > failures_before) {
-    return absl::UnavailableError("writing the session's file failed (see the log)");
-  }
-  return absl::OkStatus();
 }
 
 void SessionPersister::Remove(const std::string& id) {

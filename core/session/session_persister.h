@@ -102,10 +102,6 @@ class SessionPersister {
   // Queues `pending`; `done` (may be empty) runs on the writer thread once
   // it is written and synced per the mode, or failed.
   void Submit(Pending pending, std::function<void()> done);
-  // Prepare + Submit, then waits for the write: OK once it is on disk (per
-  // the mode), else why not. For an import, which answers only after the
-  // session's file exists on this node.
-  absl::Status PersistNow(Session& session);
   // Deletes `id`'s file after the writes queued for it, and syncs the
   // directory (except under kNone): the release is durable on return. A
   // session that never had a file returns at once.
