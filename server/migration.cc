@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/session/session_persister.h"
 #include "core/session/session_wire.h"
+#include "core/util/failpoint.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
 #include "core/util/tsan_annotations.h"
@@ -311,6 +313,7 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
   const std::shared_ptr<MigrationCancel> cancel =
       bounds.cancel ? bounds.cancel : std::make_shared<MigrationCancel>();
   absl::StatusOr<MigrateOutcome> result;
+  bool moving_marked = false;
   // Only a peer or a --migrate-allow address is dialled; any other is
   // PERMISSION_DENIED here, before a channel exists and before the session
   // is touched.
@@ -326,10 +329,23 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
       // lease comes back at once instead of after the peer's deadline.
       lease->SetCanceller([cancel] { cancel->Cancel(); });
       MigrateOutcome out;
+      // --state-dir: from the peer's answer (its copy on its disk) until
+      // this node's file is deleted, the session is on two disks. The mark
+      // makes a crash in between restore it here in doubt, not as a second
+      // copy (Server::SettleMoves asks the peers). It goes once the session
+      // is released here, or the move failed.
+      absl::Status marked = absl::OkStatus();
+      if (ctx.persister != nullptr) {
+        marked = ctx.persister->MarkMoving(session_id, peer);
+        moving_marked = marked.ok();
+      }
+      if (marked.ok()) util::Failpoint("migrate-before-send");
       absl::StatusOr<v1::ImportSessionResponse> sent =
-          SendToPeer(ctx, peer, *channel, peer_token, f16, *lease, bounds, *cancel, &out.version,
-                     &out.wire_bytes);
+          marked.ok() ? SendToPeer(ctx, peer, *channel, peer_token, f16, *lease, bounds, *cancel,
+                                   &out.version, &out.wire_bytes)
+                      : absl::StatusOr<v1::ImportSessionResponse>(marked);
       if (sent.ok()) {
+        util::Failpoint("migrate-after-peer-import");
         // The peer holds a complete copy: only now does the source let go.
         lease->ReleaseOnReturn(session::ReleaseReason::kMigrated);
         out.peer_session_id = sent->session().session_id();
@@ -340,7 +356,11 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
       } else {
         result = sent.status();
       }
-    }  // the lease returns here: released (migrated) or intact
+    }  // the lease returns here: released (migrated, its file deleted) or intact
+  }
+  if (moving_marked) {
+    if (result.ok()) util::Failpoint("migrate-before-unmark");
+    ctx.persister->ClearMoving(session_id);
   }
   if (ctx.metrics) {
     ctx.metrics->CountMigration(MigrationDirection::kOut,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/forwarding.h"
 #include "server/migration.h"
 #include "spdlog/spdlog.h"
 
@@ -206,14 +208,17 @@ absl::Status Server::Init() {
 void Server::RestoreSessions() {
   spdlog::info("state: restoring sessions from {}", util::EscapeForLog(config_.state_dir));
   const session::SessionPersister::RestoreReport r =
-      persister_->RestoreAll([this](std::unique_ptr<session::Session> s) {
-        return store_->InstallRestored(std::move(s));
+      persister_->RestoreAll([this](std::unique_ptr<session::Session> s,
+                                    const std::string& moving_to) {
+        return store_->InstallRestored(std::move(s), moving_to);
       });
   spdlog::info(
-      "state: restored {} session(s) ({} of them spilled: beyond the memory budget), {:.1f} MB in "
-      "{:.3f} s ({:.0f} MB/s); {} quarantined, {} torn tail(s) dropped, {} not installed",
+      "state: restored {} session(s) ({} of them spilled: beyond the memory budget, or in doubt), {:.1f} MB in "
+      "{:.3f} s ({:.0f} MB/s); {} quarantined, {} torn tail(s) dropped, {} not installed, {} in "
+      "doubt (a move to a peer cut by the crash)",
       r.restored, store_->num_spilled(), r.bytes / 1e6, r.seconds,
-      r.seconds > 0 ? r.bytes / 1e6 / r.seconds : 0.0, r.quarantined, r.torn, r.refused);
+      r.seconds > 0 ? r.bytes / 1e6 / r.seconds : 0.0, r.quarantined, r.torn, r.refused,
+      r.in_doubt);
 }
 
 absl::Status Server::ReloadAuth() {
@@ -243,7 +248,63 @@ void Server::ReaperLoop() {
     lock.unlock();
     store_->ReapIdle();
     TrimAfterFailedImports();
+    SettleMoves();
     lock.lock();
+  }
+}
+
+void Server::SettleMoves() {
+  const std::vector<std::pair<std::string, std::string>> doubt = store_->InDoubt();
+  if (doubt.empty() && settling_.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::set<std::string> live;
+  for (const auto& [id, peer] : doubt) {
+    live.insert(id);
+    std::optional<absl::StatusOr<std::string>> answer;
+    {
+      std::lock_guard lock(settle_mu_);
+      Settling& s = settling_[id];
+      if (s.in_flight) continue;
+      if (s.answer) {
+        answer = std::move(s.answer);
+        s.answer.reset();
+      } else if (now < s.next_try) {
+        continue;
+      }
+    }
+    if (answer) {
+      if (answer->ok()) {
+        store_->SettleMove(id, **answer);
+      } else if (answer->status().code() == absl::StatusCode::kNotFound) {
+        store_->SettleMove(id, std::nullopt);
+      } else {
+        std::lock_guard lock(settle_mu_);
+        Settling& s = settling_[id];
+        spdlog::warn("session {}: still in doubt (its move to {}): {}; asking again in {} ms", id,
+                     util::EscapeForLog(peer), util::EscapeForLog(std::string(answer->status().message())),
+                     s.backoff.count());
+        s.next_try = now + s.backoff;
+        s.backoff = std::min<std::chrono::milliseconds>(2 * s.backoff, std::chrono::seconds(30));
+      }
+      continue;
+    }
+    {
+      std::lock_guard lock(settle_mu_);
+      settling_[id].in_flight = true;
+    }
+    SessionRouter::LookupCall call;
+    call.deadline = std::chrono::system_clock::now() + config_.peer_connect_timeout;
+    call.metadata = OnBehalfMetadata(*ctx_, Caller{"", Role::kAdmin}, "");
+    router_->Lookup(id, std::move(call), [this, id](absl::StatusOr<std::string> owner) {
+      std::lock_guard lock(settle_mu_);
+      Settling& s = settling_[id];
+      s.in_flight = false;
+      s.answer = std::move(owner);
+    });
+  }
+  std::lock_guard lock(settle_mu_);
+  for (auto it = settling_.begin(); it != settling_.end();) {
+    it = !live.contains(it->first) && !it->second.in_flight ? settling_.erase(it) : std::next(it);
   }
 }
 

@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,6 +100,13 @@ class Server {
   // malloc_trim(0) for a few seconds after an import ended short (see the
   // definition). Reaper thread.
   void TrimAfterFailedImports();
+  // Sessions restored in doubt (their move to a peer cut by a crash): asks
+  // the peers (a router lookup, each answering from its own sessions) and
+  // settles each: a peer holds it, it is released here; every peer answered
+  // and none does, it stays here; some did not answer, asked again later
+  // (backoff 0.5 s doubling to 30 s). Reaper thread; the lookups' answers
+  // arrive on gRPC threads and are applied on the next tick.
+  void SettleMoves();
   // Stops new work, lets streams run up to `grace`, cancels the rest and
   // waits for the engine to let go of every session.
   void Quiesce(std::chrono::milliseconds grace);
@@ -125,6 +133,16 @@ class Server {
   // Used by ctx_'s users (migrations, the drain): declared before ctx_ and
   // background_ so that it outlives them.
   std::unique_ptr<PeerDialer> peers_;
+  // SettleMoves' lookups, by session id: declared before router_, whose
+  // destructor runs their callbacks (CANCELLED), which write here.
+  struct Settling {
+    bool in_flight = false;
+    std::optional<absl::StatusOr<std::string>> answer;  // the last lookup's, not yet applied
+    std::chrono::steady_clock::time_point next_try{};
+    std::chrono::milliseconds backoff{500};
+  };
+  std::mutex settle_mu_;
+  std::map<std::string, Settling> settling_;
   // Where the sessions this node does not hold live (the forwarding); it
   // dials through peers_, and its destructor waits for its lookups.
   std::unique_ptr<SessionRouter> router_;

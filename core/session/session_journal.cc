@@ -40,8 +40,7 @@ absl::Status Corrupt(std::string_view what) {
 // Bytes one position of `cache`'s rows takes in a record, per KV head:
 // f32 K and V rows, or int8 K and V rows with their f32 scales.
 size_t RowBytesPerHead(kv::KvMode mode, size_t head_dim) {
-  return mode == kv::KvMode::kF32 ? 2 * head_dim * sizeof(float)
-                                  : 2 * (head_dim + sizeof(float));
+  return mode == kv::KvMode::kF32 ? 2 * head_dim * sizeof(float) : 2 * (head_dim + sizeof(float));
 }
 
 // The frame check: CRC32C of a record's type and length. A flipped bit in
@@ -129,17 +128,17 @@ absl::Status TurnRecord(const Session& session, size_t keep_tokens, size_t keep_
     }
     p.aux_row = state.HasAux() ? state.AuxRowBytes() : 0;
     if (p.aux_row != 0 && state.AuxPositions() != cached) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "layer ", l, ": the QSA indexer holds ", state.AuxPositions(), " of ", cached,
-          " positions"));
+      return absl::FailedPreconditionError(absl::StrCat("layer ", l, ": the QSA indexer holds ",
+                                                        state.AuxPositions(), " of ", cached,
+                                                        " positions"));
     }
     body += 4 + (p.aux_row != 0 ? 8 + count * p.aux_row : 0);
     live += 4 + (p.aux_row != 0 ? 8 + cached * p.aux_row : 0);
   }
   std::string sampler;
   if (session.sampler().has_value()) sampler = session.sampler()->SerializeState();
-  const size_t fixed = 8 + 8 + 8 + 8 + 4 + session.detok_pending().size() + 1 + 4 +
-                       sampler.size() + 4;
+  const size_t fixed =
+      8 + 8 + 8 + 8 + 4 + session.detok_pending().size() + 1 + 4 + sampler.size() + 4;
   const size_t payload_bytes = fixed + (tokens.size() - keep_tokens) * 4 + body;
   w.Reserve(prefix.size() + 16 + payload_bytes + 4);
   w.Bytes(prefix);
@@ -238,9 +237,7 @@ absl::StatusOr<JournalRecord> BuildJournalRecord(const Session& session,
   return out;
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 // Session's friend: the restore rebuilds the attention state of a session
 // it owns and nobody else sees (as the wire import does through its named
@@ -270,11 +267,54 @@ struct Restorer {
   std::vector<std::vector<uint8_t>> aux;  // per layer: the QSA aux blob being rebuilt
   size_t reserve = 0;                     // positions every rows layer reserves up front
 
-  absl::Status ApplyTurn(std::string_view payload, model::SequenceKv& kv);
+  // Applies one turn record. A superseded record (one before a later
+  // record that keeps no position) only moves the history, the held-back
+  // bytes and the sampler: its rows would be released unread.
+  absl::Status ApplyTurn(std::string_view payload, model::SequenceKv& kv, bool superseded);
   absl::Status Finish(model::SequenceKv& kv);
 };
 
-absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv) {
+// Moves past one layer of a turn record (after its kind byte) without
+// reading its rows: `count` positions of H heads of `per` bytes each.
+absl::Status SkipLayer(ByteReader& r, size_t l, uint8_t kind, uint64_t count, size_t H,
+                       size_t per) {
+  uint64_t rows, len;
+  uint32_t aux_row;
+  std::string_view skipped;
+  const bool ok = kind == kLayerRows
+                      ? r.U64(&rows) && rows == count && count <= r.remaining() / (H * per) &&
+                            r.Bytes(count * H * per, &skipped)
+                      : r.U64(&len) && r.Bytes(len, &skipped);
+  if (!ok) return Corrupt(absl::StrCat("layer ", l, ": rows or blob"));
+  if (!r.U32(&aux_row)) return Corrupt(absl::StrCat("layer ", l, ": aux"));
+  if (aux_row != 0 && (!r.U64(&rows) || rows != count || rows > r.remaining() / aux_row ||
+                       !r.Bytes(rows * aux_row, &skipped))) {
+    return Corrupt(absl::StrCat("layer ", l, ": aux rows disagree with the positions"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads a turn record's layer headers and nothing else (a cold file: the
+// restore reads these scattered small pieces before it streams the file in
+// from the start, so they do not queue behind its large reads).
+void WalkTurn(std::string_view payload, size_t layers, size_t H, size_t per) {
+  ByteReader r(payload);
+  uint64_t kt, kc, n, c;
+  uint32_t p, sampler_len, count_layers;
+  uint8_t has_sampler, kind;
+  std::string_view skipped;
+  if (!r.U64(&kt) || !r.U64(&kc) || !r.U64(&n) || n > r.remaining() / 4 ||
+      !r.Bytes(n * 4, &skipped) || !r.U64(&c) || c < kc || !r.U32(&p) || !r.Bytes(p, &skipped) ||
+      !r.U8(&has_sampler) || !r.U32(&sampler_len) || !r.Bytes(sampler_len, &skipped) ||
+      !r.U32(&count_layers) || count_layers != layers) {
+    return;
+  }
+  for (size_t l = 0; l < layers; ++l) {
+    if (!r.U8(&kind) || !SkipLayer(r, l, kind, c - kc, H, per).ok()) return;
+  }
+}
+
+absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv, bool superseded) {
   ByteReader r(payload);
   uint64_t keep_tokens, keep_cached, n, new_cached;
   if (!r.U64(&keep_tokens) || !r.U64(&keep_cached) || !r.U64(&n)) return Corrupt("truncated turn");
@@ -315,6 +355,11 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
     attention::LayerAttentionState& state = kv.layer(l);
     uint8_t kind;
     if (!r.U8(&kind) || kind > kLayerWhole) return Corrupt(absl::StrCat("layer ", l, ": kind"));
+    if (superseded) {
+      CORTIQ_RETURN_IF_ERROR(
+          SkipLayer(r, l, kind, count, H, RowBytesPerHead(session->config().kv_mode, D)));
+      continue;
+    }
     if (kind == kLayerRows) {
       uint64_t rows;
       // A state kept from nothing starts empty (a sealed O(1) layer that a
@@ -322,7 +367,8 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
       if (keep_cached == 0) state.Release();
       kv::LayerKvCache* cache = state.journal_rows();
       if (cache == nullptr) {
-        return Corrupt(absl::StrCat("layer ", l, ": rows for a ", util::Sv(state.name()), " layer"));
+        return Corrupt(
+            absl::StrCat("layer ", l, ": rows for a ", util::Sv(state.name()), " layer"));
       }
       if (!r.U64(&rows) || rows != count || cache->seq_len() < keep_cached) {
         return Corrupt(absl::StrCat("layer ", l, ": rows disagree with the positions"));
@@ -363,8 +409,8 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
     }
   }
   if (!r.done()) return Corrupt("trailing bytes in a turn");
-  // The copies, layer by layer on two threads: each reserves its layer's
-  // rows (faulting its pages in) and copies the record's rows into them.
+  // The copies, layer by layer in file order: each reserves its layer's rows
+  // (faulting its pages in) and copies the record's rows into them.
   const size_t reserve_to = std::max(reserve, new_cached);
   auto copy_layer = [&](const Copy& c) {
     kv::LayerKvCache& cache = *c.cache;
@@ -388,7 +434,6 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
     }
     cache.AppendDenseRows(count);
   };
-  constexpr size_t kParallelBytes = size_t{8} << 20;
   // Parallel when the copies, or the rows the layers reserve now (the first
   // record reserves every turn's positions), are large.
   size_t total = 0;
@@ -398,16 +443,34 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
       total += (reserve_to - c.cache->capacity()) * H * RowBytesPerHead(c.cache->mode(), D);
     }
   }
-  if (total < kParallelBytes || copies.size() < 2) {
+  if (total < internal::restore_parallel_bytes.load() || copies.size() < 2) {
     for (const Copy& c : copies) copy_layer(c);
   } else {
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < copies.size();) copy_layer(copies[i]);
-    };
-    std::thread helper(work);
-    work();
-    helper.join();
+    // A large record: a second thread reserves the layers ahead of the
+    // copies. Faulting fresh pages in is the kernel's page allocator, about
+    // as slow as the disk (a 500 MB session: ~0.2 s on one core, no faster
+    // on two, which contend for its locks); copying is a quarter of that.
+    // One thread allocating while this one copies behind it, as the file's
+    // pages arrive, overlaps the two with the read.
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t reserved = 0;
+    std::thread reserver([&] {
+      for (size_t i = 0; i < copies.size(); ++i) {
+        copies[i].cache->Reserve(reserve_to);
+        std::lock_guard lock(mu);
+        reserved = i + 1;
+        cv.notify_one();
+      }
+    });
+    for (size_t i = 0; i < copies.size(); ++i) {
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return reserved > i; });
+      }
+      copy_layer(copies[i]);
+    }
+    reserver.join();
   }
   cached = new_cached;
   return absl::OkStatus();
@@ -444,7 +507,8 @@ absl::Status Restorer::Finish(model::SequenceKv& kv) {
 
 absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
                                                const model::Transformer& model,
-                                               uint64_t fingerprint) {
+                                               uint64_t fingerprint,
+                                               const std::function<void()>& start_reading) {
   if (file.size() < kJournalHeaderBytes || std::memcmp(file.data(), kMagic, 4) != 0) {
     return Corrupt("bad magic (not a Cortiq session journal)");
   }
@@ -456,8 +520,8 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
   hr.U32(&reserved);
   hr.U64(&fp);
   if (version != kJournalVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session journal: version ", version, ": this build reads ", kJournalVersion));
+    return absl::FailedPreconditionError(
+        absl::StrCat("session journal: version ", version, ": this build reads ", kJournalVersion));
   }
   if (flags != 0 || reserved != 0) return Corrupt("header: unknown flags");
   if (fp != fingerprint) {
@@ -483,8 +547,8 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     if (frame != FrameCrc(type, len)) {
       const std::string_view rest = file.substr(pos);
       if (rest.find_first_not_of('\0') == std::string_view::npos) break;
-      return Corrupt(absl::StrCat("record ", records.size(), " at byte ", pos,
-                                  ": its frame check fails"));
+      return Corrupt(
+          absl::StrCat("record ", records.size(), " at byte ", pos, ": its frame check fails"));
     }
     if (len > left - kFrameBytes) break;
     const uint64_t end = pos + 16 + len + 4;
@@ -495,17 +559,53 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     records.push_back({type, file.substr(pos + 16, len), pos});
     pos = end;
   }
+  if (records.size() < 2) return Corrupt("no complete turn");
+  // The state starts at the last record that keeps no position (a start
+  // over, or the whole state of a rewritten file); the ones before it only
+  // carry the history. From there every rows layer reserves the most
+  // positions any turn reaches, once: a restore never reallocates its rows
+  // turn after turn.
+  size_t base = 1, reserve = 0;
+  auto find_base = [&](size_t end) {
+    base = 1;
+    reserve = 0;
+    for (size_t i = 1; i < end; ++i) {
+      ByteReader r(records[i].payload);
+      uint64_t kt, kc, n, c = 0;
+      std::string_view skipped;
+      if (r.U64(&kt) && r.U64(&kc) && r.U64(&n) && n <= r.remaining() / 4 &&
+          r.Bytes(n * 4, &skipped) && r.U64(&c)) {
+        if (kc == 0) {
+          base = i;
+          reserve = 0;
+        }
+        reserve = std::max<size_t>(reserve,
+                                   std::min<uint64_t>(c, model.config().max_position_embeddings));
+      }
+    }
+  };
+  find_base(records.size());
+  // The layout is read before anything streams: the records' frames (above),
+  // the session header and the layer headers of the record the state starts
+  // at. Then the caller may stream the file in (start_reading), and the
+  // reads that follow are the file's bytes in order.
+  absl::StatusOr<SessionHeader> header = DecodeSessionHeader(records[0].payload, model.config());
+  if (header.ok()) {
+    const size_t H = static_cast<size_t>(model.config().num_key_value_heads);
+    WalkTurn(records[base].payload, static_cast<size_t>(model.config().num_hidden_layers), H,
+             RowBytesPerHead(header->config.kv_mode, static_cast<size_t>(model.config().head_dim)));
+  }
+  if (start_reading) start_reading();
   // The checksums, on a thread of their own, in file order, while the
-  // records are applied on this one: reading a cold file, the two overlap
-  // (the verifier streams it from the disk, the applier follows in the page
-  // cache). A record applied before its checksum is known is harmless: the
-  // session is returned only once every checksum has matched. The last
-  // record is applied only once it has, as a failure there is a torn write
-  // (dropped), anywhere else corruption.
+  // records are applied on this one: reading a cold file, the two overlap.
+  // A record applied before its checksum is known is harmless: the session
+  // is returned only once every checksum has matched. The last record is
+  // applied only once it has, as a failure there is a torn write (dropped),
+  // anywhere else corruption.
   std::mutex verify_mu;
   std::condition_variable verify_cv;
-  size_t verified = 0;                  // records whose checksum is known
-  std::optional<size_t> first_bad;      // the first that failed
+  size_t verified = 0;              // records whose checksum is known
+  std::optional<size_t> first_bad;  // the first that failed
   std::atomic<bool> verify_stop{false};
   std::thread verifier([&] {
     for (size_t i = 0; i < records.size() && !verify_stop.load(); ++i) {
@@ -545,29 +645,19 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
                                 file.size() - (rec.offset + 16 + rec.payload.size() + 4),
                                 " bytes after it"));
   };
-  if (records.size() < 2) return Corrupt("no complete turn");
   if (!verified_ok(0)) return corrupt_at(*first_bad);
-
-  CORTIQ_ASSIGN_OR_RETURN(SessionHeader header,
-                          DecodeSessionHeader(records[0].payload, model.config()));
-  absl::StatusOr<std::unique_ptr<Session>> made = Session::Create(header.id, model, header.config);
+  if (!header.ok()) return header.status();
+  absl::StatusOr<std::unique_ptr<Session>> made =
+      Session::Create(header->id, model, header->config);
   if (!made.ok()) return Corrupt(absl::StrCat("header: ", made.status().message()));
   Restorer rs{model, *std::move(made), {}, 0, {}, std::nullopt, {}, 0};
-  rs.session->set_tenant(std::move(header.tenant));
+  rs.session->set_tenant(std::move(header->tenant));
   model::SequenceKv& kv = JournalRestore::Sequence(*rs.session);
   rs.aux.resize(kv.num_layers());
-  // Every rows layer reserves the most positions any turn reaches, once:
-  // a restore never reallocates its rows turn after turn.
-  for (size_t i = 1; i < records.size(); ++i) {
-    ByteReader r(records[i].payload);
-    uint64_t kt, kc, n, c = 0;
-    std::string_view skipped;
-    if (r.U64(&kt) && r.U64(&kc) && r.U64(&n) && n <= r.remaining() / 4 &&
-        r.Bytes(n * 4, &skipped) && r.U64(&c)) {
-      rs.reserve = std::max<size_t>(
-          rs.reserve, std::min<uint64_t>(c, model.config().max_position_embeddings));
-    }
-  }
+  // A start over in the last record counts once its checksum is known: a
+  // torn one is dropped, and the state comes from the records before it.
+  if (base > 1 && base + 1 == records.size() && !verified_ok(base)) find_base(base);
+  rs.reserve = reserve;
   for (size_t i = 1; i < records.size(); ++i) {
     if (i + 1 == records.size() && !verified_ok(i)) {
       if (*first_bad != i) return corrupt_at(*first_bad);
@@ -577,12 +667,12 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
       records.pop_back();
       break;
     }
-    absl::Status st = rs.ApplyTurn(records[i].payload, kv);
+    absl::Status st = rs.ApplyTurn(records[i].payload, kv, i < base);
     if (!st.ok()) {
       // A record that fails its checksum is reported as such.
       if (!verified_ok(i)) return corrupt_at(*first_bad);
-      return absl::DataLossError(absl::StrCat("record ", i, " at byte ", records[i].offset, ": ",
-                                              st.message()));
+      return absl::DataLossError(
+          absl::StrCat("record ", i, " at byte ", records[i].offset, ": ", st.message()));
     }
   }
   if (!verified_ok(records.size() - 1)) return corrupt_at(*first_bad);

@@ -28,8 +28,10 @@
 // RestoreJournal builds a session nobody else sees yet.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -80,8 +82,24 @@ struct RestoredJournal {
 // for a corrupt file: a bad magic, header or checksum with complete
 // records after it, a record that disagrees with the state before it;
 // FAILED_PRECONDITION for another model's file.
+//
+// `file` may be a mapping of a cold file. The restore reads its layout
+// first (the records' frames, the session header, the layer headers of the
+// record the state starts at: small reads here and there), then calls
+// `start_reading` once, where the caller starts streaming the file in from
+// its start, and reads the rest in file order; scattered reads queued
+// behind large ones would each wait for one. Reading a 500 MB session, the
+// state's rows are reserved on a second thread, in file order, while this
+// one copies behind it.
 absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
                                                const model::Transformer& model,
-                                               uint64_t fingerprint);
+                                               uint64_t fingerprint,
+                                               const std::function<void()>& start_reading = {});
+
+namespace internal {
+// The record size from which a restore reserves on a second thread (tests
+// lower it to run that path on small sessions).
+inline std::atomic<size_t> restore_parallel_bytes{size_t{8} << 20};
+}  // namespace internal
 
 }  // namespace cortiq::session

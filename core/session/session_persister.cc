@@ -6,9 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +28,9 @@ namespace fs = std::filesystem;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr std::string_view kTmpSuffix = ".tmp";
+constexpr std::string_view kMovingSuffix = ".moving";
+// A peer address a mark may hold (a configured peer's host:port).
+constexpr size_t kMaxPeerBytes = 1024;
 // Record buffers kept for reuse, and the largest kept (a whole file is not).
 constexpr size_t kSpares = 4;
 constexpr size_t kSpareMaxBytes = size_t{64} << 20;
@@ -59,16 +66,19 @@ class MappedFile {
     MappedFile f;
     f.size_ = static_cast<size_t>(st.st_size);
     if (f.size_ > 0) {
-      // Not populated up front: the kernel reads ahead (WILLNEED) while the
-      // restore's checksum thread and its applier consume the pages.
+      // Not populated up front: the restore reads the file's layout, then
+      // StreamAhead reads the file in while the restore consumes it.
       void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
         const int err = errno;
         ::close(fd);
         return absl::UnavailableError(absl::StrCat("mmap: ", Errno(err)));
       }
-      ::madvise(p, f.size_, MADV_SEQUENTIAL);
-      ::madvise(p, f.size_, MADV_WILLNEED);
+      // The layout's reads first, each of a page or two: no readahead
+      // around them (the default reads a window around each fault, and a
+      // few dozen layer headers cost 0.2 s that way). StreamAhead turns
+      // readahead on for the stream.
+      ::madvise(p, f.size_, MADV_RANDOM);
       f.data_ = static_cast<const char*>(p);
     }
     ::close(fd);
@@ -81,6 +91,47 @@ class MappedFile {
     if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
   }
   std::string_view view() const { return {data_, size_}; }
+
+  // Reads the file into the page cache and maps it, in large chunks from the
+  // start, on a thread of its own until the file is in or the guard goes:
+  // the restore's checksums and copies then find their pages mapped (no
+  // fault per page) and the disk streams at its sequential speed.
+  // MADV_POPULATE_READ (Linux 5.14) reads and maps without copying; on an
+  // older kernel a byte of each page is read instead.
+  class StreamAhead {
+   public:
+    explicit StreamAhead(const MappedFile& file) {
+      if (file.size_ == 0) return;
+      ::madvise(const_cast<char*>(file.data_), file.size_, MADV_SEQUENTIAL);
+      thread_ = std::thread([this, data = file.data_, size = file.size_] {
+        constexpr size_t kChunk = size_t{8} << 20;
+        bool populate = true;
+        for (size_t at = 0; at < size && !stop_.load(std::memory_order_relaxed); at += kChunk) {
+          const size_t n = std::min(kChunk, size - at);
+#ifdef MADV_POPULATE_READ
+          if (populate && ::madvise(const_cast<char*>(data) + at, n, MADV_POPULATE_READ) == 0) {
+            continue;
+          }
+#endif
+          // An older kernel: a read of a byte per page.
+          populate = false;
+          volatile char sink = 0;
+          for (size_t o = 0; o < n; o += 4096) sink = sink + data[at + o];
+        }
+      });
+    }
+    ~StreamAhead() {
+      stop_.store(true);
+      if (thread_.joinable()) thread_.join();
+    }
+    StreamAhead(const StreamAhead&) = delete;
+    StreamAhead& operator=(const StreamAhead&) = delete;
+
+   private:
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+  };
+
   void Reset() {
     if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
     data_ = nullptr;
@@ -96,9 +147,12 @@ class MappedFile {
 
 std::string_view PersistSyncName(PersistSync sync) {
   switch (sync) {
-    case PersistSync::kTurn: return "turn";
-    case PersistSync::kInterval: return "interval";
-    case PersistSync::kNone: return "none";
+    case PersistSync::kTurn:
+      return "turn";
+    case PersistSync::kInterval:
+      return "interval";
+    case PersistSync::kNone:
+      return "none";
   }
   return "turn";
 }
@@ -148,11 +202,11 @@ std::string SessionPersister::PathOf(const std::string& id) const {
   return (fs::path(options_.dir) / (id + std::string(kJournalSuffix))).string();
 }
 
-SessionPersister::RestoreReport SessionPersister::RestoreAll(
-    const std::function<absl::Status(std::unique_ptr<Session>)>& install) {
+SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& install) {
   const auto t0 = SteadyClock::now();
   RestoreReport report;
   std::vector<fs::path> files;
+  std::map<std::string, std::string> moving;  // session id -> the peer of its cut move
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(options_.dir, ec)) {
     if (!e.is_regular_file()) continue;
@@ -165,6 +219,17 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(
       continue;
     }
     if (name.ends_with(kJournalSuffix)) files.push_back(e.path());
+    if (name.ends_with(kMovingSuffix)) {
+      const std::string stem = name.substr(0, name.size() - kMovingSuffix.size());
+      std::string peer;
+      if (std::FILE* f = std::fopen(e.path().c_str(), "rb")) {
+        char buf[kMaxPeerBytes];
+        peer.assign(buf, std::fread(buf, 1, sizeof(buf), f));
+        std::fclose(f);
+      }
+      // An unreadable mark still says the move was under way.
+      moving[stem] = peer.empty() ? std::string("(unreadable mark)") : peer;
+    }
   }
   std::sort(files.begin(), files.end());
   auto quarantine = [&](const fs::path& path, const std::string& why) {
@@ -184,8 +249,12 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(
       continue;
     }
     report.bytes += file->view().size();
-    absl::StatusOr<RestoredJournal> back =
-        RestoreJournal(file->view(), model_, options_.fingerprint);
+    absl::StatusOr<RestoredJournal> back;
+    {
+      std::optional<MappedFile::StreamAhead> ahead;
+      back =
+          RestoreJournal(file->view(), model_, options_.fingerprint, [&] { ahead.emplace(*file); });
+    }
     if (!back.ok()) {
       quarantine(path, std::string(back.status().message()));
       continue;
@@ -198,15 +267,24 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(
     if (back->torn_bytes > 0) {
       // The next append lands right after the last complete record.
       ::truncate(path.c_str(), static_cast<off_t>(back->valid_bytes));
-      spdlog::warn("state: session {}: a torn last record ({} bytes) dropped; restored at its "
-                   "last complete turn",
-                   stem, back->torn_bytes);
+      spdlog::warn(
+          "state: session {}: a torn last record ({} bytes) dropped; restored at its "
+          "last complete turn",
+          stem, back->torn_bytes);
       ++report.torn;
     }
     const uint64_t size = back->valid_bytes;
     const std::pair<size_t, size_t> restored_mark = {back->session->journal_mark().tokens,
                                                      back->session->journal_mark().cached};
-    absl::Status st = install(std::move(back->session));
+    const auto mark = moving.find(stem);
+    const std::string moving_to = mark == moving.end() ? std::string() : mark->second;
+    if (!moving_to.empty()) {
+      spdlog::warn(
+          "state: session {}: its move to {} was cut by a crash; held in doubt until the peers "
+          "say whether one of them holds it",
+          stem, util::EscapeForLog(moving_to));
+    }
+    absl::Status st = install(std::move(back->session), moving_to);
     if (!st.ok()) {
       spdlog::warn("state: session {} restored but not installed: {}", stem,
                    util::EscapeForLog(std::string(st.message())));
@@ -217,6 +295,15 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(
     sizes_[stem] = size;
     written_[stem] = restored_mark;
     ++report.restored;
+    if (!moving_to.empty()) {
+      ++report.in_doubt;
+      moving.erase(stem);
+    }
+  }
+  // The marks left: their sessions' files are gone (the move had completed
+  // and the file was deleted, or the file was quarantined): nothing to doubt.
+  for (const auto& [id, peer] : moving) {
+    if (!fs::exists(PathOf(id), ec)) ClearMoving(id);
   }
   report.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   std::unique_lock lock(mu_);
@@ -406,8 +493,8 @@ bool SessionPersister::Write(const std::string& id, const JournalRecord& record)
     ++stats_.failures;
     broken_.insert(id);
     lock.unlock();
-    spdlog::error("state: session {}: {}; the session runs on, its next call rewrites the file",
-                  id, util::EscapeForLog(failure));
+    spdlog::error("state: session {}: {}; the session runs on, its next call rewrites the file", id,
+                  util::EscapeForLog(failure));
     return false;
   }
   ++stats_.records;
@@ -419,10 +506,36 @@ bool SessionPersister::Write(const std::string& id, const JournalRecord& record)
   return true;
 }
 
+absl::Status SessionPersister::MarkMoving(const std::string& id, const std::string& peer) {
+  const std::string path = (fs::path(options_.dir) / (id + std::string(kMovingSuffix))).string();
+  const std::string tmp = path + std::string(kTmpSuffix);
+  const std::string body = peer.substr(0, kMaxPeerBytes);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int err = fd < 0 ? errno : WriteAll(fd, body);
+  if (err == 0 && ::fdatasync(fd) != 0) err = errno;
+  if (fd >= 0) ::close(fd);
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("--state-dir: cannot record the move of session ",
+                                               id, " (", path, "): ", Errno(err)));
+  }
+  SyncDir();
+  return absl::OkStatus();
+}
+
+void SessionPersister::ClearMoving(const std::string& id) {
+  const std::string path = (fs::path(options_.dir) / (id + std::string(kMovingSuffix))).string();
+  if (::unlink(path.c_str()) == 0) SyncDir();
+}
+
 void SessionPersister::Unlink(const std::string& id) {
   const std::string path = PathOf(id);
   ::unlink(path.c_str());
   ::unlink((path + std::string(kTmpSuffix)).c_str());
+  // A move's mark after the file it guards (a crash in between leaves a
+  // mark without a file, which the restore deletes).
+  ::unlink((fs::path(options_.dir) / (id + std::string(kMovingSuffix))).c_str());
   if (options_.sync != PersistSync::kNone) SyncDir();
   std::unique_lock lock(mu_);
   sizes_.erase(id);
@@ -439,8 +552,8 @@ void SessionPersister::WaitIdle(const std::string& id) {
 bool SessionPersister::IsCurrent(const std::string& id, const Session::JournalMark& mark) const {
   std::unique_lock lock(mu_);
   auto it = written_.find(id);
-  return mark.written && it != written_.end() && queued_.count(id) == 0 &&
-         broken_.count(id) == 0 && it->second == std::make_pair(mark.tokens, mark.cached);
+  return mark.written && it != written_.end() && queued_.count(id) == 0 && broken_.count(id) == 0 &&
+         it->second == std::make_pair(mark.tokens, mark.cached);
 }
 
 void SessionPersister::Quarantine(const std::string& path, const std::string& why) {
@@ -449,7 +562,8 @@ void SessionPersister::Quarantine(const std::string& path, const std::string& wh
   std::error_code ec;
   fs::rename(from, to, ec);
   spdlog::error("state: {} quarantined ({}){}", util::EscapeForLog(from.filename().string()),
-                util::EscapeForLog(why), ec ? absl::StrCat("; moving it failed: ", ec.message()) : "");
+                util::EscapeForLog(why),
+                ec ? absl::StrCat("; moving it failed: ", ec.message()) : "");
 }
 
 absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::string& id) {
@@ -459,26 +573,13 @@ absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::strin
   {
     absl::StatusOr<MappedFile> file = MappedFile::Open(path);
     if (!file.ok()) {
-      return absl::DataLossError(absl::StrCat("session ", id,
-                                              ": its spilled state cannot be read back: its file: ",
-                                              file.status().message()));
+      return absl::DataLossError(absl::StrCat(
+          "session ", id,
+          ": its spilled state cannot be read back: its file: ", file.status().message()));
     }
-    // A reader streams the file into the page cache ahead of the restore,
-    // with large sequential reads (as fast as the disk's own read), so the
-    // mapping's faults find their pages there.
-    std::atomic<bool> done{false};
-    std::thread reader([&] {
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return;
-      std::vector<char> scratch(4 << 20);
-      while (!done.load(std::memory_order_relaxed) &&
-             ::read(fd, scratch.data(), scratch.size()) > 0) {
-      }
-      ::close(fd);
-    });
-    back = RestoreJournal(file->view(), model_, options_.fingerprint);
-    done.store(true);
-    reader.join();
+    std::optional<MappedFile::StreamAhead> ahead;
+    back =
+        RestoreJournal(file->view(), model_, options_.fingerprint, [&] { ahead.emplace(*file); });
   }
   if (back.ok() && (back->torn_bytes > 0 || back->session->id() != id)) {
     back = absl::DataLossError("the file does not end with the session's last record");
@@ -488,9 +589,8 @@ absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::strin
     std::unique_lock lock(mu_);
     sizes_.erase(id);
     written_.erase(id);
-    return absl::DataLossError(
-        absl::StrCat("session ", id, ": its spilled state cannot be read back: ",
-                     back.status().message()));
+    return absl::DataLossError(absl::StrCat(
+        "session ", id, ": its spilled state cannot be read back: ", back.status().message()));
   }
   return std::move(back->session);
 }

@@ -75,6 +75,7 @@ class SessionPersister {
     size_t quarantined = 0;  // files moved to quarantine/
     size_t refused = 0;      // restored but refused by `install` (left on disk)
     size_t torn = 0;         // files whose torn last record was cut off
+    size_t in_doubt = 0;     // of the restored, moves to a peer a crash cut (MarkMoving)
     uint64_t bytes = 0;      // file bytes read
     double seconds = 0;
   };
@@ -83,8 +84,14 @@ class SessionPersister {
   // (a corrupt file, another model's, a name that is not its session's id):
   // the others still load. A torn last record is cut off the file. Left-over
   // temporary files of an interrupted rewrite are deleted (the file they
-  // were to replace is whole). Call before serving.
-  RestoreReport RestoreAll(const std::function<absl::Status(std::unique_ptr<Session>)>& install);
+  // were to replace is whole). A session whose move to a peer was cut by a
+  // crash (its MarkMoving mark is still there) is handed over with that
+  // peer (`moving_to`, else empty): the peer may hold it now. A mark whose
+  // session file is gone is deleted (the move had completed). Call before
+  // serving.
+  using Install =
+      std::function<absl::Status(std::unique_ptr<Session> session, const std::string& moving_to)>;
+  RestoreReport RestoreAll(const Install& install);
   // The last RestoreAll's report (zeros before one).
   RestoreReport last_restore() const;
 
@@ -106,6 +113,20 @@ class SessionPersister {
   // directory (except under kNone): the release is durable on return. A
   // session that never had a file returns at once.
   void Remove(const std::string& id);
+
+  // ---- moving a session to a peer (MigrateOut) ----
+  // Records, durably (written, synced, the directory synced), that `id` is
+  // being moved to `peer`: DIR/<id>.moving holds the peer's address. From
+  // the peer's answer until the session's file is deleted here, both nodes
+  // have the session on disk; a crash in that window leaves the mark, and
+  // the restart restores the session in doubt (RestoreAll) instead of
+  // serving a second copy. UNAVAILABLE (the file's error) when it cannot be
+  // written: the move must not start.
+  absl::Status MarkMoving(const std::string& id, const std::string& peer);
+  // Deletes `id`'s mark (after a failed move; a session that stays after
+  // its doubt is settled) and syncs the directory. Remove deletes the mark
+  // with the file.
+  void ClearMoving(const std::string& id);
 
   // ---- spilling (SessionStore, under --state-dir) ----
   // True when `id`'s file holds exactly its session's state at `mark`

@@ -458,6 +458,7 @@ SessionSnapshot SessionStore::SnapshotLocked(const Entry& e, Clock::time_point n
   s.ttl_remaining_seconds =
       e.leased ? Seconds(options_.ttl) : std::max(0.0, Seconds(options_.ttl) - s.idle_seconds);
   s.spilled = e.spilled;
+  s.moving_to = e.moving_to;
   if (e.spilled) s.cached_tokens = e.spilled_cached;
   if (options_.persister != nullptr) s.disk_bytes = options_.persister->FileBytes(s.id);
   return s;
@@ -564,6 +565,12 @@ absl::Status SessionStore::WaitResidentLocked(std::unique_lock<std::mutex>& lock
                                               const TenantFilter& tenant) {
   for (;;) {
     CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
+    if (const std::string& peer = sessions_.at(id).moving_to; !peer.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          "session '", id, "': its move to ", util::EscapeForLog(peer),
+          " was cut by a restart of this node; it is served once the peers say whether one of "
+          "them holds it (retry)"));
+    }
     if (!sessions_.at(id).spilled) return absl::OkStatus();
     CORTIQ_RETURN_IF_ERROR(UnspillLocked(lock, id));
   }
@@ -612,23 +619,64 @@ absl::Status SessionStore::UnspillLocked(std::unique_lock<std::mutex>& lock,
   return st;
 }
 
-absl::Status SessionStore::InstallRestored(std::unique_ptr<Session> session) {
+absl::Status SessionStore::InstallRestored(std::unique_ptr<Session> session,
+                                           const std::string& moving_to) {
   session->PublishMemory();
   const size_t bytes = session->Memory().total();
   std::unique_lock lock(mu_);
   if (sessions_.contains(session->id())) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: '", session->id(), "' exists"));
   }
-  MakeRoomLocked(bytes);
-  absl::Status fits = AdmitLocked(bytes, "the restored session holds");
-  const bool spill = !fits.ok() && options_.persister != nullptr &&
+  const bool in_doubt = !moving_to.empty() && options_.persister != nullptr;
+  absl::Status fits = absl::OkStatus();
+  if (!in_doubt) {
+    MakeRoomLocked(bytes);
+    fits = AdmitLocked(bytes, "the restored session holds");
+  }
+  const bool spill = (in_doubt || !fits.ok()) && options_.persister != nullptr &&
                      sessions_.size() < options_.max_sessions;
   if (!fits.ok() && !spill) return fits;
+  if (in_doubt && !spill) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session cap: ", options_.max_sessions, " sessions"));
+  }
   Entry& e = sessions_[session->id()];
   e.session = std::move(session);
   e.last_used = Clock::now();
   if (spill) SpillLocked(e);
+  if (in_doubt) e.moving_to = moving_to;
   return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, std::string>> SessionStore::InDoubt() const {
+  std::unique_lock lock(mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [id, e] : sessions_) {
+    if (!e.moving_to.empty()) out.emplace_back(id, e.moving_to);
+  }
+  return out;
+}
+
+void SessionStore::SettleMove(const std::string& id, const std::optional<std::string>& elsewhere) {
+  {
+    std::unique_lock lock(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second.moving_to.empty()) return;
+    if (!elsewhere) {
+      spdlog::info("session {}: no peer holds it: it stays on this node (its move to {} had not "
+                   "completed)",
+                   id, util::EscapeForLog(it->second.moving_to));
+      it->second.moving_to.clear();
+      lock.unlock();
+      options_.persister->ClearMoving(id);
+      return;
+    }
+    spdlog::info("session {}: {} holds it (its move had completed before the crash): the copy "
+                 "here is released",
+                 id, util::EscapeForLog(*elsewhere));
+  }
+  // Still in doubt until released: no call reads it back meanwhile.
+  Release(id, ReleaseReason::kMigrated);
 }
 
 size_t SessionStore::num_leased() const {

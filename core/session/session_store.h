@@ -131,6 +131,9 @@ struct SessionSnapshot {
   double ttl_remaining_seconds = 0;
   bool spilled = false;     // its state is on disk only (StoreOptions::persister)
   uint64_t disk_bytes = 0;  // its file's bytes (0 without a state dir)
+  // Non-empty: restored in doubt, its move to this peer cut by a crash
+  // (InstallRestored); refused with UNAVAILABLE until SettleMove.
+  std::string moving_to;
 };
 
 // One tenant's share of the store (SessionStore::UsageByTenant).
@@ -234,8 +237,18 @@ class SessionStore {
   // A session restored from --state-dir at start: installed like Install,
   // or, when its state does not fit the memory budget, installed spilled
   // (its RAM freed at once; a persister is required). RESOURCE_EXHAUSTED
-  // at the session cap.
-  absl::Status InstallRestored(std::unique_ptr<Session> session);
+  // at the session cap. With `moving_to` (a peer): the session's move there
+  // was cut by a crash, so the peer may hold it; it is installed spilled
+  // and in doubt, and every call naming it is UNAVAILABLE (retry) until
+  // SettleMove.
+  absl::Status InstallRestored(std::unique_ptr<Session> session, const std::string& moving_to = {});
+  // The sessions in doubt: (id, the peer of the cut move).
+  std::vector<std::pair<std::string, std::string>> InDoubt() const;
+  // Ends `id`'s doubt: held elsewhere (`elsewhere`, a peer that holds it),
+  // it is released here (reason migrated: its file goes); else it stays
+  // here (spilled, read back by the next call). No-op for a session not in
+  // doubt.
+  void SettleMove(const std::string& id, const std::optional<std::string>& elsewhere);
   // Leases the session `plan` was made for (from Peek) and reserves
   // plan.projected.total() bytes for the call, in one step: nothing changes
   // on an error. NOT_FOUND / ABORTED as Acquire; ABORTED ("session busy")
@@ -417,6 +430,7 @@ class SessionStore {
     // Its state is on disk only (freed from RAM); cached positions then.
     bool spilled = false;
     size_t spilled_cached = 0;
+    std::string moving_to;  // in doubt (InstallRestored)
   };
 
   std::string NewId();  // 32 hex digits from a CSPRNG-seeded 128-bit draw; mu_ held

@@ -72,7 +72,7 @@ class Server:
     """One cortiq-server process; stdout (the listening line and the logs) goes
     to a file so that a full pipe can never block it."""
 
-    def __init__(self, name, extra=(), preexec_fn=None):
+    def __init__(self, name, extra=(), preexec_fn=None, env_extra=None):
         self.name = name
         self.log_path = Path(ARGS.workdir) / f"{name}.log"
         self.log = open(self.log_path, "wb")
@@ -83,7 +83,9 @@ class Server:
                "--metrics-listen", "127.0.0.1:0", "--http-listen", "off", "--threads", "2",
                "--grace", "0", *extra]
         env = {k: v for k, v in os.environ.items()
-               if k not in ("CORTIQ_AUTH_TOKEN", "CORTIQ_PEERS", "CORTIQ_MODEL")}
+               if k not in ("CORTIQ_AUTH_TOKEN", "CORTIQ_PEERS", "CORTIQ_MODEL",
+                            "CORTIQ_FAILPOINTS")}
+        env.update(env_extra or {})
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec_fn)
         SERVERS.append(self.proc)
@@ -752,6 +754,85 @@ def disk_full_checks():
     check("4b disk full (tmpfs 256k, root only)", tmpfs)
 
 
+def migration_checks():
+    """5. A move to a peer cut by a crash of the source (the failpoints of
+    server/migration.cc kill it with SIGKILL at the chosen instant): the
+    restarted source holds the session in doubt (UNAVAILABLE) until the
+    peers answer; then exactly one node has it."""
+    work = Path(ARGS.workdir)
+
+    def cut_move(failpoint, tag):
+        b_dir, a_dir = work / f"mig-{tag}-b", work / f"mig-{tag}-a"
+        b = Server(f"mig-{tag}-b", ["--state-dir", str(b_dir)])
+        a_flags = ["--state-dir", str(a_dir), "--peers", b.address]
+        a = Server(f"mig-{tag}-a", a_flags, env_extra={"CORTIQ_FAILPOINTS": failpoint})
+        req = dict(prompt=PROMPTS[0] + f"[move {tag}]", max_tokens=T1, ignore_eos=True,
+                   sampling=pb2.SamplingParams(temperature=0.0), keep_session=True,
+                   session_config=pb2.SessionConfig(kv_dtype=pb2.KV_DTYPE_F32))
+        _, summary = generate(a.stub, **req)
+        sid = summary.session_id
+        # The reference: the same turn and continuation on a server that
+        # never crashed.
+        r = Server(f"mig-{tag}-ref")
+        generate(r.stub, **dict(req, session_id=sid, create_if_missing=True))
+        cont = dict(prompt=CONT_PROMPT, max_tokens=TC, ignore_eos=True,
+                    sampling=pb2.SamplingParams(temperature=0.0))
+        want, _ = generate(r.stub, session_id=sid, **cont)
+        r.stop()
+        try:
+            a.stub.MigrateSession(pb2.MigrateSessionRequest(session_id=sid, peer=b.address),
+                                  timeout=RPC_TIMEOUT)
+            raise AssertionError("MigrateSession returned: the failpoint did not kill the source")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, f"MigrateSession: {e.code().name}"
+        a.proc.wait(timeout=10)
+        a.close_channel()
+        mark = a_dir / f"{sid}.moving"
+        assert mark.exists(), f"{mark.name}: no mark left by the cut move"
+        assert (a_dir / f"{sid}{SUFFIX}").exists(), "the source's file is gone"
+        a = Server(f"mig-{tag}-a2", a_flags)
+        return a, b, sid, want, cont, mark
+
+    def after_import():
+        a, b, sid, want, cont, mark = cut_move("migrate-after-peer-import", "done")
+        # The peer answered: it holds the session. The source settles on
+        # its own (its reaper asks the peers), then forwards calls there.
+        # (The file goes first, then its mark.)
+        gone = poll(lambda: not (work / "mig-done-a" / f"{sid}{SUFFIX}").exists()
+                    and not mark.exists(), timeout=20)
+        assert gone, "the source still has its copy (or its mark) 20 s after the restart"
+        info = get_session(b.stub, sid)
+        got, _ = generate(b.stub, session_id=sid, **cont)
+        assert got == want, f"continuation on the peer {got[:8]} != reference {want[:8]}"
+        expect_not_found_local = poll(lambda: sid not in [
+            s.session_id for s in a.stub.ListSessions(pb2.ListSessionsRequest(),
+                                                      timeout=RPC_TIMEOUT).sessions], timeout=10)
+        assert expect_not_found_local, "the source still lists the session"
+        return f"source released its copy; peer holds {info.tokens} tokens, continuation equal"
+
+    def before_send():
+        a, b, sid, want, cont, mark = cut_move("migrate-before-send", "lost")
+        expect_not_found(b.stub, sid)
+
+        def served():
+            try:
+                return generate(a.stub, session_id=sid, **cont)[0]
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE, f"Generate: {e.code().name}"
+                return None
+
+        got = poll(served, timeout=20, interval=0.2)
+        assert got is not None, "still in doubt 20 s after the restart"
+        assert got == want, f"continuation {got[:8]} != reference {want[:8]}"
+        assert not mark.exists(), "the mark survived the settlement"
+        expect_not_found(b.stub, sid)
+        return "no peer held it: the source kept it, continuation equal"
+
+    check("5a a move cut after the peer's import: one copy, on the peer", after_import)
+    kill_all()
+    check("5b a move cut before the send: one copy, on the source", before_send)
+
+
 def main():
     global ARGS, pb2, pb2_grpc, grpc
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -775,6 +856,8 @@ def main():
         run_checks()
         kill_all()
         disk_full_checks()
+        kill_all()
+        migration_checks()
     except Exception:  # noqa: BLE001 - a setup failure (e.g. no server) fails the run
         traceback.print_exc()
         RESULTS.append(("setup", False, "exception"))

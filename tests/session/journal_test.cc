@@ -5,11 +5,10 @@
 // rows only; compaction bounds the file; a torn last record is dropped and
 // the session comes back at its last complete turn; corruption anywhere
 // else is DATA_LOSS, another model's file FAILED_PRECONDITION.
-#include "core/session/session_journal.h"
-
 #include <cstring>
 
 #include "core/session/engine.h"
+#include "core/session/session_journal.h"
 #include "core/session/session_store.h"
 #include "core/session/session_wire.h"
 #include "core/tokenizer/tokenizer.h"
@@ -163,36 +162,43 @@ class JournalTest : public ::testing::Test {
 // exactly, and the restored session continues with the same tokens (greedy
 // and sampled: the RNG travels).
 TEST_F(JournalTest, EveryTurnRestoresExactlyInEveryMode) {
-  for (int mode = 0; mode < 5; ++mode) {
-    for (bool sampled : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
-      SessionStore store({});
-      auto lease = store.Create(*model_, Mode(mode), 0, "team-a");
-      ASSERT_TRUE(lease.ok()) << lease.status();
-      const std::string id = (*lease)->id();
-      lease->Return();
-      std::string file;
-      GenerationRequest first = Req(testing::TestIds(70, 259, 5), 9, sampled);
-      first.seed_given = true;
-      Run(store, id, first);
-      bool rewrote = false;
-      Journal(store, id, file, &rewrote);
-      EXPECT_TRUE(rewrote) << "a session's first record is the whole file";
-      for (int turn = 0; turn < 3; ++turn) {
-        Run(store, id, Req(testing::TestIds(5 + turn, 259, 10 + turn), 6, sampled));
-        const size_t before = file.size();
+  // Twice: the copies on this thread alone, and (every record counting as
+  // large) behind a second thread that reserves the layers ahead of them.
+  for (const size_t parallel_bytes : {size_t{8} << 20, size_t{0}}) {
+    SCOPED_TRACE(::testing::Message() << "parallel from " << parallel_bytes << " bytes");
+    internal::restore_parallel_bytes = parallel_bytes;
+    for (int mode = 0; mode < 5; ++mode) {
+      for (bool sampled : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
+        SessionStore store({});
+        auto lease = store.Create(*model_, Mode(mode), 0, "team-a");
+        ASSERT_TRUE(lease.ok()) << lease.status();
+        const std::string id = (*lease)->id();
+        lease->Return();
+        std::string file;
+        GenerationRequest first = Req(testing::TestIds(70, 259, 5), 9, sampled);
+        first.seed_given = true;
+        Run(store, id, first);
+        bool rewrote = false;
         Journal(store, id, file, &rewrote);
-        EXPECT_FALSE(rewrote);
-        EXPECT_GT(file.size(), before);
-        SessionStore other({});
-        RestoreAndCompare(store, id, file, other);
-        const auto next = testing::TestIds(4, 259, 40 + turn);
-        GenerationRequest a = Req(next, 5, sampled), b = Req(next, 5, sampled);
-        EXPECT_EQ(Run(other, id, a), Run(store, id, b));
-        Journal(store, id, file);  // the continuation too
+        EXPECT_TRUE(rewrote) << "a session's first record is the whole file";
+        for (int turn = 0; turn < 3; ++turn) {
+          Run(store, id, Req(testing::TestIds(5 + turn, 259, 10 + turn), 6, sampled));
+          const size_t before = file.size();
+          Journal(store, id, file, &rewrote);
+          EXPECT_FALSE(rewrote);
+          EXPECT_GT(file.size(), before);
+          SessionStore other({});
+          RestoreAndCompare(store, id, file, other);
+          const auto next = testing::TestIds(4, 259, 40 + turn);
+          GenerationRequest a = Req(next, 5, sampled), b = Req(next, 5, sampled);
+          EXPECT_EQ(Run(other, id, a), Run(store, id, b));
+          Journal(store, id, file);  // the continuation too
+        }
       }
     }
   }
+  internal::restore_parallel_bytes = size_t{8} << 20;
 }
 
 // A turn record holds the new rows only: its size grows with the turn's
@@ -207,8 +213,9 @@ TEST_F(JournalTest, ATurnCostsItsNewRowsOnly) {
   Run(store, id, Req(testing::TestIds(200, 259, 5), 4, false));
   const size_t whole = Journal(store, id, file);
   const auto& cfg = model_->config();
-  const size_t row = static_cast<size_t>(cfg.num_hidden_layers * cfg.num_key_value_heads *
-                                         cfg.head_dim) * 2 * sizeof(float);
+  const size_t row =
+      static_cast<size_t>(cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim) * 2 *
+      sizeof(float);
   std::vector<size_t> sizes;
   for (int turn = 0; turn < 4; ++turn) {
     Run(store, id, Req(testing::TestIds(3, 259, 20 + turn), 4, false));
@@ -292,7 +299,8 @@ TEST_F(JournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
   const size_t tokens_second = store.Get(id)->tokens;
   ASSERT_GT(tokens_second, tokens_first);
 
-  for (size_t cut = first_end; cut < file.size(); cut += std::max<size_t>(1, (file.size() - first_end) / 97)) {
+  for (size_t cut = first_end; cut < file.size();
+       cut += std::max<size_t>(1, (file.size() - first_end) / 97)) {
     auto back = RestoreJournal(std::string_view(file).substr(0, cut), *model_, kFingerprint);
     ASSERT_TRUE(back.ok()) << "cut at " << cut << ": " << back.status();
     EXPECT_EQ(back->session->tokens().size(), tokens_first);
@@ -327,12 +335,90 @@ TEST_F(JournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
     }
   }
   // Nothing but the header, or a cut inside the first record: nothing to restore.
-  EXPECT_EQ(RestoreJournal(std::string_view(file).substr(0, 24), *model_, kFingerprint)
-                .status()
-                .code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(
+      RestoreJournal(std::string_view(file).substr(0, 24), *model_, kFingerprint).status().code(),
+      absl::StatusCode::kDataLoss);
   EXPECT_EQ(RestoreJournal(file, *model_, kFingerprint ^ 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A start over appended to a file (it keeps no position) is where the
+// restore's state starts: the records before it carry the history only, and
+// their rows are never copied. Torn, it is dropped like any last record: the
+// state comes back from the records before it, as if it had never been
+// written.
+TEST_F(JournalTest, AStartOverSupersedesTheRowsBeforeItUnlessItIsTorn) {
+  for (int mode : {0, 1, 3}) {
+    SCOPED_TRACE(::testing::Message() << "mode " << mode);
+    SessionStore store({});
+    auto lease = store.Create(*model_, Mode(mode), 0);
+    ASSERT_TRUE(lease.ok());
+    const std::string id = (*lease)->id();
+    lease->Return();
+    std::string file;
+    Run(store, id, Req(testing::TestIds(8, 259, 5), 2, false));
+    Journal(store, id, file);
+    Run(store, id, Req(testing::TestIds(4, 259, 6), 2, false));
+    Journal(store, id, file);
+    const size_t before_end = file.size();
+    auto before = RestoreJournal(file, *model_, kFingerprint);
+    ASSERT_TRUE(before.ok()) << before.status();
+    // A longer new history (so the file is appended to, not rewritten).
+    GenerationRequest r = Req(testing::TestIds(40, 259, 999), 2, false);
+    r.reuse_prefix = true;
+    Run(store, id, r);
+    bool rewrote = true;
+    Journal(store, id, file, &rewrote);
+    ASSERT_FALSE(rewrote) << "the start over must be appended for this test";
+    {
+      auto l = store.Acquire(id);
+      ASSERT_TRUE(l.ok());
+      auto back = RestoreJournal(file, *model_, kFingerprint);
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(back->turns, 3u);
+      ExpectSameState(**l, *back->session);
+    }
+    // Every cut inside the start over restores the two turns before it.
+    for (size_t cut = before_end + 1; cut < file.size();
+         cut += std::max<size_t>(1, (file.size() - before_end) / 23)) {
+      auto back = RestoreJournal(std::string_view(file).substr(0, cut), *model_, kFingerprint);
+      ASSERT_TRUE(back.ok()) << "cut at " << cut << ": " << back.status();
+      EXPECT_EQ(back->valid_bytes, before_end);
+      ExpectSameState(*before->session, *back->session);
+    }
+    // A turn after it: the state is the start over's plus that turn.
+    Run(store, id, Req(testing::TestIds(3, 259, 7), 2, false));
+    Journal(store, id, file, &rewrote);
+    ASSERT_FALSE(rewrote);
+    auto l = store.Acquire(id);
+    ASSERT_TRUE(l.ok());
+    auto back = RestoreJournal(file, *model_, kFingerprint);
+    ASSERT_TRUE(back.ok()) << back.status();
+    ExpectSameState(**l, *back->session);
+  }
+}
+
+// A restore reads its layout (frames, the session header, the layer headers
+// of the record its state starts at) before it asks for the file to be
+// streamed, once; a file it refuses early is never streamed.
+TEST_F(JournalTest, TheFileIsStreamedOnceAfterItsLayoutIsRead) {
+  SessionStore store({});
+  auto lease = store.Create(*model_, Mode(0), 0);
+  ASSERT_TRUE(lease.ok());
+  const std::string id = (*lease)->id();
+  lease->Return();
+  std::string file;
+  Run(store, id, Req(testing::TestIds(12, 259, 5), 2, false));
+  Journal(store, id, file);
+  int calls = 0;
+  auto back = RestoreJournal(file, *model_, kFingerprint, [&] { ++calls; });
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(calls, 1);
+  calls = 0;
+  std::string bad = file;
+  bad[0] ^= 1;
+  EXPECT_FALSE(RestoreJournal(bad, *model_, kFingerprint, [&] { ++calls; }).ok());
+  EXPECT_EQ(calls, 0);
 }
 
 }  // namespace

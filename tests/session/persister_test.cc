@@ -89,6 +89,12 @@ class PersisterTest : public ::testing::Test {
     EXPECT_TRUE((*job)->result().status.ok()) << (*job)->result().status;
     return ids;
   }
+  // RestoreAll into store_, as the server does.
+  SessionPersister::RestoreReport Restore() {
+    return persister_->RestoreAll([&](std::unique_ptr<Session> s, const std::string& moving_to) {
+      return store_->InstallRestored(std::move(s), moving_to);
+    });
+  }
   std::vector<int32_t> Run(const std::string& id, GenerationRequest r) {
     return Run(*engine_, *store_, id, std::move(r));
   }
@@ -139,8 +145,7 @@ TEST_F(PersisterTest, FilesFollowTheCallsAndARestartRestoresEverySession) {
 
   // "Restart": a new persister, store and engine on the same directory.
   ASSERT_NO_FATAL_FAILURE(Start());
-  auto report = persister_->RestoreAll(
-      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  auto report = Restore();
   EXPECT_EQ(report.restored, 3u);
   EXPECT_EQ(report.quarantined, 0u);
   EXPECT_EQ(store_->num_sessions(), 3u);
@@ -193,8 +198,7 @@ TEST_F(PersisterTest, TheTtlSpillsAndTheNextCallReadsBack) {
   StoreOptions aged;
   aged.max_age = std::chrono::milliseconds(1);
   ASSERT_NO_FATAL_FAILURE(Start(aged));
-  persister_->RestoreAll(
-      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  Restore();
   ASSERT_EQ(store_->num_sessions(), 1u);
   EXPECT_EQ(store_->ReapIdle(Clock::now() + std::chrono::seconds(1)), 1u);
   EXPECT_EQ(store_->num_sessions(), 0u);
@@ -248,8 +252,7 @@ TEST_F(PersisterTest, TheMemoryBudgetSpillsInsteadOfRefusing) {
 
   // A restart: what does not fit is installed spilled; all continue.
   ASSERT_NO_FATAL_FAILURE(Start(so));
-  auto report = persister_->RestoreAll(
-      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  auto report = Restore();
   EXPECT_EQ(report.restored, static_cast<size_t>(kSessions));
   EXPECT_GE(store_->num_spilled(), static_cast<size_t>(kSessions - 4));
   for (int i = 0; i < kSessions; ++i) {
@@ -290,8 +293,7 @@ TEST_F(PersisterTest, AFailedWriteKeepsTheCallAndTheNextRecordRewrites) {
   // And it restores at that call.
   const size_t tokens = store_->Get(id)->tokens;
   ASSERT_NO_FATAL_FAILURE(Start());
-  persister_->RestoreAll(
-      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  Restore();
   EXPECT_EQ(store_->Get(id)->tokens, tokens);
 }
 
@@ -318,8 +320,7 @@ TEST_F(PersisterTest, ACorruptFileIsQuarantinedAndTheOthersLoad) {
   }
   std::ofstream(dir_ / "notes.cqsj") << "not a session";
   ASSERT_NO_FATAL_FAILURE(Start());
-  auto report = persister_->RestoreAll(
-      [&](std::unique_ptr<Session> s) { return store_->InstallRestored(std::move(s)); });
+  auto report = Restore();
   EXPECT_EQ(report.restored, 2u);
   EXPECT_EQ(report.quarantined, 2u);
   EXPECT_TRUE(fs::exists(dir_ / "quarantine" / (ids[1] + ".cqsj")));
@@ -327,6 +328,70 @@ TEST_F(PersisterTest, ACorruptFileIsQuarantinedAndTheOthersLoad) {
   EXPECT_FALSE(store_->Get(ids[1]).has_value());
   EXPECT_TRUE(store_->Get(ids[0]).has_value());
   EXPECT_TRUE(store_->Get(ids[2]).has_value());
+}
+
+// A move to a peer cut by a crash (its mark left on disk): the restart
+// holds the session in doubt (spilled, listed, every call UNAVAILABLE)
+// until the peers answer. A peer that holds it: released here, its file
+// deleted. None: it stays, and continues exactly where it was. A mark whose
+// session file is gone (the move completed) is deleted; a move that ended
+// (ClearMoving) leaves no mark.
+TEST_F(PersisterTest, AMoveCutByACrashIsHeldInDoubtUntilSettled) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(NewSession(*store_));
+    Run(ids[i], Req(testing::TestIds(10, 259, i), 3));
+  }
+  ASSERT_TRUE(persister_->MarkMoving(ids[0], "10.0.0.7:50051").ok());
+  ASSERT_TRUE(persister_->MarkMoving(ids[1], "10.0.0.7:50051").ok());
+  ASSERT_TRUE(persister_->MarkMoving("0123456789abcdef0123456789abcdef", "10.0.0.7:50051").ok());
+  ASSERT_TRUE(persister_->MarkMoving(ids[2], "10.0.0.8:50051").ok());
+  persister_->ClearMoving(ids[2]);  // a move that ended: no mark
+  EXPECT_FALSE(fs::exists(dir_ / (ids[2] + ".moving")));
+  const size_t tokens1 = store_->Get(ids[1])->tokens;
+  engine_.reset();
+  store_.reset();
+  persister_.reset();
+
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const auto report = Restore();
+  EXPECT_EQ(report.restored, 3u);
+  EXPECT_EQ(report.in_doubt, 2u);
+  // The mark of a session with no file: the move had completed.
+  EXPECT_FALSE(fs::exists(dir_ / "0123456789abcdef0123456789abcdef.moving"));
+  const auto doubt = store_->InDoubt();
+  ASSERT_EQ(doubt.size(), 2u);
+  EXPECT_EQ(doubt[0].second, "10.0.0.7:50051");
+  for (int i : {0, 1}) {
+    auto snap = store_->Get(ids[i]);
+    ASSERT_TRUE(snap.has_value());
+    EXPECT_TRUE(snap->spilled);
+    EXPECT_EQ(snap->moving_to, "10.0.0.7:50051");
+    EXPECT_EQ(snap->memory.total(), 0u);
+    auto peek = store_->Peek(ids[i]);
+    EXPECT_EQ(peek.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(peek.status().message().find("10.0.0.7:50051"), std::string::npos);
+    EXPECT_EQ(store_->Acquire(ids[i]).status().code(), absl::StatusCode::kUnavailable);
+  }
+  EXPECT_TRUE(store_->Get(ids[2])->moving_to.empty());
+  EXPECT_TRUE(store_->Peek(ids[2]).ok());
+
+  // ids[0]: a peer holds it.
+  store_->SettleMove(ids[0], std::string("10.0.0.7:50051"));
+  EXPECT_FALSE(store_->Get(ids[0]).has_value());
+  EXPECT_FALSE(fs::exists(FileOf(ids[0])));
+  // ids[1]: no peer does; it stays and runs on.
+  store_->SettleMove(ids[1], std::nullopt);
+  ASSERT_TRUE(store_->Get(ids[1]).has_value());
+  EXPECT_TRUE(store_->Get(ids[1])->moving_to.empty());
+  EXPECT_TRUE(fs::exists(FileOf(ids[1])));
+  EXPECT_EQ(store_->Get(ids[1])->tokens, tokens1);
+  Run(ids[1], Req(testing::TestIds(3, 259, 40), 3));
+  EXPECT_GT(store_->Get(ids[1])->tokens, tokens1);
+  EXPECT_TRUE(store_->InDoubt().empty());
+  // Settled, the marks are gone (a release deletes it with the file).
+  for (int i : {0, 1}) EXPECT_FALSE(fs::exists(dir_ / (ids[i] + ".moving")));
 }
 
 }  // namespace

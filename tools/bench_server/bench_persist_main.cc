@@ -2,7 +2,8 @@
 // disk's own sequential speed measured in the same run (issue 18, item 6).
 //
 //   cortiq-bench-persist [--shape qwen3-0.6b] [--dtype bf16] [--positions 2180]
-//                        [--kv f32|int8] [--turns 5] [--dir /tmp/cortiq-bench-state]
+//                        [--kv f32|int8] [--turns 5] [--restore-runs 5]
+//                        [--dir /tmp/cortiq-bench-state]
 //
 // One cortiq server runs in this process with --state-dir DIR (--persist-sync
 // turn). A kept session is filled with `positions` random K/V rows per layer
@@ -15,13 +16,15 @@
 //      new rows) and the writer's (write + fdatasync, off the engine
 //      thread), each against one decode step of the same calls;
 //   3. restore: the session file's pages evicted, read back into a session
-//      (SessionPersister::Load: map + RestoreJournal) against the cold read;
+//      (SessionPersister::Load: map + RestoreJournal) against a cold read of
+//      the probe just before it, `restore-runs` times (the median ratio);
 //   4. time to first token of a spilled session's next turn (the file's
 //      pages evicted: read back from disk, then the turn's prompt) against
 //      re-prefilling the same history in a fresh session.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -56,13 +59,13 @@ void Evict(const std::string& path) {
   ::close(fd);
 }
 
-// The disk's sequential speed for `bytes`: written with fdatasync, read
-// back cold. MB/s each.
-std::pair<double, double> DiskSpeed(const std::string& dir, size_t bytes) {
-  const std::string path = dir + "/disk-probe";
+// The disk's sequential speed for `bytes`: a probe file written with
+// fdatasync (MB/s), kept for ColdRead.
+double WriteProbe(const std::string& path, size_t bytes) {
   std::vector<char> block(8 << 20);
   for (size_t i = 0; i < block.size(); ++i) block[i] = char(i * 2654435761u >> 13);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) Die("open " + path);
   const auto t0 = Clock::now();
   for (size_t done = 0; done < bytes; done += block.size()) {
     if (::write(fd, block.data(), std::min(block.size(), bytes - done)) < 0) Die("write probe");
@@ -70,15 +73,27 @@ std::pair<double, double> DiskSpeed(const std::string& dir, size_t bytes) {
   ::fdatasync(fd);
   const double w = Seconds(Clock::now() - t0);
   ::close(fd);
+  return double(bytes) / w / 1e6;
+}
+
+// A plain sequential read of a file from the disk (its pages evicted first)
+// into an 8 MB buffer: MB/s.
+double ColdRead(const std::string& path) {
   Evict(path);
-  fd = ::open(path.c_str(), O_RDONLY);
-  const auto t1 = Clock::now();
+  std::vector<char> block(8 << 20);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) Die("open " + path);
+  const auto t0 = Clock::now();
   size_t got = 0;
   for (ssize_t n; (n = ::read(fd, block.data(), block.size())) > 0;) got += size_t(n);
-  const double r = Seconds(Clock::now() - t1);
+  const double r = Seconds(Clock::now() - t0);
   ::close(fd);
-  fs::remove(path);
-  return {double(bytes) / w / 1e6, double(got) / r / 1e6};
+  return double(got) / r / 1e6;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 struct Turn {
@@ -176,7 +191,7 @@ std::string MakeBigSession(cortiq::server::Server& s, size_t positions, bool int
 
 int main(int argc, char** argv) {
   std::string shape = "qwen3-0.6b", dtype = "bf16", dir = "/tmp/cortiq-bench-state";
-  size_t positions = 2180, turns = 5, restore_loops = 0;
+  size_t positions = 2180, turns = 5, restore_loops = 0, restore_runs = 5;
   bool int8 = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -193,12 +208,14 @@ int main(int argc, char** argv) {
       int8 = next() == "int8";
     } else if (a == "--dir") {
       dir = next();
+    } else if (a == "--restore-runs") {
+      (void)absl::SimpleAtoi(next(), &restore_runs);
     } else if (a == "--restore-loops") {  // profiling: only hot restores, this many
       (void)absl::SimpleAtoi(next(), &restore_loops);
     } else {
       std::fprintf(stderr,
                    "usage: cortiq-bench-persist [--shape S] [--dtype D] [--positions N] "
-                   "[--kv f32|int8] [--turns T] [--dir DIR]\n");
+                   "[--kv f32|int8] [--turns T] [--restore-runs R] [--dir DIR]\n");
       return 2;
     }
   }
@@ -238,9 +255,9 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  const auto [disk_w, disk_r] = DiskSpeed(dir, file_bytes);
-  std::printf("disk (%s): write+fdatasync %.0f MB/s, cold read %.0f MB/s\n", dir.c_str(), disk_w,
-              disk_r);
+  const std::string probe = dir + "/disk-probe";
+  const double disk_w = WriteProbe(probe, file_bytes);
+  std::printf("disk (%s): write+fdatasync %.0f MB/s\n", dir.c_str(), disk_w);
 
   // 2. A turn's append.
   double step_s = 0, write_s = 0, prepare_s = 0;
@@ -267,14 +284,26 @@ int main(int argc, char** argv) {
       record_bytes / 1e6 / turns, step_s * 1e3, prepare_s * 1e3, 100 * prepare_s / step_s,
       write_s * 1e3, 100 * write_s / step_s, 100 * write_s / (16 * step_s));
 
-  // 3. Restore from a cold file.
+  // 3. Restore from a cold file, against a plain cold read of the probe
+  // (same size) just before it; the disk's speed drifts from run to run.
   const size_t restored_bytes = fs::file_size(file);
-  Evict(file);
-  const auto r0 = Clock::now();
-  auto loaded = p.Load(id);
-  const double restore_s = Seconds(Clock::now() - r0);
-  if (!loaded.ok()) Die(std::string(loaded.status().message()));
-  loaded->reset();
+  std::vector<double> ratios, reads;
+  for (size_t run = 0; run < restore_runs; ++run) {
+    const double disk_r = ColdRead(probe);
+    Evict(file);
+    const auto r0 = Clock::now();
+    auto loaded = p.Load(id);
+    const double restore_s = Seconds(Clock::now() - r0);
+    if (!loaded.ok()) Die(std::string(loaded.status().message()));
+    loaded->reset();
+    const double restore_mbs = restored_bytes / restore_s / 1e6;
+    std::printf(
+        "restore of %.1f MB from a cold file: %.3f s, %.0f MB/s; cold read %.0f MB/s: %.0f %%\n",
+        restored_bytes / 1e6, restore_s, restore_mbs, disk_r, 100 * restore_mbs / disk_r);
+    ratios.push_back(restore_mbs / disk_r);
+    reads.push_back(disk_r);
+  }
+  fs::remove(probe);
   const auto h0 = Clock::now();  // the file's pages now cached: the CPU's part alone
   auto hot = p.Load(id);
   const double hot_s = Seconds(Clock::now() - h0);
@@ -282,9 +311,8 @@ int main(int argc, char** argv) {
   hot->reset();
   std::printf("restore from the page cache (the CPU's part): %.3f s, %.0f MB/s\n", hot_s,
               restored_bytes / hot_s / 1e6);
-  const double restore_mbs = restored_bytes / restore_s / 1e6;
-  std::printf("restore of %.1f MB from a cold file: %.3f s, %.0f MB/s = %.0f %% of the cold read\n",
-              restored_bytes / 1e6, restore_s, restore_mbs, 100 * restore_mbs / disk_r);
+  std::printf("restore, median of %zu cold runs: %.0f %% of the cold read (%.0f MB/s)\n",
+              ratios.size(), 100 * Median(ratios), Median(reads));
 
   // 4. A spilled session's next turn against re-prefilling its history.
   const size_t history = s.store().Get(id)->tokens;
@@ -296,7 +324,8 @@ int main(int argc, char** argv) {
   std::printf(
       "time to first token, %zu-token history + 8: spilled (read back cold) %.3f s, re-prefill "
       "%.3f s: %.1f %% (1/%.0f)\n",
-      history, spilled.ttft, fresh.ttft, 100 * spilled.ttft / fresh.ttft, fresh.ttft / spilled.ttft);
+      history, spilled.ttft, fresh.ttft, 100 * spilled.ttft / fresh.ttft,
+      fresh.ttft / spilled.ttft);
   s.store().Release(id);
   (*started).reset();
   fs::remove_all(dir);
