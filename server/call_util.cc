@@ -163,6 +163,7 @@ void ToProto(const session::SessionSnapshot& s, std::string_view node, v1::Sessi
   out->set_ttl_remaining_seconds(s.ttl_remaining_seconds);
   out->set_spilled(s.spilled);
   out->set_disk_bytes(s.disk_bytes);
+  out->set_moving_to(s.moving_to);
 }
 
 v1::FinishReason ToProto(session::FinishReason r) {

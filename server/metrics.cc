@@ -226,7 +226,16 @@ class Metrics::LiveState : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out;
     if (store_ != nullptr) CollectStore(out);
-    if (persister_ != nullptr) CollectPersister(*persister_, out);
+    if (persister_ != nullptr) {
+      CollectPersister(*persister_, out);
+      if (store_ != nullptr) {
+        out.push_back(GaugeFamily(
+            "cortiq_sessions_in_doubt",
+            "Sessions restored in doubt: their move to a peer was cut by a crash of this node; "
+            "calls naming them get UNAVAILABLE until the peers say whether one holds them.",
+            static_cast<double>(store_->InDoubt().size())));
+      }
+    }
     if (const session::Engine* e = engine_.load(std::memory_order_acquire)) CollectEngine(*e, out);
     if (model_ != nullptr) {
       out.push_back(GaugeFamily("cortiq_qsa_backend_live_bytes",
