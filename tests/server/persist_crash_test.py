@@ -21,6 +21,12 @@
   4. Disk full: under RLIMIT_FSIZE (and, as root, on a small tmpfs) calls on
      kept sessions still succeed while cortiq_persist_failures_total counts
      the failed writes, and the server serves the next call.
+  5. A move to a peer cut by SIGKILL of the source (failpoints): (a) after
+     the peer's import, the restarted source settles by asking the peers and
+     releases its copy; (b) before the send, it keeps the session; (c) while
+     a peer is silent the session stays in doubt (UNAVAILABLE, moving_to,
+     cortiq_sessions_in_doubt) and settles once it is dropped. Each time
+     exactly one node serves it, continuing as an uncrashed reference.
 
   persist_crash_test.py --server-bin BIN --proto-py DIR --workdir DIR
 
@@ -761,7 +767,7 @@ def migration_checks():
     peers answer; then exactly one node has it."""
     work = Path(ARGS.workdir)
 
-    def cut_move(failpoint, tag):
+    def cut_move(failpoint, tag, restart_peers=()):
         b_dir, a_dir = work / f"mig-{tag}-b", work / f"mig-{tag}-a"
         b = Server(f"mig-{tag}-b", ["--state-dir", str(b_dir)])
         a_flags = ["--state-dir", str(a_dir), "--peers", b.address]
@@ -790,7 +796,7 @@ def migration_checks():
         mark = a_dir / f"{sid}.moving"
         assert mark.exists(), f"{mark.name}: no mark left by the cut move"
         assert (a_dir / f"{sid}{SUFFIX}").exists(), "the source's file is gone"
-        a = Server(f"mig-{tag}-a2", a_flags)
+        a = Server(f"mig-{tag}-a2", a_flags[:-1] + [",".join([b.address, *restart_peers])])
         return a, b, sid, want, cont, mark
 
     def after_import():
@@ -828,9 +834,38 @@ def migration_checks():
         expect_not_found(b.stub, sid)
         return "no peer held it: the source kept it, continuation equal"
 
+    def silent_peer():
+        # A peer that does not answer (port 1: refused) keeps the session in
+        # doubt: listed with moving_to, calls UNAVAILABLE, the gauge at 1,
+        # for as long as it stays silent; a restart without it settles.
+        a, b, sid, want, cont, mark = cut_move("migrate-before-send", "silent", ["127.0.0.1:1"])
+        asked = poll(lambda: a.log_text().count(f"session {sid}: still in doubt") >= 2, timeout=20)
+        assert asked, "no second attempt logged within 20 s"
+        info = get_session(a.stub, sid)
+        assert info.moving_to == b.address and info.spilled, (
+            f"moving_to {info.moving_to!r} (want {b.address}), spilled {info.spilled}")
+        assert a.metric("cortiq_sessions_in_doubt") == 1, "cortiq_sessions_in_doubt != 1"
+        try:
+            generate(a.stub, session_id=sid, **cont)
+            raise AssertionError("a call on a session in doubt succeeded")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, f"Generate: {e.code().name}"
+            assert b.address in e.details(), e.details()
+        a.kill9()  # (SIGTERM would drain toward the silent peer)
+        a = Server("mig-silent-a3", ["--state-dir", str(work / "mig-silent-a"), "--peers",
+                                     b.address])
+        got = poll(lambda: a.metric("cortiq_sessions_in_doubt") == 0, timeout=20)
+        assert got, "still in doubt after the silent peer was dropped"
+        out, _ = generate(a.stub, session_id=sid, **cont)
+        assert out == want, f"continuation {out[:8]} != reference {want[:8]}"
+        assert not mark.exists(), "the mark survived the settlement"
+        return "in doubt while a peer was silent (UNAVAILABLE, moving_to, gauge 1); settled after"
+
     check("5a a move cut after the peer's import: one copy, on the peer", after_import)
     kill_all()
     check("5b a move cut before the send: one copy, on the source", before_send)
+    kill_all()
+    check("5c a silent peer keeps the session in doubt", silent_peer)
 
 
 def main():
