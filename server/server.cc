@@ -257,6 +257,14 @@ void Server::SettleMoves() {
   const std::vector<std::pair<std::string, std::string>> doubt = store_->InDoubt();
   if (doubt.empty() && settling_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
+  // At most this many lookups of its own in flight: the router's share of
+  // lookups (SessionRouter::Options::max_lookups) stays with the clients'.
+  constexpr size_t kMaxSettleLookups = 8;
+  size_t in_flight = 0;
+  {
+    std::lock_guard lock(settle_mu_);
+    for (const auto& [id, s] : settling_) in_flight += s.in_flight ? 1 : 0;
+  }
   std::set<std::string> live;
   for (const auto& [id, peer] : doubt) {
     live.insert(id);
@@ -268,7 +276,7 @@ void Server::SettleMoves() {
       if (s.answer) {
         answer = std::move(s.answer);
         s.answer.reset();
-      } else if (now < s.next_try) {
+      } else if (now < s.next_try || in_flight >= kMaxSettleLookups) {
         continue;
       }
     }
@@ -292,6 +300,7 @@ void Server::SettleMoves() {
       std::lock_guard lock(settle_mu_);
       settling_[id].in_flight = true;
     }
+    ++in_flight;
     SessionRouter::LookupCall call;
     call.deadline = std::chrono::system_clock::now() + config_.peer_connect_timeout;
     call.metadata = OnBehalfMetadata(*ctx_, Caller{"", Role::kAdmin}, "");
