@@ -17,6 +17,7 @@
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine_test_util.h"
 #include "tests/common/model_test_util.h"
 
 namespace cortiq::session {
@@ -58,13 +59,7 @@ class PersisterTest : public ::testing::Test {
   }
 
   static GenerationRequest Req(std::vector<int32_t> prompt, size_t n, bool sampled = false) {
-    GenerationRequest r;
-    r.prompt = std::move(prompt);
-    r.max_tokens = n;
-    r.ignore_eos = true;
-    r.sampling.temperature = sampled ? 0.9f : 0.0f;
-    r.sampling.seed = 5;
-    return r;
+    return testing::FixedRequest(std::move(prompt), n, sampled, /*seed=*/5);
   }
 
   // As the server runs a call: Peek (a spilled session is read back), plan,

@@ -16,6 +16,7 @@
 #include "core/session/session_store.h"
 #include "core/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine_test_util.h"
 #include "tests/common/model_test_util.h"
 #include "tests/fuzz/wire_fuzz_util.h"
 
@@ -31,52 +32,16 @@ class SessionWireTest : public ::testing::Test {
     engine_ = std::make_unique<Engine>(*model_, *tok_, EngineOptions{});
   }
 
-  static SessionConfig Mode(int mode) {
-    SessionConfig c;
-    if (mode == 1) c.kv_mode = kv::KvMode::kInt8;
-    if (mode == 2) {
-      c.attention = AttentionMode::kO1;
-      c.o1.layers = {0, 1};
-      c.o1.m = 8;
-      c.o1.w = 16;
-      c.o1.sink = 2;
-    }
-    if (mode == 3) {
-      c.attention = AttentionMode::kQsa;
-      auto q = model::MakeQsaConfig("all", 16, 4, 2);
-      EXPECT_TRUE(q.ok());
-      c.qsa = *q;
-    }
-    if (mode == 4) {  // sink + window, small enough that rows are dropped
-      c.attention = AttentionMode::kWindow;
-      auto w = attention::MakeWindowConfig("all", 2, 8, 2);
-      EXPECT_TRUE(w.ok());
-      c.window = *w;
-    }
-    return c;
-  }
+  static SessionConfig Mode(int mode) { return testing::ModeConfig(mode); }
 
-  GenerationRequest Req(std::vector<int32_t> prompt, size_t n, bool sampled) {
-    GenerationRequest r;
-    r.prompt = std::move(prompt);
-    r.max_tokens = n;
-    r.ignore_eos = true;
-    r.sampling.temperature = sampled ? 0.9f : 0.0f;
-    r.sampling.seed = 77;
+  static GenerationRequest Req(std::vector<int32_t> prompt, size_t n, bool sampled) {
+    GenerationRequest r = testing::FixedRequest(std::move(prompt), n, sampled);
     r.seed_given = false;  // a continuation keeps the session's RNG
     return r;
   }
 
   std::vector<int32_t> Run(SessionStore& store, const std::string& id, GenerationRequest r) {
-    auto lease = store.Acquire(id);
-    EXPECT_TRUE(lease.ok()) << lease.status();
-    auto job = engine_->Submit(*std::move(lease), std::move(r));
-    EXPECT_TRUE(job.ok());
-    std::vector<int32_t> ids;
-    GenerationEvent ev;
-    while ((*job)->WaitPop(&ev)) ids.push_back(ev.token_id);
-    EXPECT_TRUE((*job)->result().status.ok()) << (*job)->result().status;
-    return ids;
+    return testing::RunKept(*engine_, store, id, std::move(r));
   }
 
   // A kept session of `mode` after a 150-token prompt and 10 generated tokens.
