@@ -213,9 +213,9 @@ void Server::RestoreSessions() {
         return store_->InstallRestored(std::move(s), moving_to);
       });
   spdlog::info(
-      "state: restored {} session(s) ({} of them spilled: beyond the memory budget, or in doubt), {:.1f} MB in "
-      "{:.3f} s ({:.0f} MB/s); {} quarantined, {} torn tail(s) dropped, {} not installed, {} in "
-      "doubt (a move to a peer cut by the crash)",
+      "state: restored {} session(s) ({} of them spilled: beyond the memory budget, or in "
+      "doubt), {:.1f} MB in {:.3f} s ({:.0f} MB/s); {} quarantined, {} torn tail(s) dropped, {} "
+      "not installed, {} in doubt (a move to a peer cut by the crash)",
       r.restored, store_->num_spilled(), r.bytes / 1e6, r.seconds,
       r.seconds > 0 ? r.bytes / 1e6 / r.seconds : 0.0, r.quarantined, r.torn, r.refused,
       r.in_doubt);
@@ -255,14 +255,15 @@ void Server::ReaperLoop() {
 
 void Server::SettleMoves() {
   const std::vector<std::pair<std::string, std::string>> doubt = store_->InDoubt();
-  if (doubt.empty() && settling_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
   // At most this many lookups of its own in flight: the router's share of
   // lookups (SessionRouter::Options::max_lookups) stays with the clients'.
   constexpr size_t kMaxSettleLookups = 8;
   size_t in_flight = 0;
   {
+    // (The lookups' callbacks write settling_ on gRPC threads.)
     std::lock_guard lock(settle_mu_);
+    if (doubt.empty() && settling_.empty()) return;
     for (const auto& [id, s] : settling_) in_flight += s.in_flight ? 1 : 0;
   }
   std::set<std::string> live;

@@ -237,8 +237,6 @@ absl::StatusOr<JournalRecord> BuildJournalRecord(const Session& session,
   return out;
 }
 
-namespace {}  // namespace
-
 // Session's friend: the restore rebuilds the attention state of a session
 // it owns and nobody else sees (as the wire import does through its named
 // operations; a journal's rows go straight into the caches).
@@ -294,17 +292,26 @@ absl::Status SkipLayer(ByteReader& r, size_t l, uint8_t kind, uint64_t count, si
   return absl::OkStatus();
 }
 
+// The start of a turn record, as far as the restore's planning reads it:
+// the positions it keeps and those it reaches. Leaves `r` after them (at
+// the held-back bytes). False when the record is too short to say.
+bool ReadTurnPositions(ByteReader& r, uint64_t* keep_cached, uint64_t* new_cached) {
+  uint64_t keep_tokens, n;
+  std::string_view tokens;
+  return r.U64(&keep_tokens) && r.U64(keep_cached) && r.U64(&n) && n <= r.remaining() / 4 &&
+         r.Bytes(n * 4, &tokens) && r.U64(new_cached);
+}
+
 // Reads a turn record's layer headers and nothing else (a cold file: the
 // restore reads these scattered small pieces before it streams the file in
 // from the start, so they do not queue behind its large reads).
 void WalkTurn(std::string_view payload, size_t layers, size_t H, size_t per) {
   ByteReader r(payload);
-  uint64_t kt, kc, n, c;
+  uint64_t kc, c;
   uint32_t p, sampler_len, count_layers;
   uint8_t has_sampler, kind;
   std::string_view skipped;
-  if (!r.U64(&kt) || !r.U64(&kc) || !r.U64(&n) || n > r.remaining() / 4 ||
-      !r.Bytes(n * 4, &skipped) || !r.U64(&c) || c < kc || !r.U32(&p) || !r.Bytes(p, &skipped) ||
+  if (!ReadTurnPositions(r, &kc, &c) || c < kc || !r.U32(&p) || !r.Bytes(p, &skipped) ||
       !r.U8(&has_sampler) || !r.U32(&sampler_len) || !r.Bytes(sampler_len, &skipped) ||
       !r.U32(&count_layers) || count_layers != layers) {
     return;
@@ -571,10 +578,8 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     reserve = 0;
     for (size_t i = 1; i < end; ++i) {
       ByteReader r(records[i].payload);
-      uint64_t kt, kc, n, c = 0;
-      std::string_view skipped;
-      if (r.U64(&kt) && r.U64(&kc) && r.U64(&n) && n <= r.remaining() / 4 &&
-          r.Bytes(n * 4, &skipped) && r.U64(&c)) {
+      uint64_t kc, c;
+      if (ReadTurnPositions(r, &kc, &c)) {
         if (kc == 0) {
           base = i;
           reserve = 0;

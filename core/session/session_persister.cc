@@ -198,6 +198,10 @@ SessionPersister::~SessionPersister() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::string SessionPersister::MovingPathOf(const std::string& id) const {
+  return (fs::path(options_.dir) / (id + std::string(kMovingSuffix))).string();
+}
+
 std::string SessionPersister::PathOf(const std::string& id) const {
   return (fs::path(options_.dir) / (id + std::string(kJournalSuffix))).string();
 }
@@ -507,7 +511,7 @@ bool SessionPersister::Write(const std::string& id, const JournalRecord& record)
 }
 
 absl::Status SessionPersister::MarkMoving(const std::string& id, const std::string& peer) {
-  const std::string path = (fs::path(options_.dir) / (id + std::string(kMovingSuffix))).string();
+  const std::string path = MovingPathOf(id);
   const std::string tmp = path + std::string(kTmpSuffix);
   const std::string body = peer.substr(0, kMaxPeerBytes);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -525,7 +529,7 @@ absl::Status SessionPersister::MarkMoving(const std::string& id, const std::stri
 }
 
 void SessionPersister::ClearMoving(const std::string& id) {
-  const std::string path = (fs::path(options_.dir) / (id + std::string(kMovingSuffix))).string();
+  const std::string path = MovingPathOf(id);
   if (::unlink(path.c_str()) == 0) SyncDir();
 }
 
@@ -535,7 +539,7 @@ void SessionPersister::Unlink(const std::string& id) {
   ::unlink((path + std::string(kTmpSuffix)).c_str());
   // A move's mark after the file it guards (a crash in between leaves a
   // mark without a file, which the restore deletes).
-  ::unlink((fs::path(options_.dir) / (id + std::string(kMovingSuffix))).c_str());
+  ::unlink(MovingPathOf(id).c_str());
   if (options_.sync != PersistSync::kNone) SyncDir();
   std::unique_lock lock(mu_);
   sizes_.erase(id);

@@ -155,6 +155,8 @@ class SessionPersister {
   uint64_t FileBytes(const std::string& id) const;
   const PersisterOptions& options() const { return options_; }
   std::string PathOf(const std::string& id) const;
+  // DIR/<id>.moving: the mark of a move to a peer (MarkMoving).
+  std::string MovingPathOf(const std::string& id) const;
 
  private:
   SessionPersister(const model::Transformer& model, PersisterOptions options);

@@ -40,6 +40,16 @@ class JournalTest : public ::testing::Test {
     return testing::RunKept(*engine_, store, id, std::move(r));
   }
 
+  // A new kept session of `mode` in `store`, unleased: its id ("" on failure).
+  std::string NewSession(SessionStore& store, int mode, std::string tenant = "") {
+    auto lease = store.Create(*model_, Mode(mode), 0, std::move(tenant));
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (!lease.ok()) return "";
+    std::string id = (*lease)->id();
+    lease->Return();
+    return id;
+  }
+
   // Appends (or rewrites) `id`'s record to `file`, as the persister would,
   // and returns the record's size.
   size_t Journal(SessionStore& store, const std::string& id, std::string& file,
@@ -137,10 +147,8 @@ TEST_F(JournalTest, EveryTurnRestoresExactlyInEveryMode) {
       for (bool sampled : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "mode " << mode << " sampled " << sampled);
         SessionStore store({});
-        auto lease = store.Create(*model_, Mode(mode), 0, "team-a");
-        ASSERT_TRUE(lease.ok()) << lease.status();
-        const std::string id = (*lease)->id();
-        lease->Return();
+        const std::string id = NewSession(store, mode, "team-a");
+        ASSERT_FALSE(id.empty());
         std::string file;
         GenerationRequest first = Req(testing::TestIds(70, 259, 5), 9, sampled);
         first.seed_given = true;
@@ -171,10 +179,8 @@ TEST_F(JournalTest, EveryTurnRestoresExactlyInEveryMode) {
 // tokens, not with the session.
 TEST_F(JournalTest, ATurnCostsItsNewRowsOnly) {
   SessionStore store({});
-  auto lease = store.Create(*model_, Mode(0), 0);
-  ASSERT_TRUE(lease.ok());
-  const std::string id = (*lease)->id();
-  lease->Return();
+  const std::string id = NewSession(store, 0);
+  ASSERT_FALSE(id.empty());
   std::string file;
   Run(store, id, Req(testing::TestIds(200, 259, 5), 4, false));
   const size_t whole = Journal(store, id, file);
@@ -202,10 +208,8 @@ TEST_F(JournalTest, RollbacksRestoreExactlyAndCompactionBoundsTheFile) {
   for (int mode : {0, 1, 3, 4}) {
     SCOPED_TRACE(::testing::Message() << "mode " << mode);
     SessionStore store({});
-    auto lease = store.Create(*model_, Mode(mode), 0);
-    ASSERT_TRUE(lease.ok());
-    const std::string id = (*lease)->id();
-    lease->Return();
+    const std::string id = NewSession(store, mode);
+    ASSERT_FALSE(id.empty());
     std::string file;
     std::vector<int32_t> conversation = testing::TestIds(60, 259, 5);
     Run(store, id, Req(conversation, 4, false));
@@ -251,10 +255,8 @@ TEST_F(JournalTest, RollbacksRestoreExactlyAndCompactionBoundsTheFile) {
 // DATA_LOSS naming the record; another model's file FAILED_PRECONDITION.
 TEST_F(JournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
   SessionStore store({});
-  auto lease = store.Create(*model_, Mode(1), 0);
-  ASSERT_TRUE(lease.ok());
-  const std::string id = (*lease)->id();
-  lease->Return();
+  const std::string id = NewSession(store, 1);
+  ASSERT_FALSE(id.empty());
   std::string file;
   Run(store, id, Req(testing::TestIds(20, 259, 5), 3, true));
   Journal(store, id, file);
@@ -317,10 +319,8 @@ TEST_F(JournalTest, AStartOverSupersedesTheRowsBeforeItUnlessItIsTorn) {
   for (int mode : {0, 1, 3}) {
     SCOPED_TRACE(::testing::Message() << "mode " << mode);
     SessionStore store({});
-    auto lease = store.Create(*model_, Mode(mode), 0);
-    ASSERT_TRUE(lease.ok());
-    const std::string id = (*lease)->id();
-    lease->Return();
+    const std::string id = NewSession(store, mode);
+    ASSERT_FALSE(id.empty());
     std::string file;
     Run(store, id, Req(testing::TestIds(8, 259, 5), 2, false));
     Journal(store, id, file);
@@ -369,10 +369,8 @@ TEST_F(JournalTest, AStartOverSupersedesTheRowsBeforeItUnlessItIsTorn) {
 // streamed, once; a file it refuses early is never streamed.
 TEST_F(JournalTest, TheFileIsStreamedOnceAfterItsLayoutIsRead) {
   SessionStore store({});
-  auto lease = store.Create(*model_, Mode(0), 0);
-  ASSERT_TRUE(lease.ok());
-  const std::string id = (*lease)->id();
-  lease->Return();
+  const std::string id = NewSession(store, 0);
+  ASSERT_FALSE(id.empty());
   std::string file;
   Run(store, id, Req(testing::TestIds(12, 259, 5), 2, false));
   Journal(store, id, file);
