@@ -143,6 +143,14 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// RestoreJournal over a mapped file, streamed in once its layout is read.
+absl::StatusOr<RestoredJournal> RestoreMapped(const MappedFile& file,
+                                              const model::Transformer& model,
+                                              uint64_t fingerprint) {
+  std::optional<MappedFile::StreamAhead> ahead;
+  return RestoreJournal(file.view(), model, fingerprint, [&] { ahead.emplace(file); });
+}
+
 }  // namespace
 
 std::string_view PersistSyncName(PersistSync sync) {
@@ -253,12 +261,7 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& inst
       continue;
     }
     report.bytes += file->view().size();
-    absl::StatusOr<RestoredJournal> back;
-    {
-      std::optional<MappedFile::StreamAhead> ahead;
-      back =
-          RestoreJournal(file->view(), model_, options_.fingerprint, [&] { ahead.emplace(*file); });
-    }
+    absl::StatusOr<RestoredJournal> back = RestoreMapped(*file, model_, options_.fingerprint);
     if (!back.ok()) {
       quarantine(path, std::string(back.status().message()));
       continue;
@@ -581,9 +584,7 @@ absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::strin
           "session ", id,
           ": its spilled state cannot be read back: its file: ", file.status().message()));
     }
-    std::optional<MappedFile::StreamAhead> ahead;
-    back =
-        RestoreJournal(file->view(), model_, options_.fingerprint, [&] { ahead.emplace(*file); });
+    back = RestoreMapped(*file, model_, options_.fingerprint);
   }
   if (back.ok() && (back->torn_bytes > 0 || back->session->id() != id)) {
     back = absl::DataLossError("the file does not end with the session's last record");
