@@ -32,18 +32,23 @@ namespace {
 // and safer than parking the request and resuming it from the engine thread
 // when the lease returns. A session whose holder is still generating is
 // refused (ABORTED) at once, without waiting. A reuse_prefix call peeks with
-// its conversation: the plan knows what the session keeps.
-absl::Status LeaseNamed(const ServiceContext& ctx, const std::string& id,
+// its conversation: the plan knows what the session keeps. A spilled session
+// is read back here, O(its file), unless target.read_back refuses it (a gRPC
+// callback thread, which then submits again from ServiceContext::read_back).
+absl::Status LeaseNamed(const ServiceContext& ctx, const GenerationTarget& target,
                         const session::GenerationRequest& g, const session::PlanLimits& limits,
                         const Caller& caller, session::RequestPlan* plan,
                         session::SessionStore::Lease* lease) {
   session::SessionStore& store = *ctx.store;
-  CORTIQ_ASSIGN_OR_RETURN(session::ExistingSession existing,
-                          g.reuse_prefix
-                              ? store.PeekForReuse(id, g.prompt, g.deadline, caller.sessions())
-                              : store.Peek(id, g.deadline, caller.sessions()));
+  const std::string& id = target.session_id;
+  CORTIQ_ASSIGN_OR_RETURN(
+      session::ExistingSession existing,
+      g.reuse_prefix
+          ? store.PeekForReuse(id, g.prompt, g.deadline, caller.sessions(), target.read_back)
+          : store.Peek(id, g.deadline, caller.sessions(), target.read_back));
   CORTIQ_ASSIGN_OR_RETURN(*plan, session::PlanRequest(g, limits, ctx.model->config(), existing));
-  CORTIQ_ASSIGN_OR_RETURN(*lease, store.Acquire(id, *plan, g.deadline, caller.sessions()));
+  CORTIQ_ASSIGN_OR_RETURN(
+      *lease, store.Acquire(id, *plan, g.deadline, caller.sessions(), target.read_back));
   return absl::OkStatus();
 }
 
@@ -83,13 +88,13 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
   std::vector<session::SessionStore::Lease> forks;
   if (!target.session_id.empty()) {
     CORTIQ_RETURN_IF_ERROR(CheckSessionId(target.session_id));
-    absl::Status st = LeaseNamed(ctx, target.session_id, g, limits, caller, &plan, &lease);
+    absl::Status st = LeaseNamed(ctx, target, g, limits, caller, &plan, &lease);
     if (st.code() == absl::StatusCode::kNotFound && target.create_if_missing) {
       st = CreateNamed(ctx, target, g, limits, caller, &plan, &lease);
       // Created meanwhile by another call (or another tenant's id): continue
       // it, once; another tenant's answers NOT_FOUND as any unknown id.
       if (st.code() == absl::StatusCode::kAlreadyExists) {
-        st = LeaseNamed(ctx, target.session_id, g, limits, caller, &plan, &lease);
+        st = LeaseNamed(ctx, target, g, limits, caller, &plan, &lease);
       }
     }
     CORTIQ_RETURN_IF_ERROR(st);

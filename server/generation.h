@@ -44,6 +44,11 @@ struct GenerationTarget {
   // call, of session_config, the caller's tenant): GenerateRequest.
   // create_if_missing, an HTTP conversation's first turn.
   bool create_if_missing = false;
+  // A spilled session_id is read back on the calling thread (kInline), or
+  // refused with session::SpilledRefusal, nothing changed (kRefuse: the
+  // caller is a gRPC callback and submits again from ServiceContext::
+  // read_back).
+  session::ReadBack read_back = session::ReadBack::kInline;
 };
 
 struct SubmittedGeneration {

@@ -35,6 +35,11 @@ constexpr const char* kServiceName = v1::Inference::service_full_name();
 // more may wait for one before a call is refused with RESOURCE_EXHAUSTED.
 constexpr size_t kBackgroundWorkers = 4;
 constexpr size_t kBackgroundQueue = 64;
+// Reading spilled sessions back: two at a time (a disk reads one file
+// sequentially fastest; a second overlaps one's copy with the other's
+// read), the rest wait in turn up to a queue the size of a busy burst.
+constexpr size_t kReadBackWorkers = 2;
+constexpr size_t kReadBackQueue = 256;
 
 // How long Quiesce waits, after cancelling, for the engine to finish the
 // cancelled jobs (it does at its next step).
@@ -156,6 +161,8 @@ absl::Status Server::Init() {
   CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session, DefaultSessionConfig(c, *model_, c.model_dir));
   background_ = std::make_unique<util::TaskRunner>(kBackgroundWorkers, kBackgroundQueue);
   ctx_->background = background_.get();
+  read_back_ = std::make_unique<util::TaskRunner>(kReadBackWorkers, kReadBackQueue);
+  ctx_->read_back = read_back_.get();
   ctx_->drain = [this](std::optional<double> grace_s) {
     const auto grace =
         grace_s ? std::chrono::milliseconds(static_cast<int64_t>(*grace_s * 1000)) : config_.grace;
@@ -459,6 +466,9 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     // HTTP requests in flight end with their jobs (cancelled by Quiesce);
     // idle keep-alive connections close.
     if (http_) http_->Stop();
+    // Calls waiting for a read-back are set up now (refused: the node is
+    // stopping) and answer before the gRPC server stops.
+    read_back_->Shutdown();
     background_->Shutdown();
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     ctx_->self_channel.store(nullptr);  // no channel to a stopped server outlives it

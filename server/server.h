@@ -84,6 +84,8 @@ class Server {
   session::Engine& engine() { return *engine_; }
   // --state-dir's persister; null without one.
   session::SessionPersister* persister() { return persister_.get(); }
+  // Where Generate and ExportSession calls on spilled sessions are set up.
+  util::TaskRunner& read_back_runner() { return *read_back_; }
   const model::Transformer& model() const { return *model_; }
   // The ISA tier the model's math kernels run on (e.g. "avx512bf16"), for logs.
   const char* kernel_tier() const;
@@ -151,6 +153,8 @@ class Server {
   // MigrateSession and Drain bodies (ctx_->background); declared after ctx_,
   // which its tasks use. Shutdown drains and joins it.
   std::unique_ptr<util::TaskRunner> background_;
+  // Generate calls on a spilled session (ctx_->read_back); likewise.
+  std::unique_ptr<util::TaskRunner> read_back_;
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   // The HTTP front: its handlers use ctx_ and the engine; stopped in

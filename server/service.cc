@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <atomic>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -63,21 +64,38 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     AddNodeMetadata(*ctx, call);
   }
 
-  // Runs in the handler, before gRPC calls any reaction.
+  // Runs in the handler, before gRPC calls any reaction. A call naming a
+  // spilled session is set up on a ctx_->read_back worker instead, where
+  // reading the session's file back may take a second: this gRPC thread
+  // returns at once. Until Setup is done there, OnCancel only marks the call
+  // (setting_up_) and Started finishes it; the worker holds a reference
+  // (refs_), so that OnDone leaves `this` to it if it comes first.
   void Start(const grpc::ByteBuffer& bytes) {
     absl::StatusOr<v1::GenerateRequest> request =
         ParseRequest<v1::GenerateRequest>(*ctx_, call_, "Generate", bytes);
     absl::StatusOr<Caller> caller =
         request.ok() ? Authorize(*ctx_, call_, "Generate") : request.status();
-    absl::Status st = caller.ok() ? Setup(*request, *caller) : caller.status();
-    if (!st.ok()) {
-      std::lock_guard lock(mu_);
-      FinishLocked(ToGrpcStatus(st));
-      return;
+    absl::Status st =
+        caller.ok() ? Setup(*request, *caller, session::ReadBack::kRefuse) : caller.status();
+    if (session::IsSpilledRefusal(st) && ctx_->read_back != nullptr) {
+      {
+        std::lock_guard lock(mu_);
+        setting_up_ = true;
+      }
+      const std::string id = request->session_id();
+      refs_.fetch_add(1, std::memory_order_relaxed);
+      st = ctx_->read_back->Submit(
+          [this, req = *std::move(request), who = *std::move(caller)] {
+            Started(Setup(req, who, session::ReadBack::kInline));
+            Unref();
+          });
+      if (st.ok()) return;
+      refs_.fetch_sub(1, std::memory_order_relaxed);
+      st = absl::ResourceExhaustedError(absl::StrCat(
+          "session '", id, "' is spilled to disk and too many calls wait for theirs to be read back: ",
+          st.message()));
     }
-    job_in_flight_ = std::make_shared<util::InFlight::Token>(ctx_->jobs_in_flight.Enter());
-    job_->SetNotify([this] { Pump(); });
-    Pump();
+    Started(st);
   }
 
   void OnWriteDone(bool ok) override {
@@ -105,6 +123,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       // First: a job that ends because of this cancel must not be reported
       // by Pump as a finished (OK) call.
       std::lock_guard lock(mu_);
+      if (setting_up_) {  // a read_back worker holds `this`: Started finishes
+        cancelled_ = true;
+        return;
+      }
       FinishLocked(grpc::Status::CANCELLED);
     }
     if (job_) job_->Cancel();
@@ -132,11 +154,38 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
                {"finish", finish_reason_},
                {"priority", std::string(priority_)}});
     stream_.Release();
-    delete this;
+    Unref();
   }
 
  private:
-  absl::Status Setup(const v1::GenerateRequest& req, const Caller& caller) {
+  // Drops one reference: gRPC's (OnDone) or a read_back worker's (Start).
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  // Setup's outcome: the stream starts (the job's events are pumped), or the
+  // call finishes with the error, or with CANCELLED when OnCancel came while
+  // a read_back worker set it up.
+  void Started(const absl::Status& st) {
+    {
+      std::lock_guard lock(mu_);
+      setting_up_ = false;
+      if (!st.ok()) {
+        FinishLocked(cancelled_ ? grpc::Status::CANCELLED : ToGrpcStatus(st));
+        return;
+      }
+      job_in_flight_ = std::make_shared<util::InFlight::Token>(ctx_->jobs_in_flight.Enter());
+      job_->SetNotify([this] { Pump(); });
+      if (cancelled_) {  // OnDone cancels the job
+        FinishLocked(grpc::Status::CANCELLED);
+        return;
+      }
+    }
+    Pump();
+  }
+
+  absl::Status Setup(const v1::GenerateRequest& req, const Caller& caller,
+                     session::ReadBack read_back) {
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
     session::GenerationRequest g;
     CORTIQ_ASSIGN_OR_RETURN(g.priority, PriorityFromProto(req.priority()));
@@ -174,7 +223,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
                                              {.session_id = req.session_id(),
                                               .session_config = req.session_config(),
                                               .keep_session = req.keep_session(),
-                                              .create_if_missing = req.create_if_missing()}));
+                                              .create_if_missing = req.create_if_missing(),
+                                              .read_back = read_back}));
     session_id_ = std::move(s.session_id);
     job_ = std::move(s.job);
     return absl::OkStatus();
@@ -305,6 +355,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   std::string_view priority_;
 
   std::mutex mu_;
+  // A read_back worker runs Setup (Start); OnCancel meanwhile sets cancelled_.
+  bool setting_up_ = false;
+  bool cancelled_ = false;
+  std::atomic<int> refs_{1};  // gRPC's until OnDone, plus a read_back worker's
   bool writing_ = false;
   bool summary_written_ = false;  // the last write: OnWriteDone finishes the call
   bool finished_ = false;

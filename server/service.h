@@ -95,6 +95,10 @@ struct ServiceContext {
   // Blocking work kept off the gRPC threads (MigrateSession, Drain); owned
   // by Server, whose Shutdown runs what is queued and joins it.
   util::TaskRunner* background = nullptr;
+  // Generate calls whose session is spilled (--state-dir): each is set up
+  // here, where reading the session's file back may take a second, not on
+  // the gRPC thread it arrived on; owned by Server like `background`.
+  util::TaskRunner* read_back = nullptr;
   // Set by Server: drains the node (grace in seconds; nullopt = --grace) and
   // reports; idempotent. Blocking.
   std::function<DrainReport(std::optional<double>)> drain;

@@ -13,6 +13,7 @@
 // RESOURCE_EXHAUSTED before it is used (the rest of a stream already known
 // to be corrupt is only counted); at the end the new session is installed
 // under the cap and the budget.
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -59,11 +60,15 @@ absl::StatusOr<session::SessionWireSource> ExportSource(
 // session). Each chunk is read from the caches into its own buffer, which
 // gRPC sends as is and frees once sent. `tenant`: the sessions the caller
 // sees (Caller::sessions): another tenant's is NOT_FOUND.
+// A spilled session is read back first, or refused (session::
+// SpilledRefusal) with `read_back` kRefuse.
 absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(ServiceContext& ctx, const std::string& id,
                                                       const session::TenantFilter& tenant,
-                                                      const session::SessionWireOptions& options) {
-  CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease,
-                          ctx.store->Acquire(id, session::Clock::time_point::max(), tenant));
+                                                      const session::SessionWireOptions& options,
+                                                      session::ReadBack read_back) {
+  CORTIQ_ASSIGN_OR_RETURN(
+      session::SessionStore::Lease lease,
+      ctx.store->Acquire(id, session::Clock::time_point::max(), tenant, read_back));
   CORTIQ_ASSIGN_OR_RETURN(session::SessionWireSource src, ExportSource(ctx, *lease, options));
   std::vector<grpc::Slice> chunks;
   chunks.reserve((src.size() + kChunkBytes - 1) / kChunkBytes);
@@ -77,7 +82,10 @@ absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(ServiceContext& ctx, const
 }
 
 // ExportSession on the raw (byte) API, so that each chunk goes out from the
-// buffer it was read into.
+// buffer it was read into. A spilled session is read back and exported on a
+// ctx->read_back worker, not on the gRPC thread: until it is done there,
+// OnCancel only marks the call (setting_up_) and Ready finishes it, and the
+// worker holds a reference (refs_) so that OnDone leaves `this` to it.
 class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ExportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call,
@@ -91,21 +99,33 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     absl::Status st = caller.status();
     if (st.ok()) st = CheckSessionId(req->session_id());
     if (st.ok()) st = CheckWireRequest(req->version(), req->dtype());
-    if (st.ok()) {
-      absl::StatusOr<std::vector<grpc::Slice>> chunks =
-          ExportChunks(*ctx, req->session_id(), caller->sessions(),
-                       WireOptionsFrom(req->version(), req->dtype()));
-      if (chunks.ok()) {
-        chunks_ = *std::move(chunks);
-      } else {
-        st = chunks.status();
-      }
-    }
     if (!st.ok()) {
       Done(ToGrpcStatus(st));
       return;
     }
-    NextWrite();
+    const session::SessionWireOptions options = WireOptionsFrom(req->version(), req->dtype());
+    absl::StatusOr<std::vector<grpc::Slice>> chunks = ExportChunks(
+        *ctx, req->session_id(), caller->sessions(), options, session::ReadBack::kRefuse);
+    if (session::IsSpilledRefusal(chunks.status()) && ctx->read_back != nullptr) {
+      {
+        std::lock_guard lock(mu_);
+        setting_up_ = true;
+      }
+      refs_.fetch_add(1, std::memory_order_relaxed);
+      st = ctx->read_back->Submit(
+          [this, ctx, id = req->session_id(), tenant = caller->sessions(), options] {
+            Ready(ExportChunks(*ctx, id, tenant, options, session::ReadBack::kInline));
+            Unref();
+          });
+      if (st.ok()) return;
+      refs_.fetch_sub(1, std::memory_order_relaxed);
+      chunks = absl::ResourceExhaustedError(
+          absl::StrCat("session '", req->session_id(),
+                       "' is spilled to disk and too many calls wait for theirs to be read "
+                       "back: ",
+                       st.message()));
+    }
+    Ready(std::move(chunks));
   }
 
   void OnWriteDone(bool ok) override {
@@ -118,16 +138,42 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
   void OnCancel() override {
     util::TsanAcquire(this);
+    {
+      std::lock_guard lock(mu_);
+      if (setting_up_) {  // a read_back worker exports: Ready finishes
+        cancelled_ = true;
+        return;
+      }
+    }
     Done(grpc::Status::CANCELLED);
   }
   void OnDone() override {
     util::TsanAcquire(this);
     log_.Done(status_.error_code(), status_.error_message(),
               {{"bytes", static_cast<int64_t>(bytes_)}});
-    delete this;
+    Unref();
   }
 
  private:
+  // The export's chunks, or why there are none: the stream starts, or the
+  // call finishes (CANCELLED when OnCancel came while a worker exported).
+  void Ready(absl::StatusOr<std::vector<grpc::Slice>> chunks) {
+    bool cancelled = false;
+    {
+      std::lock_guard lock(mu_);
+      setting_up_ = false;
+      cancelled = cancelled_;
+      if (chunks.ok()) chunks_ = *std::move(chunks);
+    }
+    if (cancelled) return Done(grpc::Status::CANCELLED);
+    if (!chunks.ok()) return Done(ToGrpcStatus(chunks.status()));
+    NextWrite();
+  }
+  // Drops one reference: gRPC's (OnDone) or a read_back worker's.
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
   // One write in flight: called from the constructor and OnWriteDone only.
   // Each chunk's slice moves into the message; gRPC frees it once sent.
   void NextWrite() {
@@ -160,6 +206,9 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   size_t next_ = 0;                  // the next chunk to send
   size_t bytes_ = 0;                 // sent so far
   bool finished_ = false;
+  bool setting_up_ = false;  // a read_back worker exports (the constructor)
+  bool cancelled_ = false;   // OnCancel came meanwhile
+  std::atomic<int> refs_{1};  // gRPC's until OnDone, plus a read_back worker's
   grpc::Status status_;
   grpc::ByteBuffer message_;  // the chunk being written
 };

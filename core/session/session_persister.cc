@@ -573,7 +573,18 @@ void SessionPersister::Quarantine(const std::string& path, const std::string& wh
                 ec ? absl::StrCat("; moving it failed: ", ec.message()) : "");
 }
 
+void SessionPersister::set_load_hook(std::function<void(const std::string& id)> hook) {
+  std::lock_guard lock(mu_);
+  load_hook_ = std::move(hook);
+}
+
 absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::string& id) {
+  std::function<void(const std::string&)> hook;
+  {
+    std::lock_guard lock(mu_);
+    hook = load_hook_;
+  }
+  if (hook) hook(id);
   WaitIdle(id);
   const std::string path = PathOf(id);
   absl::StatusOr<RestoredJournal> back;

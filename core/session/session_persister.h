@@ -138,6 +138,9 @@ class SessionPersister {
   // a corrupt one, then moved to quarantine/). Runs on the calling thread:
   // O(file).
   absl::StatusOr<std::unique_ptr<Session>> Load(const std::string& id);
+  // Tests: called with the id on Load's thread before it reads (to see
+  // which thread reads a session back, or to hold it there). Thread-safe.
+  void set_load_hook(std::function<void(const std::string& id)> hook);
 
   struct Stats {
     uint64_t records = 0;      // records written (appends and rewrites)
@@ -192,6 +195,7 @@ class SessionPersister {
   std::set<std::string> dirty_;            // written since the last interval sync
   Stats stats_;
   RestoreReport last_restore_;
+  std::function<void(const std::string&)> load_hook_;
   // Spent record buffers (turn-sized), reused by Prepare: the engine thread
   // then copies the new rows into pages already mapped.
   std::vector<std::string> spare_;

@@ -27,6 +27,21 @@ std::string_view ReleaseReasonName(ReleaseReason reason) {
   return "unknown";
 }
 
+namespace {
+constexpr std::string_view kSpilledPayload = "type.cortiq.dev/session.spilled";
+}  // namespace
+
+absl::Status SpilledRefusal(const std::string& id) {
+  absl::Status st = absl::UnavailableError(
+      absl::StrCat("session '", id, "' is spilled to disk: it is read back off this thread"));
+  st.SetPayload(util::Sv(kSpilledPayload), absl::Cord("1"));
+  return st;
+}
+
+bool IsSpilledRefusal(const absl::Status& status) {
+  return status.GetPayload(util::Sv(kSpilledPayload)).has_value();
+}
+
 SessionStore::SessionStore(StoreOptions options) : options_(options) {}
 
 SessionStore::~SessionStore() {
@@ -289,17 +304,19 @@ absl::Status SessionStore::WaitLeasableLocked(std::unique_lock<std::mutex>& lock
 
 absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
                                                           Clock::time_point deadline,
-                                                          const TenantFilter& tenant) {
+                                                          const TenantFilter& tenant,
+                                                          ReadBack read_back) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant));
+  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant, read_back));
   return LeaseLocked(sessions_.at(id));
 }
 
 absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id,
                                                    Clock::time_point deadline,
-                                                   const TenantFilter& tenant) {
+                                                   const TenantFilter& tenant,
+                                                   ReadBack read_back) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant));
+  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant, read_back));
   // Unleased: no call mutates the history while mu_ is held.
   const Session& s = *sessions_.at(id).session;
   return ExistingSession{s.tokens().size(), s.config()};
@@ -308,9 +325,10 @@ absl::StatusOr<ExistingSession> SessionStore::Peek(const std::string& id,
 absl::StatusOr<ExistingSession> SessionStore::PeekForReuse(const std::string& id,
                                                            std::span<const int32_t> conversation,
                                                            Clock::time_point deadline,
-                                                           const TenantFilter& tenant) {
+                                                           const TenantFilter& tenant,
+                                                           ReadBack read_back) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant));
+  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant, read_back));
   // Unleased: no call touches the session while mu_ is held.
   const Entry& e = sessions_.at(id);
   const Session& s = *e.session;
@@ -323,9 +341,10 @@ absl::StatusOr<ExistingSession> SessionStore::PeekForReuse(const std::string& id
 absl::StatusOr<SessionStore::Lease> SessionStore::Acquire(const std::string& id,
                                                           const RequestPlan& plan,
                                                           Clock::time_point deadline,
-                                                          const TenantFilter& tenant) {
+                                                          const TenantFilter& tenant,
+                                                          ReadBack read_back) {
   std::unique_lock lock(mu_);
-  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant));
+  CORTIQ_RETURN_IF_ERROR(WaitResidentLocked(lock, id, deadline, tenant, read_back));
   Entry& e = sessions_.at(id);
   if (plan.reuse.has_value() && plan.lease_serial != e.lease_serial) {
     return absl::AbortedError(absl::StrCat(
@@ -562,7 +581,7 @@ void SessionStore::MakeRoomLocked(size_t bytes, const Entry* except) {
 
 absl::Status SessionStore::WaitResidentLocked(std::unique_lock<std::mutex>& lock,
                                               const std::string& id, Clock::time_point deadline,
-                                              const TenantFilter& tenant) {
+                                              const TenantFilter& tenant, ReadBack read_back) {
   for (;;) {
     CORTIQ_RETURN_IF_ERROR(WaitLeasableLocked(lock, id, deadline, tenant));
     if (const std::string& peer = sessions_.at(id).moving_to; !peer.empty()) {
@@ -572,6 +591,7 @@ absl::Status SessionStore::WaitResidentLocked(std::unique_lock<std::mutex>& lock
           "them holds it (retry)"));
     }
     if (!sessions_.at(id).spilled) return absl::OkStatus();
+    if (read_back == ReadBack::kRefuse) return SpilledRefusal(id);
     CORTIQ_RETURN_IF_ERROR(UnspillLocked(lock, id));
   }
 }

@@ -102,7 +102,8 @@ struct StoreOptions {
   //   * the idle TTL SPILLS a session whose file holds its whole state: its
   //     RAM is freed, the session stays listed (SessionSnapshot::spilled),
   //     and the next call that names it reads it back (Peek / Acquire, on
-  //     the caller's thread); a session whose file is not current is
+  //     the caller's thread, or refused with ReadBack::kRefuse so that the
+  //     caller reads it back on another); a session whose file is not current is
   //     released as without a state dir;
   //   * admission under the memory budget spills the least recently used
   //     idle sessions before it refuses.
@@ -116,6 +117,19 @@ struct StoreOptions {
 // tenant's; a name = that tenant's only.
 using TenantFilter = std::optional<std::string>;
 inline const TenantFilter kAnyTenant = std::nullopt;
+
+// Whether Peek, PeekForReuse and Acquire may read a spilled session back on
+// the calling thread, which takes O(its file): a thread that must not block
+// that long (a gRPC callback) passes kRefuse, gets SpilledRefusal with
+// nothing changed, and asks again from a thread that may.
+enum class ReadBack {
+  kInline,
+  kRefuse,
+};
+// UNAVAILABLE "session '<id>' is spilled to disk", marked so that
+// IsSpilledRefusal tells it from every other UNAVAILABLE.
+absl::Status SpilledRefusal(const std::string& id);
+bool IsSpilledRefusal(const absl::Status& status);
 
 // A snapshot of one session for GetSession / ListSessions.
 struct SessionSnapshot {
@@ -212,7 +226,8 @@ class SessionStore {
   // until `deadline`; ABORTED if it has not.
   absl::StatusOr<Lease> Acquire(const std::string& id,
                                 Clock::time_point deadline = Clock::time_point::max(),
-                                const TenantFilter& tenant = kAnyTenant);
+                                const TenantFilter& tenant = kAnyTenant,
+                                ReadBack read_back = ReadBack::kInline);
   // What a continuation is planned against (PlanRequest): the session's
   // history length and config, without leasing it or touching it. NOT_FOUND
   // / ABORTED as Acquire would answer now, after the same wait for an ending
@@ -220,10 +235,12 @@ class SessionStore {
   // A spilled session is read back first (Peek, PeekForReuse and Acquire
   // alike): DATA_LOSS when its file cannot be (the session is then
   // released, reason lost), RESOURCE_EXHAUSTED when its state does not fit
-  // the budget (it stays spilled).
+  // the budget (it stays spilled); with ReadBack::kRefuse, SpilledRefusal
+  // instead of the read.
   absl::StatusOr<ExistingSession> Peek(const std::string& id,
                                        Clock::time_point deadline = Clock::time_point::max(),
-                                       const TenantFilter& tenant = kAnyTenant);
+                                       const TenantFilter& tenant = kAnyTenant,
+                                       ReadBack read_back = ReadBack::kInline);
   // Peek for a reuse_prefix call whose prompt is `conversation` (the whole
   // conversation, non-empty): also what the call keeps of the history
   // (ExistingSession::reuse, Session::PlanReuse computed under the store's
@@ -233,7 +250,8 @@ class SessionStore {
   absl::StatusOr<ExistingSession> PeekForReuse(const std::string& id,
                                                std::span<const int32_t> conversation,
                                                Clock::time_point deadline = Clock::time_point::max(),
-                                               const TenantFilter& tenant = kAnyTenant);
+                                               const TenantFilter& tenant = kAnyTenant,
+                                               ReadBack read_back = ReadBack::kInline);
   // A session restored from --state-dir at start: installed like Install,
   // or, when its state does not fit the memory budget, installed spilled
   // (its RAM freed at once; a persister is required). RESOURCE_EXHAUSTED
@@ -258,7 +276,8 @@ class SessionStore {
   // RESOURCE_EXHAUSTED as Lease::Reserve.
   absl::StatusOr<Lease> Acquire(const std::string& id, const RequestPlan& plan,
                                 Clock::time_point deadline = Clock::time_point::max(),
-                                const TenantFilter& tenant = kAnyTenant);
+                                const TenantFilter& tenant = kAnyTenant,
+                                ReadBack read_back = ReadBack::kInline);
 
   // Frees a session. Idempotent: unknown / already released / not seen by
   // `tenant` → released=false.
@@ -467,10 +486,12 @@ class SessionStore {
   // Spills the least recently used idle sessions whose files are current
   // until `bytes` more fit the memory budget, or none is left; mu_ held.
   void MakeRoomLocked(size_t bytes, const Entry* except = nullptr);
-  // WaitLeasableLocked, then a spilled session is read back (UnspillLocked)
-  // and the wait repeated; on OK `id` is unleased and resident.
+  // WaitLeasableLocked, then a spilled session is read back (UnspillLocked;
+  // SpilledRefusal with kRefuse) and the wait repeated; on OK `id` is
+  // unleased and resident.
   absl::Status WaitResidentLocked(std::unique_lock<std::mutex>& lock, const std::string& id,
-                                  Clock::time_point deadline, const TenantFilter& tenant);
+                                  Clock::time_point deadline, const TenantFilter& tenant,
+                                  ReadBack read_back);
   // Reads spilled, unleased `id` back from its file, leased meanwhile (mu_
   // released during the read).
   absl::Status UnspillLocked(std::unique_lock<std::mutex>& lock, const std::string& id);

@@ -50,14 +50,18 @@ void TaskRunner::WorkerLoop() {
   }
 }
 
+bool TaskRunner::OnWorkerThread() const {
+  return std::find(worker_ids_.begin(), worker_ids_.end(), std::this_thread::get_id()) !=
+         worker_ids_.end();
+}
+
 void TaskRunner::Shutdown() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
   work_.notify_all();
-  if (std::find(worker_ids_.begin(), worker_ids_.end(), std::this_thread::get_id()) !=
-      worker_ids_.end()) {
+  if (OnWorkerThread()) {
     std::fputs("TaskRunner::Shutdown called from one of its own tasks (it would join itself)\n",
                stderr);
     std::abort();

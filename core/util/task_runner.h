@@ -61,6 +61,8 @@ class TaskRunner {
   // wait; a refused task is dropped without running.
   absl::Status Submit(std::function<void()> task);
 
+  // True on one of this runner's worker threads (a task asking where it runs).
+  bool OnWorkerThread() const;
   // Tasks submitted and not yet returned (waiting or running).
   size_t in_flight() const { return in_flight_.count(); }
   // Blocks until no task is in flight or `deadline`: true when none is.

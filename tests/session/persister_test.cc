@@ -182,6 +182,18 @@ TEST_F(PersisterTest, TheTtlSpillsAndTheNextCallReadsBack) {
   EXPECT_EQ(store_->MemoryByKindTotal().total(), 0u);
   EXPECT_EQ(store_->num_spilled(), 1u);
   EXPECT_EQ(store_->ReapIdle(), 0u) << "a spilled session is not spilled again";
+  // A caller that must not read it back on its thread is refused, and
+  // nothing changes.
+  absl::StatusOr<ExistingSession> refused =
+      store_->Peek(id, Clock::time_point::max(), kAnyTenant, ReadBack::kRefuse);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(IsSpilledRefusal(refused.status())) << refused.status();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(IsSpilledRefusal(absl::UnavailableError("session is spilled to disk")));
+  EXPECT_TRUE(IsSpilledRefusal(
+      store_->Acquire(id, Clock::time_point::max(), kAnyTenant, ReadBack::kRefuse).status()));
+  EXPECT_TRUE(store_->Get(id)->spilled);
+  EXPECT_EQ(store_->unspills(), 0u);
   // The next call reads it back (the sampler's RNG too).
   const auto p2 = testing::TestIds(4, 259, 2);
   EXPECT_EQ(Run(id, Req(p2, 6, true)), Run(ref_engine, ref_store, ref, Req(p2, 6, true)));
