@@ -311,6 +311,8 @@ const internal::KernelTable kScalar = {
     .gemm_nc = 0,
     .gemm_pack_x = nullptr,
     .gemm = nullptr,
+    .gemm_bf16_pack_x = nullptr,
+    .gemm_bf16 = nullptr,
     .read_stream = ScalarReadStream,
     .fma_loop = ScalarFmaLoop,
 };

@@ -791,6 +791,8 @@ const KernelTable kTable = {
     .gemm_nc = kNc,
     .gemm_pack_x = GemmPackX,
     .gemm = Gemm,
+    .gemm_bf16_pack_x = nullptr,
+    .gemm_bf16 = nullptr,
     .read_stream = ReadStream,
     .fma_loop = FmaLoop,
 };

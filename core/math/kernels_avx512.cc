@@ -820,44 +820,9 @@ void Gemv(const GemvArgs& a, size_t row_begin, size_t row_end) {
   }
 }
 
-// ---- Prefill GEMM ----
-// Micro-tile: kMr rows of x (broadcast) times kNr rows of W (two registers),
-// 28 accumulators + 2 W registers + 1 broadcast of the 32 zmm registers.
-constexpr size_t kMr = 14;
-constexpr size_t kNr = 32;
-constexpr size_t kKc = 256;
-constexpr size_t kNc = 512;
-
-// In-register transpose of a 16x16 float block: r[i][j] -> r[j][i].
-CORTIQ_INLINE void Transpose16(__m512 r[16]) {
-  __m512 t[16], u[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; i += 4) {
-    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-// u[4g + c], lane L: column 4L + c of rows 4g..4g+3.
-#pragma GCC unroll 16
-  for (int h = 0; h < 16; h += 8) {
-#pragma GCC unroll 16
-    for (int c = 0; c < 4; ++c) {
-      t[h + c] = _mm512_shuffle_f32x4(u[h + c], u[h + 4 + c], 0x88);
-      t[h + 4 + c] = _mm512_shuffle_f32x4(u[h + c], u[h + 4 + c], 0xDD);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
-  }
-}
+// ---- Prefill GEMM (blocking and loop: kernels_avx512_inl.h) ----
+constexpr size_t kMr = kGemmMr;
+constexpr size_t kNr = kGemmNr;
 
 // Packs x rows of panels [pb, pe) into xp: [panel][k][kMr], zero-padded.
 void GemmPackX(const float* x, size_t m, size_t k, float* xp, size_t pb, size_t pe) {
@@ -959,84 +924,33 @@ void GemmPackW(const GemmArgs& a, size_t n0, size_t n_end, size_t k0, size_t kc,
   }
 }
 
-// c[0..kRows)[0..32) (+)= a[kc][kMr]^T . b[kc][kNr]; columns masked by m0/m1.
-// kRows < kMr serves the last x panel, so a batch of 16 costs 16 rows of
-// FMAs, not 28.
+// One f32 FMA per (x row, 16 W rows, column) (kGemmKernels).
 template <int kRows, bool kAccumulate>
-void MicroKernel(size_t kc, const float* a, const float* b, float* c, size_t ldc, __mmask16 m0,
-                 __mmask16 m1) {
-  __m512 acc[kRows][2];
+struct MicroKernel {
+  static void Run(size_t kc, const float* a, const float* b, float* c, size_t ldc, __mmask16 m0,
+                  __mmask16 m1) {
+    __m512 acc[kRows][2];
 #pragma GCC unroll 14
-  for (int i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (size_t k = 0; k < kc; ++k) {
-    const __m512 b0 = _mm512_load_ps(b + k * kNr);
-    const __m512 b1 = _mm512_load_ps(b + k * kNr + 16);
+    for (int i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (size_t k = 0; k < kc; ++k) {
+      const __m512 b0 = _mm512_load_ps(b + k * kNr);
+      const __m512 b1 = _mm512_load_ps(b + k * kNr + 16);
 #pragma GCC unroll 14
-    for (int i = 0; i < kRows; ++i) {
-      const __m512 ai = _mm512_set1_ps(a[k * kMr + i]);
-      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-    }
-  }
-#pragma GCC unroll 14
-  for (int i = 0; i < kRows; ++i) {
-    float* ci = c + i * ldc;
-    if (kAccumulate) {
-      acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_maskz_loadu_ps(m0, ci));
-      acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_maskz_loadu_ps(m1, ci + 16));
-    }
-    _mm512_mask_storeu_ps(ci, m0, acc[i][0]);
-    _mm512_mask_storeu_ps(ci + 16, m1, acc[i][1]);
-  }
-}
-
-using MicroKernelFn = void (*)(size_t, const float*, const float*, float*, size_t, __mmask16,
-                               __mmask16);
-// Indexed by the number of valid rows in the x panel (1..kMr).
-template <bool kAcc>
-constexpr MicroKernelFn kMicroKernels[kMr + 1] = {
-    nullptr,
-    MicroKernel<1, kAcc>,
-    MicroKernel<2, kAcc>,
-    MicroKernel<3, kAcc>,
-    MicroKernel<4, kAcc>,
-    MicroKernel<5, kAcc>,
-    MicroKernel<6, kAcc>,
-    MicroKernel<7, kAcc>,
-    MicroKernel<8, kAcc>,
-    MicroKernel<9, kAcc>,
-    MicroKernel<10, kAcc>,
-    MicroKernel<11, kAcc>,
-    MicroKernel<12, kAcc>,
-    MicroKernel<13, kAcc>,
-    MicroKernel<14, kAcc>,
-};
-static_assert(kMr == 14, "kMicroKernels lists one kernel per row count");
-
-// Loop order (BLIS style, per thread): W row block (kNc) > k block (kKc),
-// packed once into scratch (~512 KiB, L2) > x panel (kMr x kc, stays in L1)
-// > W panel (kc x kNr, streamed from L2).
-void Gemm(const GemmArgs& a, size_t row_begin, size_t row_end, float* scratch) {
-  const size_t panels = (a.m + kMr - 1) / kMr;
-  for (size_t jc = row_begin; jc < row_end; jc += kNc) {
-    const size_t jc_end = MinSz(row_end, jc + kNc);
-    for (size_t pc = 0; pc < a.k; pc += kKc) {
-      const size_t kc = MinSz(kKc, a.k - pc);
-      GemmPackW(a, jc, jc_end, pc, kc, scratch);
-      for (size_t ip = 0; ip < panels; ++ip) {
-        const float* ap = a.xp + (ip * a.k + pc) * kMr;
-        const size_t rows = MinSz(kMr, a.m - ip * kMr);
-        const MicroKernelFn kernel =
-            pc == 0 ? kMicroKernels<false>[rows] : kMicroKernels<true>[rows];
-        float* crow = a.y + ip * kMr * a.n;
-        for (size_t n0 = jc; n0 < jc_end; n0 += kNr) {
-          const size_t cols = jc_end - n0;
-          kernel(kc, ap, scratch + (n0 - jc) * kc, crow + n0, a.n, Mask16(cols),
-                 Mask16(cols > 16 ? cols - 16 : 0));
-        }
+      for (int i = 0; i < kRows; ++i) {
+        const __m512 ai = _mm512_set1_ps(a[k * kMr + i]);
+        acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
       }
     }
+    GemmStoreTile<kRows, kAccumulate>(acc, c, ldc, m0, m1);
   }
+};
+
+void Gemm(const GemmArgs& a, size_t row_begin, size_t row_end, float* scratch) {
+  GemmLoop<MicroKernel>(a, a.xp, a.k, row_begin, row_end, scratch,
+                        [&](size_t n0, size_t n_end, size_t k0, size_t kc, float* bp) {
+                          GemmPackW(a, n0, n_end, k0, kc, bp);
+                        });
 }
 
 // ---- Benchmark helpers ----
@@ -1115,10 +1029,12 @@ constexpr KernelTable MakeTable(
       .q8_lanes_matmul = q8_lanes_matmul,
       .gemm_mr = kMr,
       .gemm_nr = kNr,
-      .gemm_kc = kKc,
-      .gemm_nc = kNc,
+      .gemm_kc = kGemmKc,
+      .gemm_nc = kGemmNc,
       .gemm_pack_x = GemmPackX,
       .gemm = Gemm,
+      .gemm_bf16_pack_x = nullptr,
+      .gemm_bf16 = nullptr,
       .read_stream = ReadStream,
       .fma_loop = FmaLoop,
   };
@@ -1129,13 +1045,19 @@ constexpr KernelTable kTable = MakeTable(Isa::kAvx512, nullptr, nullptr, 0, null
                                          nullptr, 16, Q8MatMulAvx512, nullptr);
 constexpr KernelTable kTableVnni = MakeTable(Isa::kAvx512Vnni, nullptr, nullptr, 0, nullptr,
                                              nullptr, nullptr, 16, Q8MatMulVnni, Q8LanesMatMulVnni);
-constexpr KernelTable kTableBf16 =
+// The prefill GEMM on VDPBF16PS (kernels_avx512bf16.cc) for bf16 activations.
+constexpr KernelTable WithGemmBf16(KernelTable t) {
+  t.gemm_bf16_pack_x = GemmBf16PackX;
+  t.gemm_bf16 = GemmBf16;
+  return t;
+}
+constexpr KernelTable kTableBf16 = WithGemmBf16(
     MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX, 8, GemvBf16, nullptr, nullptr,
-              16, Q8MatMulVnni, Q8LanesMatMulVnni);
+              16, Q8MatMulVnni, Q8LanesMatMulVnni));
 // AMX: rows in whole 16-row tiles per thread; tile-order weights for every batch.
-constexpr KernelTable kTableAmx =
+constexpr KernelTable kTableAmx = WithGemmBf16(
     MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16, GemvAmx, AmxPackX, AmxTiledMatMul, 16,
-              Q8MatMulVnni, Q8LanesMatMulVnni);
+              Q8MatMulVnni, Q8LanesMatMulVnni));
 
 }  // namespace
 

@@ -50,6 +50,106 @@ static CORTIQ_INLINE __m512i RoundBf16x32(const float* src, size_t n) {
 }
 #endif
 
+// In-register transpose of a 16x16 float block: r[i][j] -> r[j][i].
+static CORTIQ_INLINE void Transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+// u[4g + c], lane L: column 4L + c of rows 4g..4g+3.
+#pragma GCC unroll 16
+  for (int h = 0; h < 16; h += 8) {
+#pragma GCC unroll 16
+    for (int c = 0; c < 4; ++c) {
+      t[h + c] = _mm512_shuffle_f32x4(u[h + c], u[h + 4 + c], 0x88);
+      t[h + 4 + c] = _mm512_shuffle_f32x4(u[h + c], u[h + 4 + c], 0xDD);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+  }
+}
+
+// ---- The prefill GEMMs' blocking and loop (kernels_avx512.cc on f32 words,
+// kernels_avx512bf16.cc on bf16 pairs) ----
+// Micro-tile: kGemmMr rows of x (broadcast) times kGemmNr rows of W (two
+// registers): 28 accumulators + 2 W registers + 1 broadcast of the 32 zmm
+// registers. kGemmKc counts the words of a k block (columns, or pairs).
+static constexpr size_t kGemmMr = 14;
+static constexpr size_t kGemmNr = 32;
+static constexpr size_t kGemmKc = 256;
+static constexpr size_t kGemmNc = 512;
+
+// M<kRows, kAccumulate>::Run(kc, a, b, c, ldc, m0, m1): c[0..kRows)[0..32)
+// (+)= a[kc][kGemmMr]^T . b[kc][kGemmNr], columns masked by m0/m1. Indexed by
+// the valid rows of the x panel (1..kGemmMr): the last panel runs only its
+// own rows (a batch of 16 costs 16 rows of products, not 28).
+template <template <int, bool> class M, bool kAcc>
+static constexpr decltype(&M<1, kAcc>::Run) kGemmKernels[kGemmMr + 1] = {
+    nullptr,          M<1, kAcc>::Run,  M<2, kAcc>::Run,  M<3, kAcc>::Run,  M<4, kAcc>::Run,
+    M<5, kAcc>::Run,  M<6, kAcc>::Run,  M<7, kAcc>::Run,  M<8, kAcc>::Run,  M<9, kAcc>::Run,
+    M<10, kAcc>::Run, M<11, kAcc>::Run, M<12, kAcc>::Run, M<13, kAcc>::Run, M<14, kAcc>::Run,
+};
+static_assert(kGemmMr == 14, "kGemmKernels lists one kernel per row count");
+
+// A micro-tile's epilogue: c[i][0..32) = acc[i] (+ c[i] with kAccumulate),
+// columns masked by m0/m1.
+template <int kRows, bool kAccumulate>
+static CORTIQ_INLINE void GemmStoreTile(__m512 (&acc)[kRows][2], float* c, size_t ldc,
+                                        __mmask16 m0, __mmask16 m1) {
+#pragma GCC unroll 14
+  for (int i = 0; i < kRows; ++i) {
+    float* ci = c + i * ldc;
+    if (kAccumulate) {
+      acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_maskz_loadu_ps(m0, ci));
+      acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_maskz_loadu_ps(m1, ci + 16));
+    }
+    _mm512_mask_storeu_ps(ci, m0, acc[i][0]);
+    _mm512_mask_storeu_ps(ci + 16, m1, acc[i][1]);
+  }
+}
+
+// Loop order (BLIS style, per thread): W row block (kGemmNc) > k block
+// (kGemmKc words), packed once into scratch by pack_w(n0, n_end, k0, kc,
+// scratch) (~512 KiB, L2) > x panel (kGemmMr x kc words, stays in L1) > W
+// panel (kc x kGemmNr words, streamed from L2). xp: [panel][kw][kGemmMr]
+// words, kw of them per x row. Each k block after the first adds its sums
+// to y's, in order.
+template <template <int, bool> class M, typename T, typename PackW>
+static CORTIQ_INLINE void GemmLoop(const GemmArgs& a, const T* xp, size_t kw, size_t row_begin,
+                                   size_t row_end, T* scratch, PackW pack_w) {
+  const size_t panels = (a.m + kGemmMr - 1) / kGemmMr;
+  for (size_t jc = row_begin; jc < row_end; jc += kGemmNc) {
+    const size_t jc_end = MinSz(row_end, jc + kGemmNc);
+    for (size_t pc = 0; pc < kw; pc += kGemmKc) {
+      const size_t kc = MinSz(kGemmKc, kw - pc);
+      pack_w(jc, jc_end, pc, kc, scratch);
+      for (size_t ip = 0; ip < panels; ++ip) {
+        const T* ap = xp + (ip * kw + pc) * kGemmMr;
+        const size_t rows = MinSz(kGemmMr, a.m - ip * kGemmMr);
+        const auto kernel = pc == 0 ? kGemmKernels<M, false>[rows] : kGemmKernels<M, true>[rows];
+        float* crow = a.y + ip * kGemmMr * a.n;
+        for (size_t n0 = jc; n0 < jc_end; n0 += kGemmNr) {
+          const size_t cols = jc_end - n0;
+          kernel(kc, ap, scratch + (n0 - jc) * kc, crow + n0, a.n, Mask16(cols),
+                 Mask16(cols > 16 ? cols - 16 : 0));
+        }
+      }
+    }
+  }
+}
+
 // Fixed-order reduction: ((a0 + a1) + (a2 + a3)), then the lane tree.
 static CORTIQ_INLINE float Sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));

@@ -118,7 +118,112 @@ void RowBlock(const GemvArgs& a, size_t r0) {
   }
 }
 
+// ---- Prefill GEMM (gemm_bf16) ----
+// The f32 GEMM's blocking and loop (kernels_avx512_inl.h), on pairs of columns: one
+// VDPBF16PS takes 16 W rows x 2 columns against one x row's pair (a 32-bit
+// broadcast), 32 multiply-adds where an f32 FMA does 16, and W stays bf16 in
+// the packed panels (half the bytes per column).
+// Arithmetic: output (i, n) accumulates, pair by pair in column order, the
+// exact products w[n][2p+1]·x[i][2p+1] then w[n][2p]·x[i][2p] with f32
+// rounding (subnormal inputs read as zero), then adds each kc block's sum to
+// the previous blocks' in order. That sequence is fixed by the column
+// count alone: a row's outputs do not depend on m, on its panel or on the
+// other rows (a prefill chunk gives the same rows whatever shares its step).
+constexpr size_t kMr = kGemmMr;
+constexpr size_t kNr = kGemmNr;
+
+// Packs W rows [n0, n_end) x pairs [q0, q0 + kq) into bp: [panel][kq][kNr]
+// 32-bit pairs, rows past n_end and columns past k zero.
+void GemmBf16PackW(const GemmArgs& a, size_t n0, size_t n_end, size_t q0, size_t kq,
+                   uint32_t* bp) {
+  const size_t row_bytes = a.k * sizeof(uint16_t);
+  const char* w = static_cast<const char*>(a.w);
+  for (size_t p0 = n0; p0 < n_end; p0 += kNr) {
+    uint32_t* out = bp + (p0 - n0) * kq;
+    const size_t rows = MinSz(kNr, n_end - p0);
+    for (size_t qq = 0; qq < kq; qq += 16) {
+      const size_t qn = MinSz(16, kq - qq);
+      const size_t col = 2 * (q0 + qq);  // first column of this 16-pair slice
+      const __mmask32 lm = Mask32(MinSz(32, a.k - col));
+      for (size_t h = 0; h < kNr; h += 16) {
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (size_t i = 0; i < 16; ++i) {
+          r[i] = h + i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(
+                                    lm, w + (p0 + h + i) * row_bytes + col * sizeof(uint16_t)))
+                              : _mm512_setzero_ps();
+        }
+        Transpose16(r);
+#pragma GCC unroll 16
+        for (size_t j = 0; j < 16; ++j) {
+          if (j < qn) _mm512_store_ps(reinterpret_cast<float*>(out + (qq + j) * kNr + h), r[j]);
+        }
+      }
+    }
+  }
+}
+
+// Two VDPBF16PS per (x row, pair of columns) (kGemmKernels).
+template <int kRows, bool kAccumulate>
+struct MicroKernel {
+  static void Run(size_t kq, const uint32_t* a, const uint32_t* b, float* c, size_t ldc,
+                  __mmask16 m0, __mmask16 m1) {
+    __m512 acc[kRows][2];
+#pragma GCC unroll 14
+    for (int i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (size_t q = 0; q < kq; ++q) {
+      const __m512bh b0 = AsBh(_mm512_load_si512(b + q * kNr));
+      const __m512bh b1 = AsBh(_mm512_load_si512(b + q * kNr + 16));
+#pragma GCC unroll 14
+      for (int i = 0; i < kRows; ++i) {
+        const __m512bh ai = AsBh(_mm512_set1_epi32(static_cast<int>(a[q * kMr + i])));
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], b0, ai);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], b1, ai);
+      }
+    }
+    GemmStoreTile<kRows, kAccumulate>(acc, c, ldc, m0, m1);
+  }
+};
+
 }  // namespace
+
+void GemmBf16PackX(const float* x, size_t m, size_t k, uint32_t* xp, size_t pb, size_t pe) {
+  const size_t pairs = (k + 1) / 2;
+  const __mmask16 store_mask = Mask16(kMr);
+  for (size_t p = pb; p < pe; ++p) {
+    const size_t m0 = p * kMr;
+    const size_t rows = MinSz(kMr, m - m0);
+    uint32_t* out = xp + p * pairs * kMr;
+    for (size_t k0 = 0; k0 < k; k0 += 32) {
+      const size_t kn = MinSz(32, k - k0);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (size_t i = 0; i < 16; ++i) {
+        r[i] = i < rows ? _mm512_castsi512_ps(RoundBf16x32(x + (m0 + i) * k + k0, kn))
+                        : _mm512_setzero_ps();
+      }
+      Transpose16(r);
+      const size_t qn = (kn + 1) / 2;
+#pragma GCC unroll 16
+      for (size_t j = 0; j < 16; ++j) {
+        if (j < qn) {
+          _mm512_mask_storeu_ps(reinterpret_cast<float*>(out + (k0 / 2 + j) * kMr), store_mask,
+                                r[j]);
+        }
+      }
+    }
+  }
+}
+
+// The f32 GEMM's loop (GemmLoop) on pairs: scratch holds kGemmKc * kGemmNc
+// words, as gemm_kc * gemm_nc floats.
+void GemmBf16(const GemmArgs& a, size_t row_begin, size_t row_end, float* scratch) {
+  GemmLoop<MicroKernel>(a, reinterpret_cast<const uint32_t*>(a.xp), (a.k + 1) / 2, row_begin,
+                        row_end, reinterpret_cast<uint32_t*>(scratch),
+                        [&](size_t n0, size_t n_end, size_t q0, size_t kq, uint32_t* bp) {
+                          GemmBf16PackW(a, n0, n_end, q0, kq, bp);
+                        });
+}
 
 size_t GemvBf16PackedSize(size_t batch, size_t cols) {
   return batch * ((cols + kBlock - 1) / kBlock * kBlock);

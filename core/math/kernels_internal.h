@@ -164,6 +164,15 @@ struct KernelTable {
   // y[:, row_begin:row_end] = x . W[row_begin:row_end]^T. scratch holds at
   // least gemm_kc * gemm_nc floats, 64-byte aligned, owned by the calling thread.
   void (*gemm)(const GemmArgs& a, size_t row_begin, size_t row_end, float* scratch);
+  // bf16 activations on bf16 weights (WeightView::bf16_activations), prefill:
+  // the AVX512_BF16 and AMX tables only (VDPBF16PS); nullptr elsewhere, where
+  // MatMul rounds x to bf16 values and runs gemm. gemm_bf16_pack_x rounds x
+  // to bf16 and packs it as pairs of columns, one 32-bit word per (row, pair):
+  // [ceil(m / mr)][ceil(k / 2)][mr], zero-padded; gemm_bf16 reads that as
+  // GemmArgs::xp (reinterpreted) with the same blocking and scratch as gemm.
+  void (*gemm_bf16_pack_x)(const float* x, size_t m, size_t k, uint32_t* xp, size_t panel_begin,
+                           size_t panel_end);
+  void (*gemm_bf16)(const GemmArgs& a, size_t row_begin, size_t row_end, float* scratch);
 
   // ---- Benchmark helpers (bench_util.h) ----
   // Reads [p, p + bytes) with full-width loads; returns a value that depends
@@ -208,6 +217,11 @@ const KernelTable* AmxTable();
 size_t GemvBf16PackedSize(size_t batch, size_t cols);
 void GemvBf16PackX(const float* x, size_t batch, size_t cols, uint16_t* out);
 void GemvBf16(const GemvArgs& a, size_t row_begin, size_t row_end);
+// Its prefill GEMM (the gemm_bf16 fields; the same kMr / kNr / kKc / kNc
+// blocking as the f32 GEMM, kKc counting pairs of columns).
+void GemmBf16PackX(const float* x, size_t m, size_t k, uint32_t* xp, size_t panel_begin,
+                   size_t panel_end);
+void GemmBf16(const GemmArgs& a, size_t row_begin, size_t row_end, float* scratch);
 // The kAmx table's (kernels_amx.cc). EnableAmxForProcess asks the OS for the
 // tile state (Linux arch_prctl); false: AMX is unusable in this process.
 bool EnableAmxForProcess();

@@ -70,12 +70,16 @@ void Gemv(const internal::KernelTable& t, const float* x, size_t batch, const We
       bf16 ? t.gemv_bf16_row_block : 8);
 }
 
+// bf16 false: the f32 GEMM (x packed as f32 columns). bf16 true (bf16
+// activations on bf16 W, the table has gemm_bf16): VDPBF16PS, x rounded to
+// bf16 and packed as pairs of columns, one 32-bit word each.
 void Gemm(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w,
-          float* y, util::ThreadPool* pool) {
+          float* y, util::ThreadPool* pool, bool bf16) {
   const size_t mr = t.gemm_mr;
   const size_t panels = (batch + mr - 1) / mr;
+  const size_t words = bf16 ? (w.cols + 1) / 2 : w.cols;  // per x row
   thread_local util::AlignedBuffer<float> xbuf;
-  float* xp = Reserve(xbuf, panels * w.cols * mr);
+  float* xp = Reserve(xbuf, panels * words * mr);
 
   internal::GemmArgs args;
   args.xp = xp;
@@ -86,10 +90,17 @@ void Gemm(const internal::KernelTable& t, const float* x, size_t batch, const We
   args.k = w.cols;
   args.y = y;
 
-  auto pack = [&](size_t begin, size_t end) { t.gemm_pack_x(x, batch, w.cols, xp, begin, end); };
+  auto pack = [&](size_t begin, size_t end) {
+    if (bf16) {
+      t.gemm_bf16_pack_x(x, batch, w.cols, reinterpret_cast<uint32_t*>(xp), begin, end);
+    } else {
+      t.gemm_pack_x(x, batch, w.cols, xp, begin, end);
+    }
+  };
+  const auto gemm = bf16 ? t.gemm_bf16 : t.gemm;
   auto compute = [&](size_t begin, size_t end) {
     thread_local util::AlignedBuffer<float> scratch;
-    t.gemm(args, begin, end, Reserve(scratch, t.gemm_kc * t.gemm_nc));
+    gemm(args, begin, end, Reserve(scratch, t.gemm_kc * t.gemm_nc));
   };
   if (pool == nullptr) {
     pack(0, panels);
@@ -392,6 +403,7 @@ void MatMulPath(const internal::KernelTable& t, const float* x, size_t batch, co
       return AmxTiled(t, x, batch, w, y, pool);
     }
     if (!gemm && t.gemv_bf16 != nullptr) return Gemv(t, x, batch, w, y, pool, /*bf16=*/true);
+    if (gemm && t.gemm_bf16 != nullptr) return Gemm(t, x, batch, w, y, pool, /*bf16=*/true);
     // Every other path computes on the same rounded inputs in f32.
     thread_local util::AlignedBuffer<uint16_t> bits;
     thread_local util::AlignedBuffer<float> rounded;
@@ -402,7 +414,7 @@ void MatMulPath(const internal::KernelTable& t, const float* x, size_t batch, co
     x = rounded.data();
   }
   if (gemm) {
-    Gemm(t, x, batch, w, y, pool);
+    Gemm(t, x, batch, w, y, pool, /*bf16=*/false);
   } else {
     Gemv(t, x, batch, w, y, pool, /*bf16=*/false);
   }

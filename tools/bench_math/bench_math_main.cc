@@ -126,11 +126,15 @@ void TimeMatMul(benchmark::State& state, size_t m, const WeightView& w) {
 }
 
 // args: M (batch), N (rows of W), K (cols), dtype
+// args: M, N, K, dtype, act (bf16 weights: 1 = bf16 activations, the
+// engine's default: the VDPBF16PS GEMM where the CPU has AVX512_BF16, else x
+// rounded to bf16 through the f32 GEMM).
 void BM_Gemm(benchmark::State& state) {
   const size_t m = state.range(0), n = state.range(1), k = state.range(2);
   const DType dtype = static_cast<DType>(state.range(3));
-  TimeMatMul(state, m, WeightView{GetArena().bytes.data(), dtype, n, k});
-  state.SetLabel(DTypeName(dtype));
+  const bool act = state.range(4) != 0;
+  TimeMatMul(state, m, WeightView{GetArena().bytes.data(), dtype, n, k, act});
+  state.SetLabel(std::string(DTypeName(dtype)) + (act ? " bf16 act" : ""));
 }
 
 // args: M (batch), N (rows of W), K (cols). bf16 weights with bf16
@@ -268,18 +272,23 @@ void RegisterAll() {
   }
   // Prefill: M = 512 tokens.
   for (int64_t dt : {f32, bf16, f16}) {
-    for (auto nk : {std::pair<int64_t, int64_t>{1024, 1024}, {3072, 1024}, {1024, 3072}}) {
-      benchmark::RegisterBenchmark("Gemm", BM_Gemm)
-          ->Args({512, nk.first, nk.second, dt})
-          ->ArgNames({"M", "N", "K", "dtype"})
-          ->UseRealTime();
+    for (int64_t act : {0, 1}) {
+      if (act == 1 && dt != bf16) continue;
+      for (auto nk : {std::pair<int64_t, int64_t>{1024, 1024}, {3072, 1024}, {1024, 3072}}) {
+        benchmark::RegisterBenchmark("Gemm", BM_Gemm)
+            ->Args({512, nk.first, nk.second, dt, act})
+            ->ArgNames({"M", "N", "K", "dtype", "act"})
+            ->UseRealTime();
+      }
     }
   }
   for (int64_t m : {16, 32, 64, 128}) {
-    benchmark::RegisterBenchmark("Gemm", BM_Gemm)
-        ->Args({m, 3072, 1024, bf16})
-        ->ArgNames({"M", "N", "K", "dtype"})
-        ->UseRealTime();
+    for (int64_t act : {0, 1}) {
+      benchmark::RegisterBenchmark("Gemm", BM_Gemm)
+          ->Args({m, 3072, 1024, bf16, act})
+          ->ArgNames({"M", "N", "K", "dtype", "act"})
+          ->UseRealTime();
+    }
   }
   if (AmxTilesUsed()) {
     for (int64_t m : {1, 8, 16, 64, 512}) {
