@@ -263,11 +263,14 @@ grpc::ServerUnaryReactor* ServeUnary(ServiceContext* ctx, grpc::CallbackServerCo
     if (request.ok()) {
       reactor->set_caller(*std::move(caller));
       reactor->request = *std::move(request);
-      grpc::ServerUnaryReactor* r = handler(call, &reactor->request, &reactor->response, reactor);
-      // gRPC runs no reaction before the handler returns; OnCancel (another
-      // thread) reads what the handler wrote. TSan cannot see gRPC's handoff.
+      // OnCancel (another thread, after the handler returns) reads what was
+      // written above: TSan cannot see gRPC's handoff. Released here, not
+      // after the handler: a handler that replied has finished the call, and
+      // OnDone may have deleted the reactor by the time the handler returns.
+      // What the handler writes for OnCancel it writes under the reactor's
+      // lock (OnCancelled); what it writes for OnDone, Reply releases.
       util::TsanRelease(static_cast<UnaryReactor*>(reactor));
-      return r;
+      return handler(call, &reactor->request, &reactor->response, reactor);
     }
     refused = request.status();
   }
