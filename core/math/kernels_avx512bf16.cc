@@ -43,14 +43,18 @@ void Tile(const GemvArgs& a, size_t r0, size_t b0) {
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   }
   const size_t full = a.cols / kBlock * kBlock;
-  // The batch-1 tile (decode): the next R rows, one contiguous run, are
-  // pulled into L2 a slice per block, so the DRAM stream never waits on the
-  // R row streams' own misses (as kernels_avx2.cc does); batch tiles, which
-  // find the rows in cache after their first batch rows, prefetch each row
-  // kPrefetchRows ahead. Prefetch hints only: the results are unchanged.
+  // The DRAM stream runs ahead as one contiguous run pulled into L2 a slice
+  // per block, so it never waits on the row streams' own misses (as
+  // kernels_avx2.cc does): the batch-1 tile (decode) pulls the next R rows;
+  // a row block's first batch tile pulls its R rows' successors
+  // kPrefetchRows ahead (its other batch tiles find its rows in cache, and
+  // prefetch each row into L1). The batch tiles' run took a batch-8 call on
+  // a cold 3072 x 1024 matrix from ~2x a batch-1 call's time to ~1x
+  // (docs/PERFORMANCE.md). Prefetch hints only: the results are unchanged.
   const size_t blocks = full / kBlock;
-  const bool ahead = R == 8 && B == 1 && blocks > 0 && r0 + 2 * R <= a.rows;
-  const char* pf = w0 + R * row_bytes;
+  constexpr size_t kAheadRows = B == 1 ? R : kPrefetchRows;  // where the run starts
+  const bool ahead = (B == 1 ? R == 8 : b0 == 0) && blocks > 0 && r0 + kAheadRows + R <= a.rows;
+  const char* pf = w0 + kAheadRows * row_bytes;
   const size_t pf_step = ahead ? (R * row_bytes + blocks - 1) / blocks : 0;
   size_t c = 0;
   for (; c < full; c += kBlock) {
