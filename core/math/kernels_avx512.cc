@@ -684,8 +684,15 @@ void GemvTile(const GemvArgs& a, size_t r0, size_t b0, size_t c0, size_t c1, __m
       // Otherwise the next row block's line at this column: rows are short
       // (2-6 KiB), too short for the hardware prefetcher to ramp up on each
       // of the R interleaved streams, so the tile fetches its successor
-      // itself. (Past the end of W a prefetch is a harmless no-op.)
-      if (!ahead) _mm_prefetch(w0 + (r + R) * row_bytes + c * elem, _MM_HINT_T0);
+      // itself. (Past the end of W a prefetch is a harmless no-op.) A batch
+      // tile of the first batch rows (the one that streams W from memory)
+      // reaches 8 rows ahead into L2 instead: a batch-8 call on a cold
+      // 3072 x 1024 matrix went from ~2x a batch-1 call's time to ~1.4x.
+      if (B > 1 && b0 == 0) {
+        _mm_prefetch(w0 + (r + 8) * row_bytes + c * elem, _MM_HINT_T1);
+      } else if (!ahead) {
+        _mm_prefetch(w0 + (r + R) * row_bytes + c * elem, _MM_HINT_T0);
+      }
       L::Load(w0 + r * row_bytes, c, &wl, &wh);
 #pragma GCC unroll 4
       for (int b = 0; b < B; ++b) {
