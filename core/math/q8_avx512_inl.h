@@ -83,6 +83,10 @@ struct Q8Chunk {
   size_t r0;         // first W row of the group
   __mmask16 mask;    // valid rows of the group
   bool first;        // c0 == 0: accumulators start at zero (else from y)
+  // Lane order only: the W bytes ahead that the chunk's first x tile pulls
+  // into L2, pf_step of them per block (nullptr: none).
+  const char* pf = nullptr;
+  size_t pf_step = 0;
 };
 
 // t[g], lane l: bytes 4g..4g+3 of the 32 int8 at base + off[l] (the block of
@@ -163,7 +167,12 @@ static void Q8Tile(const Q8Args& a, const Q8XGroup& xg, const Q8Chunk& ch, size_
   const size_t at = ch.c0 * xg.rows + b0 - xg.g0;
   const float* dx = xg.dx + at;
   const int32_t* corr = xg.corr + at;
+  const char* pf = b0 == xg.g0 ? ch.pf : nullptr;
   for (size_t jj = 0; jj < ch.nb; ++jj) {
+    if (pf != nullptr) {
+      for (size_t k = 0; k < ch.pf_step; k += 64) _mm_prefetch(pf + k, _MM_HINT_T1);
+      pf += ch.pf_step;
+    }
     __m512i sum[BT];
     K::template Block<BT>(x, corr, ch.w + jj * K::kVecs, sum);
     const __m512 dw = ch.dw[jj];

@@ -73,6 +73,14 @@ void Q8LanesMatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end) {
       ch.r0 = r0;
       ch.mask = Mask16(MinSz(kQ8Lanes, row_end - r0));
       ch.first = true;
+      // The next group of the range streams into L2 while this one runs,
+      // one block's bytes per block (its first x tile issues them): without
+      // it the hardware prefetcher left the stream short of memory speed,
+      // most at batch 8 (docs/PERFORMANCE.md). Hints only.
+      if (r0 + 2 * kQ8Lanes <= row_end) {
+        ch.pf = reinterpret_cast<const char*>(base) + blocks * kQ8LaneBlockBytes;
+        ch.pf_step = kQ8LaneBlockBytes;
+      }
       Q8Tiles<VnniKernel>(a, xs, ch, g0, g1);
     }
   }
