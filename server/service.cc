@@ -91,9 +91,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
           });
       if (st.ok()) return;
       refs_.fetch_sub(1, std::memory_order_relaxed);
-      st = absl::ResourceExhaustedError(absl::StrCat(
-          "session '", id, "' is spilled to disk and too many calls wait for theirs to be read back: ",
-          st.message()));
+      if (!absl::IsUnavailable(st)) {  // (UNAVAILABLE: the server is stopping)
+        st = absl::ResourceExhaustedError(absl::StrCat(
+            "session '", id,
+            "' is spilled to disk and too many calls wait for theirs to be read back: ",
+            st.message()));
+      }
     }
     Started(st);
   }

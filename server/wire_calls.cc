@@ -119,11 +119,13 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           });
       if (st.ok()) return;
       refs_.fetch_sub(1, std::memory_order_relaxed);
-      chunks = absl::ResourceExhaustedError(
-          absl::StrCat("session '", req->session_id(),
-                       "' is spilled to disk and too many calls wait for theirs to be read "
-                       "back: ",
-                       st.message()));
+      chunks = absl::IsUnavailable(st)  // the server is stopping
+                   ? st
+                   : absl::ResourceExhaustedError(absl::StrCat(
+                         "session '", req->session_id(),
+                         "' is spilled to disk and too many calls wait for theirs to be read "
+                         "back: ",
+                         st.message()));
     }
     Ready(std::move(chunks));
   }
