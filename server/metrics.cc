@@ -196,6 +196,7 @@ class Metrics::LiveState : public prometheus::Collectable {
         memory_capacity_(s.memory_capacity_bytes),
         tenants_(s.tenants),
         persister_(s.persister),
+        read_back_(s.read_back),
         engine_(s.engine) {}
 
   void AttachEngine(const session::Engine* engine) {
@@ -234,6 +235,14 @@ class Metrics::LiveState : public prometheus::Collectable {
             "Sessions restored in doubt: their move to a peer was cut by a crash of this node; "
             "calls naming them get UNAVAILABLE until the peers say whether one holds them.",
             static_cast<double>(store_->InDoubt().size())));
+      }
+      if (read_back_ != nullptr) {
+        out.push_back(GaugeFamily(
+            "cortiq_session_read_backs_in_flight",
+            "Generate and ExportSession calls on spilled sessions that wait for or run their "
+            "read-back on the read-back workers (two at a time; beyond 256 waiting, calls get "
+            "RESOURCE_EXHAUSTED).",
+            static_cast<double>(read_back_->in_flight())));
       }
     }
     if (const session::Engine* e = engine_.load(std::memory_order_acquire)) CollectEngine(*e, out);
@@ -471,6 +480,7 @@ class Metrics::LiveState : public prometheus::Collectable {
   const size_t memory_capacity_;
   const std::function<std::vector<std::string>()> tenants_;
   const session::SessionPersister* const persister_;
+  const util::TaskRunner* const read_back_;
   std::atomic<const session::Engine*> engine_;
   // Rows the engine served each tenant (AddTenantRows), by the engine's name.
   struct TenantRows {

@@ -52,6 +52,7 @@
 #include "core/session/engine.h"
 #include "core/session/session_persister.h"
 #include "core/session/session_store.h"
+#include "core/util/task_runner.h"
 
 namespace prometheus {
 class Collectable;
@@ -153,6 +154,9 @@ struct MetricsSources {
   std::function<std::vector<std::string>()> tenants = nullptr;
   // --state-dir's persister (the session files' series), or null.
   const session::SessionPersister* persister = nullptr;
+  // The server's read-back workers (cortiq_session_read_backs_in_flight,
+  // with a persister only), or null.
+  const util::TaskRunner* read_back = nullptr;
 };
 
 // The machine's memory: MemTotal of /proc/meminfo, in bytes; nullopt when it

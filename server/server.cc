@@ -106,6 +106,7 @@ absl::Status Server::Init() {
   store_ = std::make_unique<session::SessionStore>(so);
   CORTIQ_ASSIGN_OR_RETURN(auth_, Authenticator::Create(c.auth_tokens_file, c.auth_token));
 
+  read_back_ = std::make_unique<util::TaskRunner>(kReadBackWorkers, kReadBackQueue);
   const bool metrics_on = !c.metrics_listen.empty() && c.metrics_listen != "off";
   if (metrics_on) {
     MetricsSources src;
@@ -115,6 +116,7 @@ absl::Status Server::Init() {
     src.version = "0.1.0";
     src.tenants = [auth = auth_.get()] { return auth->Tenants(); };
     src.persister = persister_.get();
+    src.read_back = read_back_.get();
     src.memory_capacity_bytes =
         c.memory_capacity_bytes > 0 ? c.memory_capacity_bytes : MachineMemoryBytes().value_or(0);
     CORTIQ_ASSIGN_OR_RETURN(metrics_, Metrics::Create(src));
@@ -161,7 +163,6 @@ absl::Status Server::Init() {
   CORTIQ_ASSIGN_OR_RETURN(ctx_->default_session, DefaultSessionConfig(c, *model_, c.model_dir));
   background_ = std::make_unique<util::TaskRunner>(kBackgroundWorkers, kBackgroundQueue);
   ctx_->background = background_.get();
-  read_back_ = std::make_unique<util::TaskRunner>(kReadBackWorkers, kReadBackQueue);
   ctx_->read_back = read_back_.get();
   ctx_->drain = [this](std::optional<double> grace_s) {
     const auto grace =

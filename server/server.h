@@ -130,6 +130,10 @@ class Server {
   std::unique_ptr<session::SessionPersister> persister_;
   std::unique_ptr<session::SessionStore> store_;
   std::unique_ptr<Authenticator> auth_;
+  // Generate and ExportSession calls on a spilled session
+  // (ctx_->read_back); declared before metrics_, whose scrape reads its
+  // count. Shutdown drains and joins it before anything here is destroyed.
+  std::unique_ptr<util::TaskRunner> read_back_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<session::Engine> engine_;
   std::unique_ptr<MetricsServer> metrics_server_;
@@ -153,8 +157,6 @@ class Server {
   // MigrateSession and Drain bodies (ctx_->background); declared after ctx_,
   // which its tasks use. Shutdown drains and joins it.
   std::unique_ptr<util::TaskRunner> background_;
-  // Generate calls on a spilled session (ctx_->read_back); likewise.
-  std::unique_ptr<util::TaskRunner> read_back_;
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   // The HTTP front: its handlers use ctx_ and the engine; stopped in

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/common/model_test_util.h"
+#include "tests/common/prom_text.h"
 #include "tests/common/server_test_util.h"
 
 namespace cortiq::server {
@@ -40,6 +41,7 @@ class SpillReadBackTest : public ::testing::Test {
     c.model_dir = testing::TempModel("tiny");
     c.grace = milliseconds(0);
     c.state_dir = dir_;
+    c.metrics_listen = "127.0.0.1:0";
     node_ = testing::StartTestNode(c);
     ASSERT_NE(node_.server, nullptr);
     ASSERT_NE(node_.server->persister(), nullptr);
@@ -147,6 +149,10 @@ TEST_F(SpillReadBackTest, ACallCancelledDuringTheReadBackEndsAndLeavesTheSession
   grpc::ClientContext ctx;
   auto reader = node_.stub->Generate(&ctx, testing::KeptTurnRequest(a.session, " Some years"));
   ASSERT_EQ(entered.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  // Counted while it waits on its read-back.
+  EXPECT_EQ(testing::Scrape(node_.server->metrics_port())
+                .Value("cortiq_session_read_backs_in_flight"),
+            1.0);
   // Held in the read-back: another call on another session is still served
   // (the gRPC thread that took the first call is free).
   StreamOut other = KeptTurn(node_, "", "Loomings.");
@@ -167,6 +173,12 @@ TEST_F(SpillReadBackTest, ACallCancelledDuringTheReadBackEndsAndLeavesTheSession
   }
   EXPECT_TRUE(next.ok()) << next.error_message();
   EXPECT_FALSE(node_.server->store().Get(a.session)->spilled);
+  // (The worker's task ends just after the lease it returned.)
+  ASSERT_TRUE(node_.server->read_back_runner().WaitIdleUntil(std::chrono::steady_clock::now() +
+                                                             std::chrono::seconds(30)));
+  EXPECT_EQ(testing::Scrape(node_.server->metrics_port())
+                .Value("cortiq_session_read_backs_in_flight"),
+            0.0);
   node_.server->persister()->set_load_hook(nullptr);
   node_.server->Shutdown(milliseconds(0));
   EXPECT_EQ(node_.server->read_back_runner().in_flight(), 0u);
