@@ -232,4 +232,14 @@ absl::Status Unavailable(const ServiceContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status SubmitReadBack(const ServiceContext& ctx, const std::string& id,
+                            std::function<void()> task) {
+  absl::Status st = ctx.read_back->Submit(std::move(task));
+  if (st.ok() || absl::IsUnavailable(st)) return st;  // (UNAVAILABLE: stopping)
+  return absl::ResourceExhaustedError(
+      absl::StrCat("session '", id,
+                   "' is spilled to disk and too many calls wait for theirs to be read back: ",
+                   st.message()));
+}
+
 }  // namespace cortiq::server

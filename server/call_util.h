@@ -63,6 +63,13 @@ void AddNodeMetadata(const ServiceContext& ctx, grpc::CallbackServerContext* cal
 
 // UNAVAILABLE while the server drains.
 absl::Status Unavailable(const ServiceContext& ctx);
+
+// Queues `task`, the set-up of a call on the spilled session `id`, on
+// ctx.read_back. OK when queued; else what the call answers: UNAVAILABLE
+// once the server is stopping, RESOURCE_EXHAUSTED naming the session when
+// the queue is full.
+absl::Status SubmitReadBack(const ServiceContext& ctx, const std::string& id,
+                            std::function<void()> task);
 // INVALID_ARGUMENT for an empty or oversize session id.
 absl::Status CheckSessionId(const std::string& id);
 

@@ -84,19 +84,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       }
       const std::string id = request->session_id();
       refs_.fetch_add(1, std::memory_order_relaxed);
-      st = ctx_->read_back->Submit(
-          [this, req = *std::move(request), who = *std::move(caller)] {
-            Started(Setup(req, who, session::ReadBack::kInline));
-            Unref();
-          });
+      st = SubmitReadBack(*ctx_, id, [this, req = *std::move(request), who = *std::move(caller)] {
+        Started(Setup(req, who, session::ReadBack::kInline));
+        Unref();
+      });
       if (st.ok()) return;
       refs_.fetch_sub(1, std::memory_order_relaxed);
-      if (!absl::IsUnavailable(st)) {  // (UNAVAILABLE: the server is stopping)
-        st = absl::ResourceExhaustedError(absl::StrCat(
-            "session '", id,
-            "' is spilled to disk and too many calls wait for theirs to be read back: ",
-            st.message()));
-      }
     }
     Started(st);
   }

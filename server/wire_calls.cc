@@ -112,20 +112,15 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         setting_up_ = true;
       }
       refs_.fetch_add(1, std::memory_order_relaxed);
-      st = ctx->read_back->Submit(
+      st = SubmitReadBack(
+          *ctx, req->session_id(),
           [this, ctx, id = req->session_id(), tenant = caller->sessions(), options] {
             Ready(ExportChunks(*ctx, id, tenant, options, session::ReadBack::kInline));
             Unref();
           });
       if (st.ok()) return;
       refs_.fetch_sub(1, std::memory_order_relaxed);
-      chunks = absl::IsUnavailable(st)  // the server is stopping
-                   ? st
-                   : absl::ResourceExhaustedError(absl::StrCat(
-                         "session '", req->session_id(),
-                         "' is spilled to disk and too many calls wait for theirs to be read "
-                         "back: ",
-                         st.message()));
+      chunks = st;
     }
     Ready(std::move(chunks));
   }
