@@ -157,7 +157,8 @@ struct WeightView {
   // kQ8_0 only (optional): the same matrix in lane order (PackQ8Lanes),
   // owned by whoever made the view. When set, MatMul reads it and never
   // `data` (which may then be null): every ISA computes the same bits from
-  // it (a VPDPBUSD stream on AVX512_VNNI, a scalar loop elsewhere).
+  // it (a VPDPBUSD stream on AVX512_VNNI, VPMADDUBSW on AVX2 and AVX-512
+  // without VNNI, a scalar loop elsewhere).
   const uint8_t* q8_lanes = nullptr;
 };
 
@@ -178,7 +179,7 @@ void PackQ8Lanes(const uint8_t* q8, size_t rows, size_t cols, uint8_t* out, size
 // DequantizeQ8_0): an embedding lookup on a tied lm_head's copy.
 void Q8LaneRowToF32(const uint8_t* lanes, size_t cols, size_t row, float* out);
 // True when the active ISA multiplies lane-order int8 weights natively
-// (AVX512_VNNI): model loaders pack them only then.
+// (every x86-64 tier from AVX2 up): model loaders pack them only then.
 bool Q8LanesUsed();
 
 // Tile order of a bf16 matrix [rows][cols] for AMX: blocks of 16 rows x 32

@@ -1049,7 +1049,7 @@ constexpr KernelTable MakeTable(
 
 // Int8 weights: 16-row groups (q8_avx512.cc, q8_avx512vnni.cc).
 constexpr KernelTable kTable = MakeTable(Isa::kAvx512, nullptr, nullptr, 0, nullptr, nullptr,
-                                         nullptr, 16, Q8MatMulAvx512, nullptr);
+                                         nullptr, 16, Q8MatMulAvx512, Q8LanesMatMulAvx2);
 constexpr KernelTable kTableVnni = MakeTable(Isa::kAvx512Vnni, nullptr, nullptr, 0, nullptr,
                                              nullptr, nullptr, 16, Q8MatMulVnni, Q8LanesMatMulVnni);
 // The prefill GEMM on VDPBF16PS (kernels_avx512bf16.cc) for bf16 activations.

@@ -200,10 +200,12 @@ inline constexpr size_t kQ8Avx2RowBlock = 8;
 inline constexpr size_t kQ8FrameMinBatch = 4;
 void Q8MatMulAvx512(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8MatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
-// Lane-order W (Q8Args::lanes): the reference (matmul.cc) and VPDPBUSD
-// (q8_avx512vnni.cc; the kAvx512Vnni, kAvx512Bf16 and kAmx tables').
+// Lane-order W (Q8Args::lanes): the reference (matmul.cc), VPDPBUSD
+// (q8_avx512vnni.cc; the kAvx512Vnni, kAvx512Bf16 and kAmx tables') and
+// VPMADDUBSW (q8_avx2.cc; the kAvx2 and kAvx512 tables').
 void Q8LanesMatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8LanesMatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
+void Q8LanesMatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end);
 // Bytes of one 16-row group of the lane order over `blocks` blocks.
 inline constexpr size_t kQ8LaneBlockBytes = 16 * 32 + 16 * 4;
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc

@@ -181,8 +181,8 @@ void Q8(const internal::KernelTable& t, const float* x, size_t batch, const Weig
   args.rows = w.rows;
   args.cols = w.cols;
   args.y = y;
-  // Lane order when the view has it (then `data` may be gone): natively on
-  // VNNI, else the scalar reference of the same definition.
+  // Lane order when the view has it (then `data` may be gone): natively from
+  // AVX2 up, else the scalar reference of the same definition.
   void (*fn)(const internal::Q8Args&, size_t, size_t) = t.q8_matmul;
   size_t row_block = t.q8_row_block;
   if (w.q8_lanes != nullptr) {

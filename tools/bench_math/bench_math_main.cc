@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -74,13 +75,15 @@ std::vector<float> RandomX(size_t n) {
 // `wbytes`), pct_bw and GFLOPS.
 void TimeMatMul(benchmark::State& state, WeightView w, size_t batch, size_t stride, size_t slices,
                 size_t wbytes) {
-  const auto* base = static_cast<const uint8_t*>(w.data);
+  // Lane-order int8 views walk their copy; everything else its data.
+  const bool lanes = w.q8_lanes != nullptr;
+  const auto* base = lanes ? w.q8_lanes : static_cast<const uint8_t*>(w.data);
   auto x = RandomX(batch * w.cols);
   std::vector<float> y(batch * w.rows);
   size_t slice = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    w.data = base + slice * stride;
+    (lanes ? reinterpret_cast<const void*&>(w.q8_lanes) : w.data) = base + slice * stride;
     MatMul(x.data(), batch, w, y.data(), g_pool);
     benchmark::DoNotOptimize(y.data());
     if (++slice == slices) slice = 0;
@@ -166,11 +169,40 @@ uint8_t* Q8Arena() {
   return arena;
 }
 
-// args: rows, cols, batch, cold. Int8 weights: decode (GB/s of W, pct_bw)
-// and prefill (GFLOP/s, pct_peak of the fp32 FMA peak) alike.
+// The same blocks in lane order (PackQ8Lanes), copied across an arena of
+// their own in slices of `stride` bytes (stride: a multiple of 64 holding
+// one rows x cols matrix).
+const uint8_t* Q8LanesArena(size_t rows, size_t cols, size_t stride) {
+  static std::map<std::pair<size_t, size_t>, util::AlignedBuffer<uint8_t>> arenas;
+  auto& a = arenas[{rows, cols}];
+  if (a.size() == 0) {
+    a.Resize(kArenaBytes);
+    PackQ8Lanes(Q8Arena(), rows, cols, a.data(), 0, rows);
+    for (size_t off = stride; off + stride <= kArenaBytes; off += stride) {
+      std::memcpy(a.data() + off, a.data(), Q8LaneBytes(rows, cols));
+    }
+  }
+  return a.data();
+}
+
+// args: rows, cols, batch, cold, lanes. Int8 weights, in rows (Q8_0 blocks)
+// or in lane order (the copy the loaders make where Q8LanesUsed): decode
+// (GB/s of W, pct_bw) and prefill (GFLOP/s, pct_peak of the fp32 FMA peak).
 void BM_Q8(benchmark::State& state) {
   const size_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
   const bool cold = state.range(3) != 0;
+  const bool lanes = state.range(4) != 0;
+  if (lanes) {
+    const size_t wbytes = Q8LaneBytes(rows, cols);
+    const size_t stride = (wbytes + 4095) / 4096 * 4096;
+    const size_t slices = cold ? kArenaBytes / stride : 1;
+    WeightView view{nullptr, DType::kQ8_0, rows, cols};
+    view.q8_lanes = Q8LanesArena(rows, cols, stride);
+    TimeMatMul(state, view, batch, stride, slices, wbytes);
+    state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
+    state.SetLabel(cold ? "q8 lanes cold" : "q8 lanes hot");
+    return;
+  }
   const size_t wbytes = rows * RowBytes(DType::kQ8_0, cols);
   // Cold: successive calls use successive slices (each a whole number of 34-byte blocks).
   const size_t stride =
@@ -300,27 +332,30 @@ void RegisterAll() {
       }
     }
   }
-  // int8 weights: decode at the 0.6B shapes (cold), batched decode, prefill.
-  for (auto shape :
-       {std::pair<int64_t, int64_t>{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}}) {
-    for (int64_t batch : {1, 8}) {
+  // int8 weights: decode at the 0.6B shapes (cold), batched decode, prefill;
+  // in rows and in lane order.
+  for (int64_t lanes : {0, 1}) {
+    for (auto shape :
+         {std::pair<int64_t, int64_t>{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}}) {
+      for (int64_t batch : {1, 8}) {
+        benchmark::RegisterBenchmark("Q8", BM_Q8)
+            ->Args({shape.first, shape.second, batch, 1, lanes})
+            ->ArgNames({"rows", "cols", "batch", "cold", "lanes"})
+            ->UseRealTime();
+      }
+    }
+    for (int64_t batch : {2, 4, 16, 33, 64, 512}) {
       benchmark::RegisterBenchmark("Q8", BM_Q8)
-          ->Args({shape.first, shape.second, batch, 1})
-          ->ArgNames({"rows", "cols", "batch", "cold"})
+          ->Args({3072, 1024, batch, batch < 64, lanes})
+          ->ArgNames({"rows", "cols", "batch", "cold", "lanes"})
           ->UseRealTime();
     }
-  }
-  for (int64_t batch : {2, 4, 16, 33, 64, 512}) {
-    benchmark::RegisterBenchmark("Q8", BM_Q8)
-        ->Args({3072, 1024, batch, batch < 64})
-        ->ArgNames({"rows", "cols", "batch", "cold"})
-        ->UseRealTime();
-  }
-  for (auto nk : {std::pair<int64_t, int64_t>{1024, 1024}, {1024, 3072}}) {
-    benchmark::RegisterBenchmark("Q8", BM_Q8)
-        ->Args({nk.first, nk.second, 512, 0})
-        ->ArgNames({"rows", "cols", "batch", "cold"})
-        ->UseRealTime();
+    for (auto nk : {std::pair<int64_t, int64_t>{1024, 1024}, {1024, 3072}}) {
+      benchmark::RegisterBenchmark("Q8", BM_Q8)
+          ->Args({nk.first, nk.second, 512, 0, lanes})
+          ->ArgNames({"rows", "cols", "batch", "cold", "lanes"})
+          ->UseRealTime();
+    }
   }
   benchmark::RegisterBenchmark("ParallelForEmpty", BM_ParallelForEmpty)->UseRealTime();
   for (int64_t n : {128, 1024, 4096}) benchmark::RegisterBenchmark("Dot", BM_Dot)->Arg(n);
