@@ -6,7 +6,7 @@
 # called, none of the turns sent to the owner); --chat-turns (the same replies
 # with reuse_prefix and without, the session holding the conversation from
 # turn 2); the one-server mode still
-# runs; --long-prompt and --tenants (the scheduler's scenarios, engine in
+# runs, with its steady-load table (--sustained) and int8 weights; --long-prompt and --tenants (the scheduler's scenarios, engine in
 # process) print their tables; usage errors exit 2. The figures themselves are not judged.
 #   bench_server_test.sh PATH/TO/cortiq-bench-server MODEL_DIR
 set -euo pipefail
@@ -29,9 +29,16 @@ for n in 3 4; do
 done
 grep -q 'the nodes share the cores\|in all on' <<<"$OUT" || fail "--cluster threads line: $OUT"
 
-OUT="$("$BENCH" "${SMALL[@]}" --streams 1,2 --rounds 1)" || fail "one server exited $?: $OUT"
+OUT="$("$BENCH" "${SMALL[@]}" --streams 1,2 --rounds 1 --sustained 2 --weights int8)" ||
+  fail "one server exited $?: $OUT"
 grep -q '^  through the server ' <<<"$OUT" || fail "one server: $OUT"
 grep -Eq '^ +2 +[0-9.]+ ' <<<"$OUT" || fail "one server, 2 streams: $OUT"
+# --sustained: one row per client count above 1, over all 2 x 2 measured
+# requests, none failed, with a window every client was in.
+SUST="$(sed -n '/^sustained load/,$p' <<<"$OUT")"
+grep -Eq '^ +2 +[0-9.]+ +[0-9.]+x +[0-9.]+ +[0-9.]+ +[0-9.]+x +4$' <<<"$SUST" ||
+  fail "--sustained row: $OUT"
+! grep -q 'failed\|no common window' <<<"$SUST" || fail "--sustained: $OUT"
 
 # --chat-turns: every turn's reply the same with and without reuse_prefix, and
 # from turn 2 on the session already holds most of the conversation.

@@ -5,6 +5,7 @@
 //                       [--streams 1,4,8,16] [--max-tokens 64] [--prompt-tokens 32]
 //                       [--rounds 2] [--threads N] [--max-batch 32] [--step-tokens N[,N...]]
 //                       [--prefill-chunk N] [--aging-steps N] [--tenant-weights T=W,...]
+//                       [--sustained K] [--weights checkpoint|int8]
 //                       [--hop | --cluster 3 | --chat-turns 10 | --long-prompt 2000 | --tenants]
 //
 // The scheduler's settings (--max-batch, --step-tokens, --prefill-chunk,
@@ -22,6 +23,10 @@
 //    tokens/s (all tokens / wall time), its ratio to one stream, time to
 //    first token p50 / p99 as the clients see it, and the p50's ratio to the
 //    one-stream time to first token of 2.
+// 4. With --sustained K: the same client counts as a steady load (each client
+//    sends its next request when the last one ends, the clients' starts
+//    spread over one request's time; RunSustained): time to first token
+//    p50 / p99 and aggregate tokens/s of that steady state.
 //
 // --hop: one extra hop. Two nodes A and B in this process, peers of each
 // other; two kept sessions on B, fed the same greedy turns, one turn after
@@ -120,6 +125,8 @@ struct StreamResult {
   std::string text;          // the streamed text
   std::string node;          // x-cortiq-node: the node that served the call
   v1::Usage usage;           // the summary's
+  Clock::time_point start;                 // the call's start
+  std::vector<Clock::time_point> arrived;  // each token's arrival
 };
 
 std::string InitialMetadata(const grpc::ClientContext& ctx, std::string_view key) {
@@ -134,6 +141,7 @@ StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req
   ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
   const double cpu0 = CpuSeconds();
   const auto t0 = Clock::now();
+  r.start = t0;
   Clock::time_point first, last;
   auto reader = stub.Generate(&ctx, req);
   v1::GenerateResponse msg;
@@ -141,6 +149,7 @@ StreamResult RunStream(v1::Inference::Stub& stub, const v1::GenerateRequest& req
     if (msg.has_summary()) r.usage = msg.summary().usage();
     if (!msg.has_token()) continue;
     last = Clock::now();
+    r.arrived.push_back(last);
     if (r.tokens++ == 0) first = last;
     r.ids.push_back(msg.token().token_id());
     r.text += msg.token().text();
@@ -163,8 +172,12 @@ constexpr const char* kUsage =
     "         [--streams 1,4,8,16] [--max-tokens N] [--prompt-tokens N] [--rounds R]"
     " [--threads N]\n"
     "         [--max-batch N] [--step-tokens N[,N...]] [--prefill-chunk N] [--aging-steps N]\n"
-    "         [--tenant-weights T=W,...]\n"
+    "         [--tenant-weights T=W,...] [--sustained K] [--weights checkpoint|int8]\n"
     "         [--hop | --cluster N | --chat-turns N | --long-prompt N | --tenants]\n"
+    "  --weights    the servers' weights, as cortiq-server --weights (not the in-process modes)\n"
+    "  --sustained K  after the burst table, N clients each sending K requests back to back\n"
+    "               (after one unmeasured), their starts spread over one request's time:\n"
+    "               time to first token and throughput of a steady load\n"
     "  --max-batch, --step-tokens, --prefill-chunk, --aging-steps, --tenant-weights: the\n"
     "               scheduler's settings, for every server started and the in-process engine\n"
     "               (the server's defaults when not given; a list of step budgets only with\n"
@@ -192,6 +205,7 @@ struct BenchOptions {
   size_t rounds = 2;
   size_t threads = 0;  // math threads; 0 = every core
   std::vector<size_t> levels;
+  size_t sustained = 0;  // requests per client of the sustained-load table (0: none)
   // Every server's starting configuration: the scheduler's fields set
   // (ApplySchedulerFlags), the rest the defaults.
   cortiq::server::ServerConfig server;
@@ -235,6 +249,72 @@ size_t Cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 // ---------------------------------------------------------------------------
 // One server: the in-process engine, one stream, N streams.
+
+// 4. (--sustained K) A steady load of N clients, as a serving benchmark's
+// "max concurrency N" runs it: each client sends a request as soon as its
+// previous one ends. Started together, N clients of equal requests would stay
+// in lockstep (all prefilled in one step, all ending in the same step): the
+// burst of the table above, over and over. So client i starts i / N of a
+// request's time after client 0, that time taken from the burst's aggregate
+// at N (N x max_tokens / aggregate), and its first request is not measured.
+// Then K requests each: time to first token p50 / p99 over all of them, and
+// the aggregate over the window in which every client is in its measured
+// requests (tokens that arrived in it / its length).
+void RunSustained(v1::Inference::Stub& stub, const v1::GenerateRequest& req,
+                  const BenchOptions& opt, const std::vector<std::pair<size_t, double>>& burst_agg,
+                  double base, double single_ttft_ms) {
+  std::printf("\nsustained load: each client sends %zu requests back to back after one unmeasured,"
+              "\nclient starts spread over one request's time\n",
+              opt.sustained);
+  std::printf("%8s %14s %10s %12s %12s %13s %9s\n", "clients", "aggregate t/s", "x single",
+              "ttft p50 ms", "ttft p99 ms", "ttft x single", "requests");
+  for (const auto& [n, agg_burst] : burst_agg) {
+    if (n < 2 || agg_burst <= 0) continue;
+    const double request_s = double(n * opt.max_tokens) / agg_burst;
+    const auto t0 = Clock::now();
+    std::vector<std::future<std::vector<StreamResult>>> fs;
+    for (size_t i = 0; i < n; ++i) {
+      fs.push_back(std::async(std::launch::async, [&, i] {
+        std::this_thread::sleep_until(
+            t0 + std::chrono::duration_cast<Clock::duration>(
+                     std::chrono::duration<double>(request_s * double(i) / double(n))));
+        std::vector<StreamResult> out;
+        (void)RunStream(stub, req);  // the ramp: not measured
+        for (size_t k = 0; k < opt.sustained; ++k) out.push_back(RunStream(stub, req));
+        return out;
+      }));
+    }
+    std::vector<std::vector<StreamResult>> clients;
+    for (auto& f : fs) clients.push_back(f.get());
+    // The window: from the last client's first measured start to the first
+    // client's last measured end.
+    Clock::time_point w0 = Clock::time_point::min(), w1 = Clock::time_point::max();
+    std::vector<double> ttfts;
+    size_t failed = 0;
+    for (const auto& c : clients) {
+      w0 = std::max(w0, c.front().start);
+      w1 = std::min(w1, c.back().arrived.empty() ? c.back().start : c.back().arrived.back());
+      for (const auto& s : c) {
+        failed += s.ok ? 0 : 1;
+        ttfts.push_back(s.ttft * 1e3);
+      }
+    }
+    size_t in_window = 0;
+    for (const auto& c : clients) {
+      for (const auto& s : c) {
+        for (const auto& t : s.arrived) in_window += t >= w0 && t <= w1 ? 1 : 0;
+      }
+    }
+    const double window_s = Seconds(w1 - w0);
+    const double agg = window_s > 0 ? double(in_window) / window_s : 0;
+    std::printf("%8zu %14.2f %10s %12.1f %12.1f %12.2fx %9zu%s\n", n, agg,
+                base > 0 ? (std::to_string(agg / base).substr(0, 4) + "x").c_str() : "-",
+                Percentile(ttfts, 0.5), Percentile(ttfts, 0.99),
+                Percentile(ttfts, 0.5) / single_ttft_ms, ttfts.size(),
+                window_s > 0 ? "" : "  (no common window: raise --sustained)");
+    if (failed > 0) std::printf("  %zu requests failed\n", failed);
+  }
+}
 
 int RunServerBench(BenchOptions opt) {
   cortiq::server::ServerConfig config = opt.server;
@@ -307,6 +387,7 @@ int RunServerBench(BenchOptions opt) {
   std::printf("\n%8s %14s %10s %12s %12s %13s %10s\n", "streams", "aggregate t/s", "x single",
               "ttft p50 ms", "ttft p99 ms", "ttft x single", "per-stream");
   double base = 0;
+  std::vector<std::pair<size_t, double>> burst_agg;  // (streams, aggregate t/s)
   for (size_t n : opt.levels) {
     std::vector<double> aggs, ttfts, per;
     for (size_t r = 0; r < opt.rounds; ++r) {
@@ -330,6 +411,7 @@ int RunServerBench(BenchOptions opt) {
       aggs.push_back(double(tokens) / Seconds(Clock::now() - t0));
     }
     const double agg = Percentile(aggs, 0.5);
+    burst_agg.emplace_back(n, agg);
     if (base == 0) base = n == 1 ? agg : 0;
     std::printf("%8zu %14.2f %10s %12.1f %12.1f %12.2fx %10.2f\n", n, agg,
                 base > 0 ? (std::to_string(agg / base).substr(0, 4) + "x").c_str() : "-",
@@ -337,6 +419,7 @@ int RunServerBench(BenchOptions opt) {
                 Percentile(ttfts, 0.5) / single_ttft_ms, Percentile(per, 0.5));
   }
   std::printf("ttft x single: a level's ttft p50 over the one stream's above (same server)\n");
+  if (opt.sustained > 0) RunSustained(*stub, req, opt, burst_agg, base, single_ttft_ms);
   srv.Shutdown(std::chrono::milliseconds(0));
   return 0;
 }
@@ -862,6 +945,8 @@ int main(int argc, char** argv) {
           IntFlag("prompt-tokens", &opt.prompt_tokens),
           IntFlag("rounds", &opt.rounds),
           IntFlag("threads", &opt.threads),
+          IntFlag("sustained", &opt.sustained, {.min = 1, .max = 1000}),
+          cortiq::util::ChoiceFlag("weights", &opt.server.weights, {"checkpoint", "int8"}),
           cortiq::util::SwitchFlag("hop", &hop),
           IntFlag("cluster", &cluster, {.min = 2, .max = 26}),
           IntFlag("chat-turns", &chat_turns, {.min = 1, .max = 1000}),
