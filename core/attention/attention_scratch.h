@@ -34,6 +34,7 @@ struct QsaRuntime;
 struct ScratchSlot {
   util::AlignedBuffer<float> scores;       // probabilities / logits of one task
   util::AlignedBuffer<float> q, s, vt, o;  // tiled prefill: Q tile, scores, Vᵀ, output
+  util::AlignedBuffer<float> k;            // tiled prefill on int8 rows: K widened
 
   // b grown to at least n floats (geometrically: no allocation once warm).
   static float* Grow(util::AlignedBuffer<float>& b, size_t n) {

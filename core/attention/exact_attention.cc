@@ -10,9 +10,12 @@
 namespace cortiq::attention {
 namespace {
 
-// Causal attention of a long prefill block of f32 rows as tiled matrix
-// products: per KV group and tile of query rows, scores = Q·Kᵀ and
-// out = P·V through math::MatMul instead of one Dot/Axpy pass per row.
+// Causal attention of a long prefill block as tiled matrix products: per KV
+// group and tile of query rows, scores = Q·Kᵀ and out = P·V through
+// math::MatMul instead of one Dot/Axpy pass per row. int8 rows are widened
+// to f32 per tile (exact) and their scales applied where the row kernels
+// apply them: logit = (scale_k · q·k) · scale, and each probability times
+// scale_v before P·V (AxpyI8's alpha).
 void AttendCausalTiled(const kv::LayerKvCache& cache, const AttentionRows& rows,
                        AttentionContext& ctx) {
   const AttentionGeometry& geo = ctx.geometry;
@@ -21,6 +24,7 @@ void AttendCausalTiled(const kv::LayerKvCache& cache, const AttentionRows& rows,
   const size_t count = rows.count;
   const size_t start = cache.seq_len() - count;  // the block's rows are the last `count`
   const float scale = geo.scale;
+  const bool i8 = cache.mode() == kv::KvMode::kInt8;
   const size_t tile = kTiledAttentionTile;
   const size_t n_tiles = (count + tile - 1) / tile;
   // Tiles cost in proportion to their last position: interleave cheap and
@@ -42,21 +46,45 @@ void AttendCausalTiled(const kv::LayerKvCache& cache, const AttentionRows& rows,
                     hpk * hd * sizeof(float));
       }
       // Scores [m × n] = Q · Kᵀ (K rows are the nn.Linear layout [n × hd]).
-      const math::WeightView kw{cache.HeadKeys(g).data(), math::DType::kF32, n, hd};
+      const kv::HeadRowsView head = cache.HeadRows(g);
+      const float* keys = head.keys.data();
+      if (i8) {
+        float* kbuf = ScratchSlot::Grow(sl.k, n * hd);
+        const int8_t* k8 = head.keys_i8.data();
+        for (size_t e = 0; e < n * hd; ++e) kbuf[e] = float(k8[e]);
+        keys = kbuf;
+      }
+      const math::WeightView kw{keys, math::DType::kF32, n, hd};
       math::MatMul(qbuf, m, kw, sbuf, nullptr);
       // Causal softmax per query vector: row i sees keys [0, start + i].
       for (size_t r = 0; r < m; ++r) {
         const size_t i = i0 + r / hpk;
         float* sr = sbuf + r * n;
         const size_t vis = start + i + 1;
-        for (size_t t = 0; t < vis; ++t) sr[t] *= scale;
+        if (i8) {
+          const float* sk = head.key_scales.data();
+          for (size_t t = 0; t < vis; ++t) sr[t] = (sk[t] * sr[t]) * scale;
+        } else {
+          for (size_t t = 0; t < vis; ++t) sr[t] *= scale;
+        }
         math::Softmax(sr, vis);
+        if (i8) {
+          const float* sv = head.value_scales.data();
+          for (size_t t = 0; t < vis; ++t) sr[t] *= sv[t];
+        }
         std::fill(sr + vis, sr + n, 0.0f);
       }
       // Out [m × hd] = P · V, V transposed once per tile ([hd × n]).
-      const float* v = cache.HeadValues(g).data();
-      for (size_t t = 0; t < n; ++t) {
-        for (size_t e = 0; e < hd; ++e) vtbuf[e * n + t] = v[t * hd + e];
+      if (i8) {
+        const int8_t* v = head.values_i8.data();
+        for (size_t t = 0; t < n; ++t) {
+          for (size_t e = 0; e < hd; ++e) vtbuf[e * n + t] = float(v[t * hd + e]);
+        }
+      } else {
+        const float* v = head.values.data();
+        for (size_t t = 0; t < n; ++t) {
+          for (size_t e = 0; e < hd; ++e) vtbuf[e * n + t] = v[t * hd + e];
+        }
       }
       const math::WeightView vw{vtbuf, math::DType::kF32, hd, n};
       math::MatMul(sbuf, m, vw, obuf, nullptr);
@@ -89,8 +117,7 @@ void AttendGroupTask(const kv::LayerKvCache& cache, const AttentionRows& rows, s
 }
 
 void AttendCausal(const kv::LayerKvCache& cache, const AttentionRows& rows, AttentionContext& ctx) {
-  if (rows.count >= kTiledAttentionMinRows && cache.mode() == kv::KvMode::kF32 &&
-      !cache.O1Sealed() && !cache.HasDeadHeads()) {
+  if (rows.count >= kTiledAttentionMinRows && !cache.O1Sealed() && !cache.HasDeadHeads()) {
     AttendCausalTiled(cache, rows, ctx);
     return;
   }

@@ -25,9 +25,9 @@
 
 namespace cortiq::attention {
 
-// Prefill blocks of at least this many rows of f32 rows (no dead heads) run
-// their attention as tiled matrix products, kTiledAttentionTile query rows
-// per tile.
+// Prefill blocks of at least this many rows (f32 or int8 rows, no dead
+// heads) run their attention as tiled matrix products, kTiledAttentionTile
+// query rows per tile.
 inline constexpr size_t kTiledAttentionMinRows = 16;
 inline constexpr size_t kTiledAttentionTile = 32;
 

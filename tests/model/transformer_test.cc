@@ -238,6 +238,32 @@ TEST_P(AgreementTest, PrefillDecodeAndLongPrefillAgree) {
   EXPECT_LT(worst_c, 1e-5);
 }
 
+// int8 K/V: a long prefill (attention as tiled matrix products over the
+// widened rows) against the same tokens decoded one by one (DotI8 / AxpyI8
+// per row). The rows are quantized the same way on both paths, so the two
+// differ by summation order, and by a row whose rounding flips when its
+// input differs in the last bits.
+TEST_P(AgreementTest, Int8KvLongPrefillAgreesWithTokenByToken) {
+  auto tf = Transformer::Load(TempModel(GetParam()));
+  ASSERT_TRUE(tf.ok()) << tf.status();
+  const ModelConfig& c = (*tf)->config();
+  const size_t V = c.vocab_size, T = 100;
+  const std::vector<int32_t> ids = Ids(T, c.vocab_size, 7);
+  ForwardScratch scratch;
+  std::vector<float> long_all(T * V), logits(V);
+  SequenceKv a(c, kv::KvMode::kInt8), d(c, kv::KvMode::kInt8);
+  ASSERT_TRUE((*tf)->Prefill(ids, a, scratch, nullptr, long_all.data()).ok());
+  ASSERT_TRUE((*tf)->Prefill(std::span(ids).first(1), d, scratch, logits.data()).ok());
+  double worst = RelErr(logits.data(), long_all.data(), V);
+  SequenceKv* pd[1] = {&d};
+  for (size_t i = 1; i < T; ++i) {
+    ASSERT_TRUE((*tf)->DecodeBatch(std::span(ids).subspan(i, 1), pd, scratch, logits.data()).ok());
+    worst = std::max(worst, RelErr(logits.data(), long_all.data() + i * V, V));
+  }
+  std::printf("[%s] int8 KV, long prefill vs token-by-token: %.3g\n", GetParam(), worst);
+  EXPECT_LT(worst, 1e-3);
+}
+
 TEST_P(AgreementTest, BatchedDecodeEqualsEachSequenceAlone) {
   auto tf = Transformer::Load(TempModel(GetParam()));
   ASSERT_TRUE(tf.ok()) << tf.status();
