@@ -1,11 +1,13 @@
 // Row-batched attention kernels, built from an ISA's own Dot / Axpy (or their
-// int8 forms). Included by each ISA translation unit, which instantiates them
-// with its own per-row kernels: every (query, row) result is computed by the
-// very same function a single Dot / Axpy call runs, in the same order, so the
-// batched forms are bit-for-bit equal to the loops they replace. What they
-// save is one dispatch (indirect call) per row and head.
+// int8 forms). The scalar table instantiates them with its per-row kernels;
+// the AVX2 and AVX-512 files have register-blocked forms of the same loops,
+// which tests/math/rows_test.cc checks bit for bit against the loops. Every
+// (query, row) result is computed by the very same function a single Dot /
+// Axpy call runs, in the same order, so the batched forms are bit-for-bit
+// equal to the loops they replace. What they save is one dispatch (indirect
+// call) per row and head.
 //
-// Internal linkage (static templates): each ISA file gets its own copy.
+// Internal linkage (static templates): each including file gets its own copy.
 #pragma once
 
 #include <cstddef>
