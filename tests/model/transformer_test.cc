@@ -200,6 +200,23 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ReferenceTest,
 
 class AgreementTest : public ::testing::TestWithParam<const char*> {};
 
+// Decodes `ids` token by token into the empty `seq` (the first token by a
+// one-token prefill) and returns the worst relative error of each
+// position's logits against `want` ([ids.size()][V]).
+double WorstTokenByToken(Transformer& tf, std::span<const int32_t> ids, SequenceKv& seq,
+                         const std::vector<float>& want, size_t V) {
+  ForwardScratch scratch;
+  std::vector<float> logits(V);
+  EXPECT_TRUE(tf.Prefill(ids.first(1), seq, scratch, logits.data()).ok());
+  double worst = RelErr(logits.data(), want.data(), V);
+  SequenceKv* p[1] = {&seq};
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_TRUE(tf.DecodeBatch(ids.subspan(i, 1), p, scratch, logits.data()).ok());
+    worst = std::max(worst, RelErr(logits.data(), want.data() + i * V, V));
+  }
+  return worst;
+}
+
 TEST_P(AgreementTest, PrefillDecodeAndLongPrefillAgree) {
   auto tf = Transformer::Load(TempModel(GetParam()));
   ASSERT_TRUE(tf.ok()) << tf.status();
@@ -225,13 +242,7 @@ TEST_P(AgreementTest, PrefillDecodeAndLongPrefillAgree) {
   }
   // (c) token by token from the first token.
   SequenceKv d(c, kv::KvMode::kF32);
-  ASSERT_TRUE((*tf)->Prefill(std::span(ids).first(1), d, scratch, logits.data()).ok());
-  double worst_c = RelErr(logits.data(), long_all.data(), V);
-  SequenceKv* pd[1] = {&d};
-  for (size_t i = 1; i < T; ++i) {
-    ASSERT_TRUE((*tf)->DecodeBatch(std::span(ids).subspan(i, 1), pd, scratch, logits.data()).ok());
-    worst_c = std::max(worst_c, RelErr(logits.data(), long_all.data() + i * V, V));
-  }
+  const double worst_c = WorstTokenByToken(**tf, ids, d, long_all, V);
   std::printf("[%s] prefill+decode vs long prefill: %.3g; token-by-token: %.3g\n", GetParam(),
               worst_b, worst_c);
   EXPECT_LT(worst_b, 1e-5);
@@ -250,16 +261,10 @@ TEST_P(AgreementTest, Int8KvLongPrefillAgreesWithTokenByToken) {
   const size_t V = c.vocab_size, T = 100;
   const std::vector<int32_t> ids = Ids(T, c.vocab_size, 7);
   ForwardScratch scratch;
-  std::vector<float> long_all(T * V), logits(V);
+  std::vector<float> long_all(T * V);
   SequenceKv a(c, kv::KvMode::kInt8), d(c, kv::KvMode::kInt8);
   ASSERT_TRUE((*tf)->Prefill(ids, a, scratch, nullptr, long_all.data()).ok());
-  ASSERT_TRUE((*tf)->Prefill(std::span(ids).first(1), d, scratch, logits.data()).ok());
-  double worst = RelErr(logits.data(), long_all.data(), V);
-  SequenceKv* pd[1] = {&d};
-  for (size_t i = 1; i < T; ++i) {
-    ASSERT_TRUE((*tf)->DecodeBatch(std::span(ids).subspan(i, 1), pd, scratch, logits.data()).ok());
-    worst = std::max(worst, RelErr(logits.data(), long_all.data() + i * V, V));
-  }
+  const double worst = WorstTokenByToken(**tf, ids, d, long_all, V);
   std::printf("[%s] int8 KV, long prefill vs token-by-token: %.3g\n", GetParam(), worst);
   EXPECT_LT(worst, 1e-3);
 }
