@@ -30,6 +30,44 @@ constexpr size_t kPrefetchRows = 8;
 
 CORTIQ_INLINE __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 
+// One 32-column block of R loaded W rows against B x rows (x0: the tile's
+// first, x_stride apart) into acc.
+template <int R, int B>
+CORTIQ_INLINE void DotBlock(const __m512bh* w, const uint16_t* x0, size_t x_stride, size_t c,
+                            __m512 (&acc)[R][B]) {
+#pragma GCC unroll 8
+  for (int b = 0; b < B; ++b) {
+    const __m512bh xv = AsBh(_mm512_load_si512(x0 + b * x_stride + c));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], w[r], xv);
+  }
+}
+
+// The ragged end (columns [c, a.cols), c < a.cols): W masked, x zero-padded
+// by the pack; then the sums to y[b0 ..][r0 ..].
+template <int R, int B>
+CORTIQ_INLINE void FinishTile(const GemvArgs& a, size_t r0, size_t b0, size_t c,
+                              __m512 (&acc)[R][B]) {
+  const size_t row_bytes = a.cols * sizeof(uint16_t);
+  const char* w0 = static_cast<const char*>(a.w) + r0 * row_bytes;
+  if (c < a.cols) {
+    const __mmask32 m = Mask32(a.cols - c);
+    __m512bh w[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      w[r] = AsBh(_mm512_maskz_loadu_epi16(m, w0 + r * row_bytes + c * sizeof(uint16_t)));
+    }
+    DotBlock<R, B>(w, a.xb + b0 * a.x_stride, a.x_stride, c, acc);
+  }
+  float sums[R * B];
+  ReduceMany<R * B>(&acc[0][0], sums);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) a.y[(b0 + b) * a.rows + r0 + r] = sums[r * B + b];
+  }
+}
+
 // y[b0 .. b0+B) x rows [r0, r0 + R): whole rows, accumulators in registers.
 template <int R, int B>
 void Tile(const GemvArgs& a, size_t r0, size_t b0) {
@@ -67,34 +105,9 @@ void Tile(const GemvArgs& a, size_t r0, size_t b0) {
       if (!ahead) _mm_prefetch(p + kPrefetchRows * row_bytes, _MM_HINT_T0);
       w[r] = AsBh(_mm512_loadu_si512(p));
     }
-#pragma GCC unroll 8
-    for (int b = 0; b < B; ++b) {
-      const __m512bh xv = AsBh(_mm512_load_si512(x0 + b * a.x_stride + c));
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], w[r], xv);
-    }
+    DotBlock<R, B>(w, x0, a.x_stride, c, acc);
   }
-  if (c < a.cols) {  // the ragged end: W masked, x is zero-padded by the pack
-    const __mmask32 m = Mask32(a.cols - c);
-    __m512bh w[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      w[r] = AsBh(_mm512_maskz_loadu_epi16(m, w0 + r * row_bytes + c * sizeof(uint16_t)));
-    }
-#pragma GCC unroll 8
-    for (int b = 0; b < B; ++b) {
-      const __m512bh xv = AsBh(_mm512_load_si512(x0 + b * a.x_stride + c));
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], w[r], xv);
-    }
-  }
-  float sums[R * B];
-  ReduceMany<R * B>(&acc[0][0], sums);
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int b = 0; b < B; ++b) a.y[(b0 + b) * a.rows + r0 + r] = sums[r * B + b];
-  }
+  FinishTile<R, B>(a, r0, b0, c, acc);
 }
 
 // Rows [r0, r0 + R) for the whole batch, in batch tiles of up to 8.
@@ -119,6 +132,86 @@ void RowBlock(const GemvArgs& a, size_t r0) {
       return Tile<R, 1>(a, r0, b);
     default:
       return;
+  }
+}
+
+// ---- Batch tiles over long rows: a column chunk of x in L1 ----
+// A batch tile of B x rows reads all of x once per row pair: at 8 rows of
+// 3072 columns (the down projection) that is 48 KiB, beyond L1, so every
+// pair re-streamed x from L2 and a batch-8 call cost ~2x a batch-1 call. So
+// where a tile's x exceeds kChunkedMinXBytes, groups of kGroupRows W rows
+// run one column chunk (kChunkCols: 8 KiB of x at B = 8) at a time, pair by
+// pair, the accumulators kept in a stack buffer between chunks. Each
+// accumulator still sees the same VDPBF16PS sequence (blocks in column
+// order, the masked ragged end last) and the same ReduceMany tree, so the
+// results are bit-identical to Tile's. The first batch tile pulls the next
+// group's same columns into L2, a line per row and block.
+constexpr size_t kChunkCols = 512;
+constexpr size_t kGroupRows = 16;
+constexpr size_t kChunkedMinXBytes = 24 * 1024;
+
+// Tile<R, B> over columns [c0, c1) (c0 a multiple of kChunkCols; c1 a
+// multiple of it or a.cols): accumulators from zero (c0 == 0) or `io`
+// ([R][B]), to y (c1 == a.cols) or back to `io`. pf: prefetch the same
+// columns kGroupRows rows below.
+template <int R, int B>
+void TileChunk(const GemvArgs& a, size_t r0, size_t b0, size_t c0, size_t c1, __m512* io,
+               bool pf) {
+  const size_t row_bytes = a.cols * sizeof(uint16_t);
+  const char* w0 = static_cast<const char*>(a.w) + r0 * row_bytes;
+  const uint16_t* x0 = a.xb + b0 * a.x_stride;
+  __m512 acc[R][B];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) acc[r][b] = c0 == 0 ? _mm512_setzero_ps() : io[r * B + b];
+  }
+  const size_t full = a.cols / kBlock * kBlock;
+  const size_t end = MinSz(c1, full);
+  size_t c = c0;
+  for (; c < end; c += kBlock) {
+    __m512bh w[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const char* p = w0 + r * row_bytes + c * sizeof(uint16_t);
+      if (pf) _mm_prefetch(p + kGroupRows * row_bytes, _MM_HINT_T1);
+      w[r] = AsBh(_mm512_loadu_si512(p));
+    }
+    DotBlock<R, B>(w, x0, a.x_stride, c, acc);
+  }
+  if (c1 < a.cols) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int b = 0; b < B; ++b) io[r * B + b] = acc[r][b];
+    }
+    return;
+  }
+  FinishTile<R, B>(a, r0, b0, c, acc);
+}
+
+using TileChunkFn = void (*)(const GemvArgs&, size_t, size_t, size_t, size_t, __m512*, bool);
+template <int R>
+constexpr TileChunkFn kTileChunks[9] = {nullptr,          TileChunk<R, 1>, TileChunk<R, 2>,
+                                        TileChunk<R, 3>, TileChunk<R, 4>, TileChunk<R, 5>,
+                                        TileChunk<R, 6>, TileChunk<R, 7>, TileChunk<R, 8>};
+
+void GemvBf16Chunked(const GemvArgs& a, size_t row_begin, size_t row_end) {
+  alignas(64) __m512 io[kGroupRows * 8];  // [row in group][up to 8 batch rows]
+  for (size_t g0 = row_begin; g0 < row_end; g0 += kGroupRows) {
+    const size_t g1 = MinSz(row_end, g0 + kGroupRows);
+    const bool next = g1 + kGroupRows <= a.rows;  // the next group lies within W
+    for (size_t b0 = 0; b0 < a.batch; b0 += 8) {
+      const size_t bt = MinSz(8, a.batch - b0);
+      for (size_t c0 = 0; c0 < a.cols; c0 += kChunkCols) {
+        const size_t c1 = MinSz(a.cols, c0 + kChunkCols);
+        size_t r = g0;
+        for (; r + 2 <= g1; r += 2) {
+          kTileChunks<2>[bt](a, r, b0, c0, c1, io + (r - g0) * 8, next && b0 == 0);
+        }
+        if (r < g1) kTileChunks<1>[bt](a, r, b0, c0, c1, io + (r - g0) * 8, next && b0 == 0);
+      }
+    }
   }
 }
 
@@ -248,6 +341,8 @@ void GemvBf16(const GemvArgs& a, size_t row_begin, size_t row_end) {
   size_t r = row_begin;
   if (a.batch == 1) {
     for (; r + 8 <= row_end; r += 8) Tile<8, 1>(a, r, 0);
+  } else if (MinSz(a.batch, 8) * a.cols * sizeof(uint16_t) > kChunkedMinXBytes) {
+    return GemvBf16Chunked(a, row_begin, row_end);
   } else {
     for (; r + 2 <= row_end; r += 2) RowBlock<2>(a, r);
   }
