@@ -33,8 +33,8 @@ struct QsaRuntime;
 // One thread's buffers inside a parallel region.
 struct ScratchSlot {
   util::AlignedBuffer<float> scores;       // probabilities / logits of one task
-  util::AlignedBuffer<float> q, s, vt, o;  // tiled prefill: Q tile, scores, Vᵀ, output
-  util::AlignedBuffer<float> k;            // tiled prefill on int8 rows: K widened
+  // Tiled prefill: Q tile, scores, Vᵀ (before it, int8 K widened), output.
+  util::AlignedBuffer<float> q, s, vt, o;
 
   // b grown to at least n floats (geometrically: no allocation once warm).
   static float* Grow(util::AlignedBuffer<float>& b, size_t n) {

@@ -48,11 +48,10 @@ void AttendCausalTiled(const kv::LayerKvCache& cache, const AttentionRows& rows,
       // Scores [m × n] = Q · Kᵀ (K rows are the nn.Linear layout [n × hd]).
       const kv::HeadRowsView head = cache.HeadRows(g);
       const float* keys = head.keys.data();
-      if (i8) {
-        float* kbuf = ScratchSlot::Grow(sl.k, n * hd);
+      if (i8) {  // widened into Vᵀ's buffer, free until P · V
         const int8_t* k8 = head.keys_i8.data();
-        for (size_t e = 0; e < n * hd; ++e) kbuf[e] = float(k8[e]);
-        keys = kbuf;
+        for (size_t e = 0; e < n * hd; ++e) vtbuf[e] = float(k8[e]);
+        keys = vtbuf;
       }
       const math::WeightView kw{keys, math::DType::kF32, n, hd};
       math::MatMul(qbuf, m, kw, sbuf, nullptr);
