@@ -358,6 +358,28 @@ Isa Detect() {
   return Isa::kScalar;
 }
 
+// GemmBf16Used's default: the CPUID vendor, unless CORTIQ_BF16_GEMM says.
+bool DefaultGemmBf16() {
+  const char* env = std::getenv("CORTIQ_BF16_GEMM");
+  if (env != nullptr && std::strcmp(env, "dpbf16") == 0) return true;
+  if (env != nullptr && std::strcmp(env, "fma") == 0) return false;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+  char vendor[13];
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  vendor[12] = '\0';
+  return std::strcmp(vendor, "AuthenticAMD") == 0;
+#else
+  return false;
+#endif
+}
+
+// -1: not read yet; 0 / 1: GemmBf16Used.
+std::atomic<int> g_gemm_bf16{-1};
+
 Isa CapFromEnv(Isa detected) {
   const char* env = std::getenv("CORTIQ_ISA");
   if (env == nullptr || *env == '\0') return detected;
@@ -420,6 +442,21 @@ Isa SetIsaForTesting(Isa isa) {
   const internal::KernelTable* t = &internal::TableFor(capped);
   g_active.store(t, std::memory_order_release);
   return t->isa;
+}
+
+bool GemmBf16Used() {
+  int v = g_gemm_bf16.load(std::memory_order_relaxed);
+  if (v < 0) [[unlikely]] {
+    v = DefaultGemmBf16() ? 1 : 0;
+    g_gemm_bf16.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+bool SetGemmBf16ForTesting(bool use) {
+  const bool previous = GemmBf16Used();
+  g_gemm_bf16.store(use ? 1 : 0, std::memory_order_relaxed);
+  return previous;
 }
 
 const char* IsaName(Isa isa) {

@@ -87,8 +87,21 @@ std::string Describe(Isa isa, DType dt, size_t batch, size_t rows, size_t cols) 
          " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
 }
 
-// (ISA, weight dtype, bf16 activations, AMX tile-order copy)
-class MatMulTest : public ::testing::TestWithParam<std::tuple<Isa, DType, bool, bool>> {
+// Sets GemmBf16Used for a scope.
+class ScopedGemmBf16 {
+ public:
+  explicit ScopedGemmBf16(bool use) : previous_(SetGemmBf16ForTesting(use)) {}
+  ~ScopedGemmBf16() { SetGemmBf16ForTesting(previous_); }
+  ScopedGemmBf16(const ScopedGemmBf16&) = delete;
+  ScopedGemmBf16& operator=(const ScopedGemmBf16&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// (ISA, weight dtype, bf16 activations, AMX tile-order copy, GemmBf16Used:
+// both prefill paths of bf16 activations where the ISA has VDPBF16PS)
+class MatMulTest : public ::testing::TestWithParam<std::tuple<Isa, DType, bool, bool, bool>> {
  protected:
   Isa isa() const { return std::get<0>(GetParam()); }
   DType dtype() const { return std::get<1>(GetParam()); }
@@ -98,6 +111,7 @@ class MatMulTest : public ::testing::TestWithParam<std::tuple<Isa, DType, bool, 
     return MakeWeights(rows, cols, dtype(), seed, misalign, bf16_act(), tiles());
   }
   testing::ScopedIsa scoped_{std::get<0>(GetParam())};
+  ScopedGemmBf16 gemm_bf16_{std::get<4>(GetParam())};
   util::ThreadPool pool_{3};
 };
 
@@ -171,8 +185,13 @@ TEST_P(MatMulTest, SplitRowsMatchTheirOwnPaths) {
   auto big = RandomFloats((g + 9) * cols, 12);
   std::vector<float> ref(big.size() / cols * rows);
   MatMul(big.data(), g + 9, w.view, ref.data(), &pool_);
-  for (auto [gemv_rows, gemm_rows] : {std::pair<size_t, size_t>{0, 1}, {0, 5}, {3, 1}, {8, 20},
-                                      {31, g + 9}, {g + 2, 4}, {5, 0}}) {
+  for (auto [gemv_rows, gemm_rows] : {std::pair<size_t, size_t>{0, 1},
+                                      {0, 5},
+                                      {3, 1},
+                                      {8, 20},
+                                      {31, g + 9},
+                                      {g + 2, 4},
+                                      {5, 0}}) {
     const size_t batch = gemv_rows + gemm_rows;
     std::vector<float> x(batch * cols);
     auto dec = RandomFloats(gemv_rows * cols + 1, 13 + gemv_rows);
@@ -294,14 +313,15 @@ TEST(AmxTilesTest, EveryBatchIsBitIdenticalToBatchOne) {
   }
 }
 
-std::vector<std::tuple<Isa, DType, bool, bool>> Params() {
-  std::vector<std::tuple<Isa, DType, bool, bool>> out;
+std::vector<std::tuple<Isa, DType, bool, bool, bool>> Params() {
+  std::vector<std::tuple<Isa, DType, bool, bool, bool>> out;
   for (Isa isa : testing::SupportedIsas()) {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-      out.emplace_back(isa, dt, false, false);
+      out.emplace_back(isa, dt, false, false, true);
     }
-    out.emplace_back(isa, DType::kBF16, true, false);
-    out.emplace_back(isa, DType::kBF16, true, true);
+    out.emplace_back(isa, DType::kBF16, true, false, true);
+    if (isa >= Isa::kAvx512Bf16) out.emplace_back(isa, DType::kBF16, true, false, false);
+    out.emplace_back(isa, DType::kBF16, true, true, true);
   }
   return out;
 }
@@ -311,7 +331,8 @@ INSTANTIATE_TEST_SUITE_P(IsasAndDtypes, MatMulTest, ::testing::ValuesIn(Params()
                            return std::string(IsaName(std::get<0>(info.param))) + "_" +
                                   DTypeName(std::get<1>(info.param)) +
                                   (std::get<2>(info.param) ? "_bf16act" : "") +
-                                  (std::get<3>(info.param) ? "_tiles" : "");
+                                  (std::get<3>(info.param) ? "_tiles" : "") +
+                                  (std::get<4>(info.param) ? "" : "_fma");
                          });
 
 }  // namespace
