@@ -318,6 +318,18 @@ const internal::KernelTable kScalar = {
 };
 
 // ---- Dispatch ----
+// AVX-VNNI: CPUID leaf 7 subleaf 1 EAX bit 4.
+bool HasAvxVnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a0 = 0, b0 = 0, c0 = 0, d0 = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+  return __get_cpuid_count(7, 0, &a0, &b0, &c0, &d0) != 0 && a0 >= 1 &&
+         __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) != 0 && (a1 >> 4 & 1u) &&
+         internal::AvxVnniTable() != nullptr;
+#else
+  return false;
+#endif
+}
+
 Isa Detect() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -352,7 +364,7 @@ Isa Detect() {
   // and FMA (Haswell, Zen and later) has it.
   if (internal::Avx2Table() != nullptr && __builtin_cpu_supports("avx2") &&
       __builtin_cpu_supports("fma")) {
-    return Isa::kAvx2;
+    return HasAvxVnni() ? Isa::kAvxVnni : Isa::kAvx2;
   }
 #endif
   return Isa::kScalar;
@@ -386,6 +398,7 @@ Isa CapFromEnv(Isa detected) {
   Isa want = detected;
   if (std::strcmp(env, "scalar") == 0) want = Isa::kScalar;
   if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
+  if (std::strcmp(env, "avxvnni") == 0) want = Isa::kAvxVnni;
   if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
   if (std::strcmp(env, "avx512vnni") == 0) want = Isa::kAvx512Vnni;
   if (std::strcmp(env, "avx512bf16") == 0) want = Isa::kAvx512Bf16;
@@ -408,6 +421,10 @@ namespace internal {
 const KernelTable& ScalarTable() { return kScalar; }
 
 const KernelTable& TableFor(Isa isa) {
+  if (isa == Isa::kAvxVnni) {
+    if (HasAvxVnni()) return *AvxVnniTable();
+    isa = Isa::kAvx2;
+  }
   if (isa == Isa::kAmx && AmxTable() != nullptr) return *AmxTable();
   if ((isa == Isa::kAvx512Bf16 || isa == Isa::kAmx) && Avx512Bf16Table() != nullptr) {
     return *Avx512Bf16Table();
@@ -444,6 +461,11 @@ Isa SetIsaForTesting(Isa isa) {
   return t->isa;
 }
 
+bool IsaAvailable(Isa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(DetectedIsa())) return false;
+  return isa != Isa::kAvxVnni || HasAvxVnni();
+}
+
 bool GemmBf16Used() {
   int v = g_gemm_bf16.load(std::memory_order_relaxed);
   if (v < 0) [[unlikely]] {
@@ -465,6 +487,8 @@ const char* IsaName(Isa isa) {
       return "scalar";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kAvxVnni:
+      return "avxvnni";
     case Isa::kAvx512:
       return "avx512";
     case Isa::kAvx512Vnni:

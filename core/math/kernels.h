@@ -3,7 +3,7 @@
 // Each function dispatches at run time (first call reads CPUID) to the best
 // implementation this CPU supports: AVX-512 with AMX tiles, AVX-512 with BF16
 // dot products, AVX-512 with VNNI, AVX-512, AVX2+FMA, or portable scalar.
-// CORTIQ_ISA=scalar|avx2|avx512|avx512vnni|avx512bf16|amx in the environment caps the
+// CORTIQ_ISA=scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16|amx in the environment caps the
 // choice (tests use it to check every path against the float64 reference).
 //
 // All functions are thread-compatible: they touch only their arguments.
@@ -25,16 +25,32 @@ class ThreadPool;
 
 namespace cortiq::math {
 
-// kAvx512Vnni is kAvx512 plus AVX512_VNNI (VPDPBUSD: int8 weights), kAvx512Bf16
-// that plus AVX512_BF16 (VDPBF16PS), kAmx that plus AMX-BF16 and AMX-INT8
-// (tiles, granted by the OS): every kernel is the AVX-512 one except MatMul on
-// int8 weights (from kAvx512Vnni) and with bf16 activations on bf16 weights.
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAvx512Bf16 = 4, kAmx = 5 };
+// kAvxVnni is kAvx2 plus AVX-VNNI (the VEX VPDPBUSD on ymm: Intel client
+// cores, the E-core Xeons without AVX-512): every kernel is the AVX2 one
+// except MatMul on int8 weights. kAvx512Vnni is kAvx512 plus AVX512_VNNI
+// (VPDPBUSD: int8 weights), kAvx512Bf16 that plus AVX512_BF16 (VDPBF16PS),
+// kAmx that plus AMX-BF16 and AMX-INT8 (tiles, granted by the OS): every
+// kernel is the AVX-512 one except MatMul on int8 weights (from kAvx512Vnni)
+// and with bf16 activations on bf16 weights. The order is the caps' order;
+// a CPU with AVX-512 need not have AVX-VNNI (Zen 4, Ice Lake): capped at
+// kAvxVnni it runs kAvx2 (IsaAvailable).
+enum class Isa {
+  kScalar = 0,
+  kAvx2 = 1,
+  kAvxVnni = 2,
+  kAvx512 = 3,
+  kAvx512Vnni = 4,
+  kAvx512Bf16 = 5,
+  kAmx = 6
+};
 // The ISA the dispatcher selected for this process.
 Isa ActiveIsa();
 // The best ISA this CPU supports (ignores CORTIQ_ISA).
 Isa DetectedIsa();
 const char* IsaName(Isa isa);
+// Whether this CPU (and OS) can run `isa`'s table: isa <= DetectedIsa(), and
+// for kAvxVnni the AVX-VNNI bit itself.
+bool IsaAvailable(Isa isa);
 // Tests and benchmarks only: switches every kernel to min(isa, DetectedIsa())
 // and returns the ISA now active. Not synchronised with kernels running on
 // other threads (they may finish on the old ISA); results of a kernel are

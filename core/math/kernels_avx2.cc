@@ -936,7 +936,7 @@ double FmaLoop(uint64_t iters) {
   return 2.0 * kAcc * kV * static_cast<double>(iters);
 }
 
-const KernelTable kTable = {
+constexpr KernelTable kTable = {
     .isa = Isa::kAvx2,
     .dot = Dot,
     .axpy = Axpy,
@@ -979,8 +979,17 @@ const KernelTable kTable = {
     .fma_loop = FmaLoop,
 };
 
+// AVX-VNNI: the same table with the int8 lane kernel on VPDPBUSD.
+constexpr KernelTable WithAvxVnni(KernelTable t) {
+  t.isa = Isa::kAvxVnni;
+  t.q8_lanes_matmul = Q8LanesMatMulAvxVnni;
+  return t;
+}
+constexpr KernelTable kTableAvxVnni = WithAvxVnni(kTable);
+
 }  // namespace
 
 const KernelTable* Avx2Table() { return &kTable; }
+const KernelTable* AvxVnniTable() { return &kTableAvxVnni; }
 
 }  // namespace cortiq::math::internal

@@ -206,11 +206,14 @@ void Q8MatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8LanesMatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8LanesMatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8LanesMatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end);
+// q8_avxvnni.cc: the AVX2 lane kernel on VPDPBUSD (the kAvxVnni table's).
+void Q8LanesMatMulAvxVnni(const Q8Args& a, size_t row_begin, size_t row_end);
 // Bytes of one 16-row group of the lane order over `blocks` blocks.
 inline constexpr size_t kQ8LaneBlockBytes = 16 * 32 + 16 * 4;
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc
 // (always built on x86-64); the dispatcher treats nullptr as "not available".
 const KernelTable* Avx2Table();
+const KernelTable* AvxVnniTable();
 const KernelTable* Avx512Table();
 const KernelTable* Avx512VnniTable();
 const KernelTable* Avx512Bf16Table();

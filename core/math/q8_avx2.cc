@@ -42,6 +42,7 @@
 #include <immintrin.h>
 
 #include "core/math/kernels_internal.h"
+#include "core/math/q8_lanes_avx2_inl.h"
 
 // Helpers must inline: an out-of-line call with vector arguments spills.
 #define CORTIQ_INLINE inline __attribute__((always_inline))
@@ -180,123 +181,29 @@ void TilePass(const Q8Args& a, const uint8_t* const* w, size_t r0, size_t nrows,
   }
 }
 
-
 // ---- Lane-order W (PackQ8Lanes), the kAvx2 table's q8_lanes_matmul ----
 //
-// The layout VPDPBUSD reads (kernels.h): per 16-row group and block, 8
-// vectors of 64 bytes, vector g lane l = bytes 4g .. 4g+3 of row l's block,
-// stored as w ^ 0x80. A 256-bit half of such a vector holds 8 rows (lanes
-// 0-7 or 8-15), so here a ymm lane is one W row and the x row is broadcast 4
-// bytes at a time: the block sum of 8 outputs of one x row builds up in one
-// vector, with no horizontal reduction (the row kernel above spends a
-// VPHADDD tree per 8 outputs). Per (x row, 4 inputs, 8 rows): VPSIGNB,
-// VPMADDUBSW, VPMADDWD, VPADDD; per (4 inputs, 8 rows) and x tile: one XOR
-// (back to signed) and one VPABSB, shared by the tile's x rows. Exact as the
-// row kernel (|w| <= 128, |x| <= 127: no saturation), and
-//   acc = fma(float(I_j), dw_j * dx_j, acc)
-// per lane in block order: bit for bit Q8LanesMatMulScalar.
-//
-// Work split, as q8_avx512_inl.h's: groups of x rows (as many as kLaneXCap
-// (x row, block) scale pairs allow: the whole batch up to 256 rows at 1024
-// columns), 16-row W groups within them, each half (8 rows) of a group in
-// x tiles of kLaneTile rows. W is streamed once per x group; its half is
-// reread from L1/L2 by the tiles after the first, which pulls the next
-// group into L2 (the VNNI kernel's prefetch, measured needed there).
-// Stack: 32 KiB of block-major activation scales. Thread-safe as above.
-
-constexpr size_t kLaneRows = 16;   // rows per group (kernels.h kQ8LaneRows)
-constexpr size_t kLaneHalf = 8;    // rows per ymm
-constexpr int kLaneTile = 4;       // x rows per register tile
-constexpr size_t kLaneXCap = 8192;  // (x row, block) pairs per x group
-
-// The x side of one group [g0, g0 + rows): scales block-major ([block][row]).
-struct LaneXGroup {
-  alignas(32) float dx[kLaneXCap];
-  size_t g0;
-  size_t rows;
+// q8_lanes_avx2_inl.h's kernel with this inner product per (x dword, 8 W
+// rows): VPSIGNB, VPMADDUBSW, VPMADDWD, VPADDD, on the weights turned back
+// to signed (one XOR) with their magnitudes (one VPABSB), both shared by the
+// tile's x rows. Exact as the row kernel (|w| <= 128, |x| <= 127: no
+// saturation).
+struct Avx2LaneOps {
+  struct W {
+    __m256i v;  // w (signed)
+    __m256i a;  // |w|
+  };
+  static constexpr bool kCorrected = false;
+  static CORTIQ_INLINE W Load(const uint8_t* p) {
+    const __m256i v = _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
+                                       _mm256_set1_epi8(static_cast<char>(0x80)));
+    return {v, _mm256_abs_epi8(v)};
+  }
+  static CORTIQ_INLINE __m256i Accumulate(__m256i sum, const W& w, __m256i xb) {
+    const __m256i p = _mm256_maddubs_epi16(w.a, _mm256_sign_epi8(xb, w.v));
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  }
 };
-
-// Tile of BT x rows (b0 ..) against NH halves (8 rows each) of one group:
-// W at `w` (half h at w + 32 h; lane vectors 64 bytes apart, blocks 512),
-// scales at `dw` (half h at dw + 32 h; blocks 64 bytes apart). Writes
-// y[b][r0 .. r0 + nrows) for the tile's x rows, nrows <= 8 NH. One half
-// for tiles of 3 x rows or more (registers), both for 1 and 2: then the
-// x broadcasts are shared and each line of W is used whole in one pass.
-template <int BT, int NH>
-void LaneTile(const Q8Args& a, const LaneXGroup& xg, const uint8_t* w, const uint8_t* dw,
-              size_t r0, size_t nrows, size_t b0, const uint8_t* pf, size_t pf_step) {
-  const size_t blocks = a.cols / kQ8Block;
-  const int8_t* x[BT];
-#pragma GCC unroll 8
-  for (int b = 0; b < BT; ++b) x[b] = a.qx + (b0 + b) * a.cols;
-  const float* dx = xg.dx + (b0 - xg.g0);
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-  __m256 acc[NH][BT];
-#pragma GCC unroll 2
-  for (int h = 0; h < NH; ++h) {
-#pragma GCC unroll 8
-    for (int b = 0; b < BT; ++b) acc[h][b] = _mm256_setzero_ps();
-  }
-  for (size_t j = 0; j < blocks; ++j) {
-    if (pf != nullptr) {  // into L2, as the VNNI kernel
-      for (size_t k = 0; k < pf_step; k += 64) _mm_prefetch(pf + k, _MM_HINT_T1);
-      pf += pf_step;
-    }
-    const uint8_t* wb = w + j * kLaneRows * kQ8Block;
-    __m256i sum[NH][BT];
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h) {
-#pragma GCC unroll 8
-      for (int b = 0; b < BT; ++b) sum[h][b] = _mm256_setzero_si256();
-    }
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) {
-      __m256i wv[NH], wa[NH];
-#pragma GCC unroll 2
-      for (int h = 0; h < NH; ++h) {
-        wv[h] = _mm256_xor_si256(
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + g * 64 + h * 32)), bias);
-        wa[h] = _mm256_abs_epi8(wv[h]);
-      }
-#pragma GCC unroll 8
-      for (int b = 0; b < BT; ++b) {
-        int32_t xi;
-        __builtin_memcpy(&xi, x[b] + j * kQ8Block + 4 * g, sizeof xi);
-        const __m256i xb = _mm256_set1_epi32(xi);
-#pragma GCC unroll 2
-        for (int h = 0; h < NH; ++h) {
-          const __m256i p = _mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(xb, wv[h]));
-          sum[h][b] = _mm256_add_epi32(sum[h][b], _mm256_madd_epi16(p, ones));
-        }
-      }
-    }
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h) {
-      const __m256 dwv =
-          _mm256_load_ps(reinterpret_cast<const float*>(dw + j * kLaneRows * 4 + h * 32));
-#pragma GCC unroll 8
-      for (int b = 0; b < BT; ++b) {
-        const __m256 s = _mm256_mul_ps(dwv, _mm256_broadcast_ss(dx + j * xg.rows + b));
-        acc[h][b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[h][b]), s, acc[h][b]);
-      }
-    }
-  }
-  alignas(32) float out[kLaneHalf * NH];
-#pragma GCC unroll 8
-  for (int b = 0; b < BT; ++b) {
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h) _mm256_store_ps(out + h * kLaneHalf, acc[h][b]);
-    float* y = a.y + (b0 + b) * a.rows + r0;
-    for (size_t l = 0; l < nrows; ++l) y[l] = out[l];
-  }
-}
-
-using LaneTileFn = void (*)(const Q8Args&, const LaneXGroup&, const uint8_t*, const uint8_t*,
-                            size_t, size_t, size_t, const uint8_t*, size_t);
-// The rest of a half's tiles (1 .. kLaneTile - 1 x rows).
-constexpr LaneTileFn kLaneTiles[kLaneTile] = {nullptr, LaneTile<1, 1>, LaneTile<2, 1>,
-                                              LaneTile<3, 1>};
 
 }  // namespace
 
@@ -330,45 +237,7 @@ void Q8MatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end) {
 }
 
 void Q8LanesMatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end) {
-  const size_t blocks = a.cols / kQ8Block;
-  if (blocks == 0 || blocks > kLaneXCap) return Q8LanesMatMulScalar(a, row_begin, row_end);
-  const size_t group = kLaneXCap / blocks;
-  const size_t group_bytes = blocks * kQ8LaneBlockBytes;
-  LaneXGroup xg;
-  for (size_t g0 = 0; g0 < a.batch; g0 += group) {
-    const size_t g1 = a.batch - g0 < group ? a.batch : g0 + group;
-    xg.g0 = g0;
-    xg.rows = g1 - g0;
-    for (size_t b = g0; b < g1; ++b) {
-      for (size_t j = 0; j < blocks; ++j) xg.dx[j * xg.rows + b - g0] = a.dx[b * blocks + j];
-    }
-    for (size_t r0 = row_begin; r0 < row_end; r0 += kLaneRows) {
-      const uint8_t* base = a.lanes + r0 / kLaneRows * group_bytes;
-      const uint8_t* scales = base + blocks * kLaneRows * kQ8Block;
-      const size_t nrows = row_end - r0 < kLaneRows ? row_end - r0 : kLaneRows;
-      // The next group of the range, pulled into L2 by the first tile.
-      const uint8_t* pf = r0 + 2 * kLaneRows <= row_end ? base + group_bytes : nullptr;
-      if (xg.rows <= 2) {  // both halves at once
-        (xg.rows == 1 ? LaneTile<1, 2> : LaneTile<2, 2>)(a, xg, base, scales, r0, nrows, g0, pf,
-                                                          kQ8LaneBlockBytes);
-        continue;
-      }
-      for (size_t h = 0; h * kLaneHalf < nrows; ++h) {
-        const size_t hrows = nrows - h * kLaneHalf < kLaneHalf ? nrows - h * kLaneHalf : kLaneHalf;
-        const uint8_t* w = base + h * 32;
-        const uint8_t* dw = scales + h * 32;
-        size_t b = g0;
-        for (; b + kLaneTile <= g1; b += kLaneTile) {
-          LaneTile<kLaneTile, 1>(a, xg, w, dw, r0 + h * kLaneHalf, hrows, b,
-                                 h == 0 && b == g0 ? pf : nullptr, kQ8LaneBlockBytes);
-        }
-        if (b < g1) {
-          kLaneTiles[g1 - b](a, xg, w, dw, r0 + h * kLaneHalf, hrows, b,
-                             h == 0 && b == g0 ? pf : nullptr, kQ8LaneBlockBytes);
-        }
-      }
-    }
-  }
+  Q8LanesMatMulYmm<Avx2LaneOps>(a, row_begin, row_end);
 }
 
 }  // namespace cortiq::math::internal

@@ -440,6 +440,24 @@ TEST(DispatchTest, NamesAndCaps) {
   EXPECT_EQ(ActiveIsa(), DetectedIsa());
 }
 
+// kAvxVnni is a cap like the others, but a CPU can have AVX-512 without
+// AVX-VNNI (Zen 4, Ice Lake): capped there it runs kAvx2.
+TEST(DispatchTest, AvxVnniCapFallsBackToAvx2WithoutIt) {
+  EXPECT_STREQ(IsaName(Isa::kAvxVnni), "avxvnni");
+  EXPECT_FALSE(IsaAvailable(static_cast<Isa>(static_cast<int>(DetectedIsa()) + 1)));
+  EXPECT_TRUE(IsaAvailable(Isa::kScalar));
+  const Isa got = SetIsaForTesting(Isa::kAvxVnni);
+  if (IsaAvailable(Isa::kAvxVnni)) {
+    EXPECT_EQ(got, Isa::kAvxVnni);
+  } else if (IsaAvailable(Isa::kAvx2)) {
+    EXPECT_EQ(got, Isa::kAvx2);
+  } else {
+    EXPECT_EQ(got, Isa::kScalar);
+  }
+  EXPECT_EQ(ActiveIsa(), got);
+  SetIsaForTesting(DetectedIsa());
+}
+
 // CORTIQ_ISA is read once, at the first kernel call: check it in a child
 // process that runs only this test with the variable set.
 TEST(DispatchTest, EnvironmentCapsIsa) {

@@ -19,9 +19,9 @@ inline constexpr double kU = 5.9604644775390625e-8;
 // Every ISA this CPU can run, lowest first.
 inline std::vector<Isa> SupportedIsas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAvx512Bf16,
-                  Isa::kAmx}) {
-    if (static_cast<int>(isa) <= static_cast<int>(DetectedIsa())) out.push_back(isa);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512, Isa::kAvx512Vnni,
+                  Isa::kAvx512Bf16, Isa::kAmx}) {
+    if (IsaAvailable(isa)) out.push_back(isa);
   }
   return out;
 }
