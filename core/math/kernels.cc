@@ -318,13 +318,16 @@ const internal::KernelTable kScalar = {
 };
 
 // ---- Dispatch ----
-// AVX-VNNI: CPUID leaf 7 subleaf 1 EAX bit 4.
+// AVX-VNNI (CPUID leaf 7 subleaf 1 EAX bit 4), read once.
 bool HasAvxVnni() {
 #if defined(__x86_64__) || defined(__i386__)
-  unsigned a0 = 0, b0 = 0, c0 = 0, d0 = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0;
-  return __get_cpuid_count(7, 0, &a0, &b0, &c0, &d0) != 0 && a0 >= 1 &&
-         __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) != 0 && (a1 >> 4 & 1u) &&
-         internal::AvxVnniTable() != nullptr;
+  static const bool has = [] {
+    unsigned a0 = 0, b0 = 0, c0 = 0, d0 = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    return __get_cpuid_count(7, 0, &a0, &b0, &c0, &d0) != 0 && a0 >= 1 &&
+           __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) != 0 && (a1 >> 4 & 1u) &&
+           internal::AvxVnniTable() != nullptr;
+  }();
+  return has;
 #else
   return false;
 #endif
@@ -370,7 +373,8 @@ Isa Detect() {
   return Isa::kScalar;
 }
 
-// GemmBf16Used's default: the CPUID vendor, unless CORTIQ_BF16_GEMM says.
+// The preference GemmBf16Used applies: the CPUID vendor, unless
+// CORTIQ_BF16_GEMM says.
 bool DefaultGemmBf16() {
   const char* env = std::getenv("CORTIQ_BF16_GEMM");
   if (env != nullptr && std::strcmp(env, "dpbf16") == 0) return true;
@@ -389,7 +393,7 @@ bool DefaultGemmBf16() {
 #endif
 }
 
-// -1: not read yet; 0 / 1: GemmBf16Used.
+// -1: not read yet; 0 / 1: internal::GemmBf16Preferred.
 std::atomic<int> g_gemm_bf16{-1};
 
 Isa CapFromEnv(Isa detected) {
@@ -438,6 +442,15 @@ const KernelTable& TableFor(Isa isa) {
   return kScalar;
 }
 
+bool GemmBf16Preferred() {
+  int v = g_gemm_bf16.load(std::memory_order_relaxed);
+  if (v < 0) [[unlikely]] {
+    v = DefaultGemmBf16() ? 1 : 0;
+    g_gemm_bf16.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
 const KernelTable& Active() {
   const KernelTable* t = g_active.load(std::memory_order_acquire);
   if (t != nullptr) [[likely]]
@@ -467,16 +480,12 @@ bool IsaAvailable(Isa isa) {
 }
 
 bool GemmBf16Used() {
-  int v = g_gemm_bf16.load(std::memory_order_relaxed);
-  if (v < 0) [[unlikely]] {
-    v = DefaultGemmBf16() ? 1 : 0;
-    g_gemm_bf16.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
+  const internal::KernelTable& t = internal::Active();
+  return t.gemm_bf16 != nullptr && t.amx_matmul == nullptr && internal::GemmBf16Preferred();
 }
 
 bool SetGemmBf16ForTesting(bool use) {
-  const bool previous = GemmBf16Used();
+  const bool previous = internal::GemmBf16Preferred();
   g_gemm_bf16.store(use ? 1 : 0, std::memory_order_relaxed);
   return previous;
 }

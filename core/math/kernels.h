@@ -213,18 +213,19 @@ void PackAmxTiles(const uint16_t* w, size_t rows, size_t cols, uint16_t* out, si
 // model loaders pack their bf16 weights only then.
 bool AmxTilesUsed();
 
-// Prefill (the GEMM) with bf16 activations on bf16 weights, where the active
-// ISA has VDPBF16PS but MatMul is not on AMX tiles: true runs the VDPBF16PS
-// GEMM; false rounds x to bf16 and runs the f32 FMA GEMM on the same rounded
-// inputs (the sums differ in order only). Which is faster depends on the core,
+// Whether prefill (the GEMM) with bf16 activations on bf16 weights runs the
+// VDPBF16PS GEMM: the active ISA has it, MatMul is not on AMX tiles, and this
+// CPU prefers it. Otherwise x is rounded to bf16 and the f32 FMA GEMM runs on
+// the same rounded inputs (the sums differ in order only). Which is faster depends on the core,
 // not the ISA: VDPBF16PS does twice an FMA's multiply-adds where the FMA units
 // are 256 bits wide (AMD Zen 4, 2 threads: 378 against 149 GFLOP/s), but on
 // Intel cores with two 512-bit FMA ports it is the slower (Emerald Rapids:
 // ~140 against ~200). Default: true on AMD (the CPUID vendor), false
 // elsewhere; CORTIQ_BF16_GEMM=dpbf16|fma in the environment overrides it.
 bool GemmBf16Used();
-// Tests and benchmarks only: sets that choice for the process; returns the
-// previous one. Not synchronised with kernels running on other threads.
+// Tests and benchmarks only: sets that preference for the process (where the
+// ISA has the VDPBF16PS GEMM); returns the previous preference. Not
+// synchronised with kernels running on other threads.
 bool SetGemmBf16ForTesting(bool use);
 
 // y[b][r] = sum_c x[b][c] * W[r][c] for b < batch: x is [batch][W.cols], y is

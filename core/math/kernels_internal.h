@@ -214,6 +214,9 @@ inline constexpr size_t kQ8LaneBlockBytes = 16 * 32 + 16 * 4;
 // (always built on x86-64); the dispatcher treats nullptr as "not available".
 const KernelTable* Avx2Table();
 const KernelTable* AvxVnniTable();
+// Whether this CPU prefers the VDPBF16PS prefill GEMM where a table has one
+// (kernels.h GemmBf16Used; CORTIQ_BF16_GEMM, SetGemmBf16ForTesting).
+bool GemmBf16Preferred();
 const KernelTable* Avx512Table();
 const KernelTable* Avx512VnniTable();
 const KernelTable* Avx512Bf16Table();

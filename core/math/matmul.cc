@@ -403,8 +403,9 @@ void MatMulPath(const internal::KernelTable& t, const float* x, size_t batch, co
       return AmxTiled(t, x, batch, w, y, pool);
     }
     if (!gemm && t.gemv_bf16 != nullptr) return Gemv(t, x, batch, w, y, pool, /*bf16=*/true);
-    if (gemm && t.gemm_bf16 != nullptr && GemmBf16Used())
+    if (gemm && t.gemm_bf16 != nullptr && internal::GemmBf16Preferred()) {
       return Gemm(t, x, batch, w, y, pool, /*bf16=*/true);
+    }
     // Every other path computes on the same rounded inputs in f32.
     thread_local util::AlignedBuffer<uint16_t> bits;
     thread_local util::AlignedBuffer<float> rounded;

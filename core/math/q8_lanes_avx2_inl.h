@@ -55,14 +55,13 @@ struct LaneXGroup {
   size_t rows;
 };
 
-// sum of the 32 int8 at p (|sum| <= 32 · 128: exact in int32).
-inline __attribute__((always_inline)) int32_t BlockSumI8(const int8_t* p) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i s =
-      _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
-  const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-  const __m128i r = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
-  return _mm_cvtsi128_si32(_mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1)));
+// -128 · sum qx over the block of 32 at ux (Q8Args::ux = qx + 128), as
+// q8_avx512_inl.h's Q8PrepareGroup forms it: one VPSADBW.
+inline __attribute__((always_inline)) int32_t BlockCorrection(const uint8_t* ux) {
+  const __m256i s = _mm256_sad_epu8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ux)),
+                                    _mm256_setzero_si256());
+  const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  return 128 * (32 * 128 - (_mm_cvtsi128_si32(h) + _mm_extract_epi32(h, 2)));
 }
 
 // Tile of BT x rows (b0 ..) against NH halves (8 rows each) of one group:
@@ -157,7 +156,7 @@ void Q8LanesMatMulYmm(const Q8Args& a, size_t row_begin, size_t row_end) {
       for (size_t j = 0; j < blocks; ++j) {
         xg.dx[j * xg.rows + b - g0] = a.dx[b * blocks + j];
         if (Ops::kCorrected) {
-          xg.corr[j * xg.rows + b - g0] = -128 * BlockSumI8(a.qx + b * a.cols + j * kQ8Block);
+          xg.corr[j * xg.rows + b - g0] = BlockCorrection(a.ux + b * a.cols + j * kQ8Block);
         }
       }
     }

@@ -74,14 +74,12 @@ int RunBench(const BenchOptions& o) {
   const model::ModelConfig& c = tf.config();
   const kv::KvMode kv_mode = o.kv == "int8" ? kv::KvMode::kInt8 : kv::KvMode::kF32;
 
-  const bool dpbf16 = tf.bf16_activations() && !math::AmxTilesUsed() &&
-                      math::ActiveIsa() >= math::Isa::kAvx512Bf16 && math::GemmBf16Used();
   std::printf("cortiq-tool bench: model %s, isa %s, threads %zu, kv %s, activations %s%s\n",
               dir.c_str(), math::IsaName(math::ActiveIsa()), pool.num_threads(), o.kv.c_str(),
               tf.bf16_activations() ? "bf16" : "f32",
               !tf.bf16_activations() || math::AmxTilesUsed() ? ""
-              : dpbf16                                       ? " (prefill GEMM on VDPBF16PS)"
-                       : " (prefill GEMM: f32 FMA on bf16-rounded x)");
+              : math::GemmBf16Used()                         ? " (prefill GEMM on VDPBF16PS)"
+                                     : " (prefill GEMM: f32 FMA on bf16-rounded x)");
   std::printf("cortiq-tool bench: weights %s (%s), %.1f MB read per decode step\n",
               model::WeightsName(tf.weights()),
               tf.Int8CopyBytes() > 0 ? "quantized to Q8_0 at load" : "as stored in the checkpoint",
