@@ -305,6 +305,7 @@ const internal::KernelTable kScalar = {
     .q8_row_block = 1,
     .q8_matmul = internal::Q8MatMulScalar,
     .q8_lanes_matmul = nullptr,
+    .q8_lanes_amx = nullptr,
     .gemm_mr = 0,
     .gemm_nr = 0,
     .gemm_kc = 0,

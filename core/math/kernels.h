@@ -197,6 +197,20 @@ void Q8LaneRowToF32(const uint8_t* lanes, size_t cols, size_t row, float* out);
 // True when the active ISA multiplies lane-order int8 weights natively
 // (every x86-64 tier from AVX2 up): model loaders pack them only then.
 bool Q8LanesUsed();
+// On the kAmx ISA, lane-order int8 weights run on AMX-INT8 tiles (TDPBSUD)
+// for batches of at least Q8AmxMinBatch() x rows, the VPDPBUSD kernel below
+// that (the same bits either way). Default kQ8AmxMinBatch: from 8 x rows the
+// VPDPBUSD kernel is bound by its integer products on Intel cores (batch 8
+// at ~2x a batch-1 call on Emerald Rapids), below it W's stream bounds both.
+// Not yet tuned on AMX hardware (docs/PERFORMANCE.md);
+// CORTIQ_Q8_AMX_MIN_BATCH=N in the environment overrides it.
+// Q8AmxUsed(batch): whether a MatMul of that batch runs on the tiles.
+inline constexpr size_t kQ8AmxMinBatch = 8;
+size_t Q8AmxMinBatch();
+bool Q8AmxUsed(size_t batch);
+// Tests and benchmarks only: sets the threshold (>= 1) for the process;
+// returns the previous one. Not synchronised with running kernels.
+size_t SetQ8AmxMinBatchForTesting(size_t n);
 
 // Tile order of a bf16 matrix [rows][cols] for AMX: blocks of 16 rows x 32
 // columns, one contiguous KiB each, block (i, j) at tile index

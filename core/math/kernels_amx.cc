@@ -43,29 +43,10 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// All eight tiles are 16 rows x 64 bytes. GemvAmx (W in place): 0-1 C
-// (16 x 16 f32), 2-3 B (16 pair-rows x 16 batch x 2 bf16), 4-5 A (16 rows x
-// 32 bf16). AmxTiledMatMul (tile-order W): 0-3 C, 4-5 A (x), 6-7 B (W).
-CORTIQ_INLINE void ConfigureTiles() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
-
 // The tile configuration is per thread and stays loaded (releasing and
-// reloading it costs ~10 us a call): only this file uses the tiles.
-CORTIQ_INLINE void EnsureTilesConfigured() {
-  thread_local bool configured = false;
-  if (!configured) {
-    ConfigureTiles();
-    configured = true;
-  }
-}
+// reloading it costs ~10 us a call); AmxConfigure (kernels_internal.h)
+// loads a shape only when this thread's tiles hold another one.
+CORTIQ_INLINE void EnsureTilesConfigured() { AmxConfigure(AmxTileShape::kBf16); }
 
 // C tile (16 rows x 16 batch rows, f32) into y for the rows and batch rows
 // that exist.
@@ -168,6 +149,29 @@ bool EnableAmxForProcess() {
   // (ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18); once granted it
   // holds for every thread of the process.
   return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+// kBf16: all eight tiles 16 rows x 64 bytes. GemvAmx (W in place): 0-1 C
+// (16 x 16 f32), 2-3 B (16 pair-rows x 16 batch x 2 bf16), 4-5 A (16 rows x
+// 32 bf16). AmxTiledMatMul (tile-order W): 0-3 C, 4-5 A (x), 6-7 B (W).
+// kInt8 (q8_amx.cc): 0-3 C (16 x rows x 16 int32), 4-5 A (16 x rows x 32
+// int8: one Q8_0 block), 6-7 B (8 rows x 64 bytes: one lane-order block).
+void AmxConfigure(AmxTileShape shape) {
+  thread_local AmxTileShape loaded = AmxTileShape::kNone;
+  if (loaded == shape) return;
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  if (shape == AmxTileShape::kInt8) {
+    cfg.colsb[4] = cfg.colsb[5] = 32;
+    cfg.rows[6] = cfg.rows[7] = 8;
+  }
+  _tile_loadconfig(&cfg);
+  loaded = shape;
 }
 
 size_t GemvAmxPackedSize(size_t batch, size_t cols) {

@@ -967,6 +967,7 @@ constexpr KernelTable kTable = {
     .q8_row_block = kQ8Avx2RowBlock,
     .q8_matmul = Q8MatMulAvx2,
     .q8_lanes_matmul = Q8LanesMatMulAvx2,
+    .q8_lanes_amx = nullptr,
     .gemm_mr = kMr,
     .gemm_nr = kNr,
     .gemm_kc = kKc,

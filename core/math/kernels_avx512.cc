@@ -1034,6 +1034,7 @@ constexpr KernelTable MakeTable(
       .q8_row_block = q8_row_block,
       .q8_matmul = q8_matmul,
       .q8_lanes_matmul = q8_lanes_matmul,
+      .q8_lanes_amx = nullptr,
       .gemm_mr = kMr,
       .gemm_nr = kNr,
       .gemm_kc = kGemmKc,
@@ -1061,10 +1062,15 @@ constexpr KernelTable WithGemmBf16(KernelTable t) {
 constexpr KernelTable kTableBf16 = WithGemmBf16(
     MakeTable(Isa::kAvx512Bf16, GemvBf16PackedSize, GemvBf16PackX, 8, GemvBf16, nullptr, nullptr,
               16, Q8MatMulVnni, Q8LanesMatMulVnni));
-// AMX: rows in whole 16-row tiles per thread; tile-order weights for every batch.
-constexpr KernelTable kTableAmx = WithGemmBf16(
+// AMX: rows in whole 16-row tiles per thread; tile-order weights for every
+// batch; lane-order int8 weights on TDPBSUD from Q8AmxMinBatch() x rows.
+constexpr KernelTable WithQ8Amx(KernelTable t) {
+  t.q8_lanes_amx = Q8LanesMatMulAmx;
+  return t;
+}
+constexpr KernelTable kTableAmx = WithQ8Amx(WithGemmBf16(
     MakeTable(Isa::kAmx, GemvAmxPackedSize, GemvAmxPackX, 16, GemvAmx, AmxPackX, AmxTiledMatMul, 16,
-              Q8MatMulVnni, Q8LanesMatMulVnni));
+              Q8MatMulVnni, Q8LanesMatMulVnni)));
 
 }  // namespace
 

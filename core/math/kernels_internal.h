@@ -61,6 +61,9 @@ struct Q8Args {
   size_t rows;
   size_t cols;  // a multiple of 32
   float* y;     // [batch][rows]
+  // q8_lanes_amx only: -128 · (sum of qx over block j) at [b][j], and qx
+  // readable (any values) up to batch rounded up to 16 rows.
+  const int32_t* corr = nullptr;
 };
 
 // Geometry of the AMX tile order (kernels.h PackAmxTiles): blocks of 16 rows
@@ -152,6 +155,9 @@ struct KernelTable {
   // The same product from Q8Args::lanes (row ranges start on multiples of
   // 16); nullptr: MatMul runs Q8LanesMatMulScalar.
   void (*q8_lanes_matmul)(const Q8Args& a, size_t row_begin, size_t row_end);
+  // The same again on AMX-INT8 tiles (kAmx only, else nullptr), for batches
+  // of at least Q8AmxMinBatch() x rows; it reads Q8Args::corr.
+  void (*q8_lanes_amx)(const Q8Args& a, size_t row_begin, size_t row_end);
 
   // ---- Prefill (packed GEMM); gemm == nullptr: use gemv for every batch ----
   size_t gemm_mr;  // x rows per micro-tile (broadcast operand)
@@ -208,6 +214,8 @@ void Q8LanesMatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8LanesMatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end);
 // q8_avxvnni.cc: the AVX2 lane kernel on VPDPBUSD (the kAvxVnni table's).
 void Q8LanesMatMulAvxVnni(const Q8Args& a, size_t row_begin, size_t row_end);
+// q8_amx.cc: lane order on TDPBSUD tiles (the kAmx table's q8_lanes_amx).
+void Q8LanesMatMulAmx(const Q8Args& a, size_t row_begin, size_t row_end);
 // Bytes of one 16-row group of the lane order over `blocks` blocks.
 inline constexpr size_t kQ8LaneBlockBytes = 16 * 32 + 16 * 4;
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc
@@ -233,6 +241,11 @@ void GemmBf16(const GemmArgs& a, size_t row_begin, size_t row_end, float* scratc
 // The kAmx table's (kernels_amx.cc). EnableAmxForProcess asks the OS for the
 // tile state (Linux arch_prctl); false: AMX is unusable in this process.
 bool EnableAmxForProcess();
+// The tile shapes the AMX kernels use (kernels_amx.cc documents them).
+// AmxConfigure loads one into this thread's tile configuration unless it is
+// already there; every AMX kernel calls it before its first tile instruction.
+enum class AmxTileShape : uint8_t { kNone, kBf16, kInt8 };
+void AmxConfigure(AmxTileShape shape);
 size_t GemvAmxPackedSize(size_t batch, size_t cols);
 void GemvAmxPackX(const float* x, size_t batch, size_t cols, uint16_t* out);
 void GemvAmx(const GemvArgs& a, size_t row_begin, size_t row_end);

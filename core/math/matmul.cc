@@ -2,7 +2,9 @@
 // scratch, and splits the rows of W over the pool. The arithmetic lives in the
 // per-ISA tables (kernels.cc, kernels_avx2.cc, kernels_avx512.cc).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #if defined(__SSE2__)
@@ -144,24 +146,41 @@ void AmxTiled(const internal::KernelTable& t, const float* x, size_t batch, cons
       w.rows, [&](size_t begin, size_t end) { t.amx_matmul(args, begin, end); }, 2 * kAmxTileRows);
 }
 
+// Q8AmxMinBatch: CORTIQ_Q8_AMX_MIN_BATCH read once, else kQ8AmxMinBatch;
+// 0 = not read yet (SetQ8AmxMinBatchForTesting stores over it).
+std::atomic<size_t> g_q8_amx_min_batch{0};
+
 // int8 weights: x quantized per block (QuantizeActivationsQ8, in parallel
-// for prefill-sized batches), then the rows of W split over the pool.
+// for prefill-sized batches), then the rows of W split over the pool. On
+// AMX-INT8 (batches from Q8AmxMinBatch) the quantized rows are padded to a
+// whole A tile and the block corrections are formed here, once per call.
 void Q8(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w, float* y,
         util::ThreadPool* pool) {
   const size_t blocks = w.cols / kQ8Block;
+  const bool amx = w.q8_lanes != nullptr && t.q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch();
+  const size_t qrows = amx ? (batch + 15) / 16 * 16 : batch;
   thread_local util::AlignedBuffer<int8_t> qbuf;
   thread_local util::AlignedBuffer<uint8_t> ubuf;
   thread_local util::AlignedBuffer<float> dbuf;
-  if (qbuf.size() < batch * w.cols) qbuf.Resize(batch * w.cols);
+  thread_local util::AlignedBuffer<int32_t> cbuf;
+  if (qbuf.size() < qrows * w.cols) qbuf.Resize(qrows * w.cols);
   if (ubuf.size() < batch * w.cols) ubuf.Resize(batch * w.cols);
+  if (amx && cbuf.size() < batch * blocks) cbuf.Resize(batch * blocks);
   float* dx = Reserve(dbuf, batch * blocks);
   int8_t* qx = qbuf.data();  // (the workers must not name the thread_locals)
   uint8_t* ux = ubuf.data();
+  int32_t* corr = amx ? cbuf.data() : nullptr;
   auto quantize = [&](size_t begin, size_t end) {
     QuantizeActivationsQ8(x + begin * w.cols, end - begin, w.cols, qx + begin * w.cols,
                           dx + begin * blocks);
     for (size_t i = begin * w.cols; i < end * w.cols; ++i) {
       ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
+    }
+    if (corr == nullptr) return;
+    for (size_t i = begin * blocks; i < end * blocks; ++i) {
+      int32_t sum = 0;
+      for (size_t k = 0; k < kQ8Block; ++k) sum += qx[i * kQ8Block + k];
+      corr[i] = -128 * sum;
     }
   };
   const bool parallel =
@@ -171,6 +190,9 @@ void Q8(const internal::KernelTable& t, const float* x, size_t batch, const Weig
   } else {
     quantize(0, batch);
   }
+  // The A tiles' rows past the batch: read, never stored (zeros, so no
+  // uninitialised bytes reach the products).
+  if (qrows > batch) std::memset(qx + batch * w.cols, 0, (qrows - batch) * w.cols);
   internal::Q8Args args;
   args.qx = qx;
   args.ux = ux;
@@ -181,12 +203,15 @@ void Q8(const internal::KernelTable& t, const float* x, size_t batch, const Weig
   args.rows = w.rows;
   args.cols = w.cols;
   args.y = y;
+  args.corr = corr;
   // Lane order when the view has it (then `data` may be gone): natively from
   // AVX2 up, else the scalar reference of the same definition.
   void (*fn)(const internal::Q8Args&, size_t, size_t) = t.q8_matmul;
   size_t row_block = t.q8_row_block;
   if (w.q8_lanes != nullptr) {
-    fn = t.q8_lanes_matmul != nullptr ? t.q8_lanes_matmul : internal::Q8LanesMatMulScalar;
+    fn = amx                            ? t.q8_lanes_amx
+         : t.q8_lanes_matmul != nullptr ? t.q8_lanes_matmul
+                                        : internal::Q8LanesMatMulScalar;
     row_block = kQ8LaneRows;
   }
   if (!parallel) {
@@ -353,6 +378,30 @@ void Q8LaneRowToF32(const uint8_t* lanes, size_t cols, size_t row, float* out) {
 }
 
 bool Q8LanesUsed() { return internal::Active().q8_lanes_matmul != nullptr; }
+
+size_t Q8AmxMinBatch() {
+  size_t v = g_q8_amx_min_batch.load(std::memory_order_relaxed);
+  if (v == 0) [[unlikely]] {
+    v = kQ8AmxMinBatch;
+    if (const char* env = std::getenv("CORTIQ_Q8_AMX_MIN_BATCH")) {
+      char* end = nullptr;
+      const unsigned long n = std::strtoul(env, &end, 10);
+      if (end != env && *end == '\0' && n >= 1 && n <= 1u << 20) v = n;
+    }
+    g_q8_amx_min_batch.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+size_t SetQ8AmxMinBatchForTesting(size_t n) {
+  const size_t previous = Q8AmxMinBatch();
+  g_q8_amx_min_batch.store(n == 0 ? 1 : n, std::memory_order_relaxed);
+  return previous;
+}
+
+bool Q8AmxUsed(size_t batch) {
+  return internal::Active().q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch();
+}
 
 size_t AmxTileElements(size_t rows, size_t cols) {
   using internal::kAmxTileCols, internal::kAmxTileElems, internal::kAmxTileRows;

@@ -331,6 +331,31 @@ TEST_P(Q8MatMulTest, LaneOrderEqualsTheDefinitionBitForBit) {
     CheckShape(scoped.active(), 257, 1024, batch, 0, &pool, true);
 }
 
+// AMX-INT8 tiles (kAmx only): with the threshold at 1 every batch runs on
+// TDPBSUD, and every output is the definition's bits: one and two A tiles,
+// ragged x and W edges, odd and even block counts, a prefill batch across
+// the kernel's 256-row x chunks, and the thread split.
+TEST(Q8AmxTest, LaneOrderOnAmxTilesEqualsTheDefinitionBitForBit) {
+  if (!IsaAvailable(Isa::kAmx)) GTEST_SKIP() << "this CPU (or OS) has no AMX-INT8";
+  testing::ScopedIsa scoped(Isa::kAmx);
+  ASSERT_EQ(scoped.active(), Isa::kAmx);
+  const size_t previous = SetQ8AmxMinBatchForTesting(1);
+  EXPECT_TRUE(Q8AmxUsed(1));
+  util::ThreadPool pool(2);
+  for (size_t batch = 1; batch <= 33; ++batch) {
+    CheckShape(scoped.active(), 100, 96, batch, 0, batch % 2 ? &pool : nullptr, true);
+  }
+  for (size_t cols : {32, 64, 96, 160}) CheckShape(scoped.active(), 33, cols, 17, 0, &pool, true);
+  for (size_t batch : {1, 8, 64, 100, 300})
+    CheckShape(scoped.active(), 257, 1024, batch, 0, &pool, true);
+  CheckShape(scoped.active(), 48, 3072, 40, 0, nullptr, true);
+  SetQ8AmxMinBatchForTesting(previous);
+  if (previous > 1) {
+    EXPECT_FALSE(Q8AmxUsed(previous - 1));
+  }
+  EXPECT_TRUE(Q8AmxUsed(previous));
+}
+
 TEST(Q8LanesTest, LayoutAndSize) {
   const RawWeights w = MakeRaw(17, 64, 5, 0);
   EXPECT_EQ(Q8LaneBytes(17, 64), 2u * 2u * (16u * 32u + 16u * 4u));  // 2 groups of 2 blocks

@@ -550,7 +550,10 @@ TEST_P(Int8WeightsTest, BatchedDecodeRowsEqualEachSequenceAlone) {
   auto tf = Transformer::Load(TempModel(shape, dtype), lo);
   ASSERT_TRUE(tf.ok()) << tf.status();
   const ModelConfig& c = (*tf)->config();
-  const size_t V = c.vocab_size, B = 5;
+  // 9 rows: on AMX the batch runs on the int8 tiles (math::kQ8AmxMinBatch),
+  // each row alone on VPDPBUSD.
+  const size_t V = c.vocab_size, B = 9;
+  static_assert(B >= math::kQ8AmxMinBatch);
   std::vector<std::unique_ptr<SequenceKv>> batch, alone;
   ForwardScratch scratch;
   for (size_t b = 0; b < B; ++b) {

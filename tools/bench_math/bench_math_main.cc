@@ -200,7 +200,8 @@ void BM_Q8(benchmark::State& state) {
     view.q8_lanes = Q8LanesArena(rows, cols, stride);
     TimeMatMul(state, view, batch, stride, slices, wbytes);
     state.counters["pct_peak"] = 100.0 * state.counters["GFLOPS"] / g_peak_gflops;
-    state.SetLabel(cold ? "q8 lanes cold" : "q8 lanes hot");
+    state.SetLabel(std::string(cold ? "q8 lanes cold" : "q8 lanes hot") +
+                   (Q8AmxUsed(batch) ? " amx-int8" : ""));
     return;
   }
   const size_t wbytes = rows * RowBytes(DType::kQ8_0, cols);

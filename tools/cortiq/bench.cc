@@ -84,6 +84,12 @@ int RunBench(const BenchOptions& o) {
               model::WeightsName(tf.weights()),
               tf.Int8CopyBytes() > 0 ? "quantized to Q8_0 at load" : "as stored in the checkpoint",
               static_cast<double>(tf.WeightBytesPerStep()) / 1e6);
+  if (math::Q8AmxUsed(size_t{1} << 20)) {
+    std::printf(
+        "cortiq-tool bench: Q8_0 matrices on AMX-INT8 tiles from batch %zu (below: "
+        "VPDPBUSD)\n",
+        math::Q8AmxMinBatch());
+  }
   std::printf(
       "shape: hidden %lld, layers %lld, heads %lld/%lld, head_dim %lld, inter %lld, vocab %lld\n",
       (long long)c.hidden_size, (long long)c.num_hidden_layers, (long long)c.num_attention_heads,
