@@ -53,6 +53,7 @@ struct GemmArgs {
 struct Q8Args {
   const int8_t* qx;   // [batch][cols] activations, QuantizeActivationsQ8
   const uint8_t* ux;  // [batch][cols] the same plus 128 (uint8: qx ^ 0x80), for u8·s8 products
+                      // (not formed for q8_lanes_amx, which reads qx and corr)
   const float* dx;    // [batch][cols / 32] activation block scales
   size_t batch;
   const uint8_t* w;  // [rows][cols / 32] Q8_0 blocks of 34 bytes, unaligned

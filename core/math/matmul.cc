@@ -164,7 +164,7 @@ void Q8(const internal::KernelTable& t, const float* x, size_t batch, const Weig
   thread_local util::AlignedBuffer<float> dbuf;
   thread_local util::AlignedBuffer<int32_t> cbuf;
   if (qbuf.size() < qrows * w.cols) qbuf.Resize(qrows * w.cols);
-  if (ubuf.size() < batch * w.cols) ubuf.Resize(batch * w.cols);
+  if (!amx && ubuf.size() < batch * w.cols) ubuf.Resize(batch * w.cols);
   if (amx && cbuf.size() < batch * blocks) cbuf.Resize(batch * blocks);
   float* dx = Reserve(dbuf, batch * blocks);
   int8_t* qx = qbuf.data();  // (the workers must not name the thread_locals)
@@ -173,10 +173,12 @@ void Q8(const internal::KernelTable& t, const float* x, size_t batch, const Weig
   auto quantize = [&](size_t begin, size_t end) {
     QuantizeActivationsQ8(x + begin * w.cols, end - begin, w.cols, qx + begin * w.cols,
                           dx + begin * blocks);
-    for (size_t i = begin * w.cols; i < end * w.cols; ++i) {
-      ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
+    if (corr == nullptr) {  // ux: the VPDPBUSD kernels' (the tiles take qx and corr)
+      for (size_t i = begin * w.cols; i < end * w.cols; ++i) {
+        ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
+      }
+      return;
     }
-    if (corr == nullptr) return;
     for (size_t i = begin * blocks; i < end * blocks; ++i) {
       int32_t sum = 0;
       for (size_t k = 0; k < kQ8Block; ++k) sum += qx[i * kQ8Block + k];
