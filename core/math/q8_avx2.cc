@@ -201,7 +201,11 @@ struct Avx2LaneOps {
   }
   static CORTIQ_INLINE __m256i Accumulate(__m256i sum, const W& w, __m256i xb) {
     const __m256i p = _mm256_maddubs_epi16(w.a, _mm256_sign_epi8(xb, w.v));
-    return _mm256_add_epi32(sum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    __m256i r = _mm256_add_epi32(sum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    // One accumulator per (x row, half), added to in order: without this GCC
+    // reassociates the chain into a tree whose partial sums spill to the stack.
+    __asm__("" : "+x"(r));
+    return r;
   }
 };
 
