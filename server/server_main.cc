@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/math/kernels.h"
 #include "core/util/flags.h"
 #include "server/config.h"
 #include "server/log_format.h"
@@ -56,6 +57,11 @@ int main(int argc, char** argv) {
                    ? host + ":" + std::to_string((*server)->metrics_port()) + "/metrics"
                    : std::string("off"),
                (*server)->kernel_tier(), (*server)->model().bf16_activations() ? "bf16" : "f32");
+  if (cortiq::math::ActiveIsa() == cortiq::math::Isa::kAmx && !cortiq::math::Q8AmxVerified()) {
+    spdlog::warn(
+        "the AMX-INT8 kernel disagreed with the int8 definition on its start-up check; int8 "
+        "weights run on VPDPBUSD instead (the same results, slower prefill)");
+  }
   // A machine-readable line for scripts and tests.
   std::printf("listening on %s:%d metrics %d\n", host.c_str(), (*server)->port(),
               (*server)->metrics_port());

@@ -208,6 +208,12 @@ bool Q8LanesUsed();
 inline constexpr size_t kQ8AmxMinBatch = 8;
 size_t Q8AmxMinBatch();
 bool Q8AmxUsed(size_t batch);
+// On an AMX-INT8 CPU: whether the tile kernel passed its one-time check
+// against the definition (run at first use: a small product compared bit for
+// bit with the scalar reference). If it did not, int8 weights stay on
+// VPDPBUSD (Q8AmxUsed is false) and the server logs a warning at start.
+// False where the CPU or OS has no AMX-INT8.
+bool Q8AmxVerified();
 // Tests and benchmarks only: sets the threshold (>= 1) for the process;
 // returns the previous one. Not synchronised with running kernels.
 size_t SetQ8AmxMinBatchForTesting(size_t n);

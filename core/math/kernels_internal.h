@@ -217,6 +217,10 @@ void Q8LanesMatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8LanesMatMulAvxVnni(const Q8Args& a, size_t row_begin, size_t row_end);
 // q8_amx.cc: lane order on TDPBSUD tiles (the kAmx table's q8_lanes_amx).
 void Q8LanesMatMulAmx(const Q8Args& a, size_t row_begin, size_t row_end);
+// Whether `fn` (a q8_lanes_amx-style kernel: reads qx, dx, corr, lanes)
+// gives Q8LanesMatMulScalar's bits on a fixed 40 x 96 product at 17 x rows,
+// rows split at 16 (matmul.cc; Q8AmxVerified runs it on the AMX kernel).
+bool Q8KernelAgreesWithDefinition(void (*fn)(const Q8Args&, size_t, size_t));
 // Bytes of one 16-row group of the lane order over `blocks` blocks.
 inline constexpr size_t kQ8LaneBlockBytes = 16 * 32 + 16 * 4;
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <vector>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -157,7 +158,8 @@ std::atomic<size_t> g_q8_amx_min_batch{0};
 void Q8(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w, float* y,
         util::ThreadPool* pool) {
   const size_t blocks = w.cols / kQ8Block;
-  const bool amx = w.q8_lanes != nullptr && t.q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch();
+  const bool amx = w.q8_lanes != nullptr && t.q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch() &&
+                   Q8AmxVerified();
   const size_t qrows = amx ? (batch + 15) / 16 * 16 : batch;
   thread_local util::AlignedBuffer<int8_t> qbuf;
   thread_local util::AlignedBuffer<uint8_t> ubuf;
@@ -402,8 +404,75 @@ size_t SetQ8AmxMinBatchForTesting(size_t n) {
 }
 
 bool Q8AmxUsed(size_t batch) {
-  return internal::Active().q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch();
+  return internal::Active().q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch() && Q8AmxVerified();
 }
+
+bool Q8AmxVerified() {
+  static const bool verified = [] {
+    if (!IsaAvailable(Isa::kAmx)) return false;  // (its kernel would not even run)
+    const auto fn = internal::TableFor(Isa::kAmx).q8_lanes_amx;
+    return fn != nullptr && internal::Q8KernelAgreesWithDefinition(fn);
+  }();
+  return verified;
+}
+
+namespace internal {
+
+bool Q8KernelAgreesWithDefinition(void (*fn)(const Q8Args&, size_t, size_t)) {
+  // 40 W rows (two whole 16-row groups and a ragged one, in two calls as the
+  // pool splits them), 3 blocks, 17 x rows (a whole A tile and one row of
+  // the next), every int8 weight value, scales of both signs.
+  constexpr size_t kRows = 40, kCols = 96, kBatch = 17, kBlocks = kCols / kQ8Block;
+  uint32_t state = 0x9e3779b9u;
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return state >> 8;
+  };
+  std::vector<uint8_t> rows(kRows * kBlocks * kQ8BlockBytes);
+  for (size_t blk = 0; blk < kRows * kBlocks; ++blk) {
+    uint8_t* b = rows.data() + blk * kQ8BlockBytes;
+    const float scale = (1.0f + static_cast<float>(next() % 1000)) * 1e-5f;
+    const uint16_t h = F32ToF16(blk % 3 == 0 ? -scale : scale);
+    b[0] = static_cast<uint8_t>(h & 0xff);
+    b[1] = static_cast<uint8_t>(h >> 8);
+    for (size_t i = 0; i < kQ8Block; ++i) b[2 + i] = static_cast<uint8_t>(next());
+  }
+  util::AlignedBuffer<uint8_t> lanes(Q8LaneBytes(kRows, kCols));
+  PackQ8Lanes(rows.data(), kRows, kCols, lanes.data(), 0, kRows);
+  std::vector<float> x(kBatch * kCols);
+  for (float& v : x) v = static_cast<float>(static_cast<int>(next() % 4001) - 2000) * 1e-3f;
+  const size_t qrows = (kBatch + 15) / 16 * 16;
+  std::vector<int8_t> qx(qrows * kCols, 0);
+  std::vector<uint8_t> ux(kBatch * kCols);
+  std::vector<float> dx(kBatch * kBlocks);
+  std::vector<int32_t> corr(kBatch * kBlocks);
+  QuantizeActivationsQ8(x.data(), kBatch, kCols, qx.data(), dx.data());
+  for (size_t i = 0; i < kBatch * kCols; ++i) ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
+  for (size_t i = 0; i < kBatch * kBlocks; ++i) {
+    int32_t sum = 0;
+    for (size_t k = 0; k < kQ8Block; ++k) sum += qx[i * kQ8Block + k];
+    corr[i] = -128 * sum;
+  }
+  Q8Args a;
+  a.qx = qx.data();
+  a.ux = ux.data();
+  a.dx = dx.data();
+  a.batch = kBatch;
+  a.w = rows.data();
+  a.lanes = lanes.data();
+  a.rows = kRows;
+  a.cols = kCols;
+  a.corr = corr.data();
+  std::vector<float> want(kBatch * kRows), got(kBatch * kRows, -1.0f);
+  a.y = want.data();
+  Q8LanesMatMulScalar(a, 0, kRows);
+  a.y = got.data();
+  fn(a, 0, 16);
+  fn(a, 16, kRows);
+  return std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0;
+}
+
+}  // namespace internal
 
 size_t AmxTileElements(size_t rows, size_t cols) {
   using internal::kAmxTileCols, internal::kAmxTileElems, internal::kAmxTileRows;

@@ -77,6 +77,8 @@ TEST(Q8AmxModelTest, EveryScheduleEqualsTheDefinitionBitForBit) {
   Check(257, 1024, 300, 128);  // two x chunks of the prefill schedule, ragged W
   Check(48, 3072, 40, 48);
   Check(7, 64, 65, 16);
+  // and it passes the check Q8AmxVerified runs on the real tiles
+  EXPECT_TRUE(internal::Q8KernelAgreesWithDefinition(internal::Q8LanesMatMulAmxModel));
 }
 
 }  // namespace

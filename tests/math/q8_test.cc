@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/math/kernels.h"
+#include "core/math/kernels_internal.h"
 #include "core/util/aligned_buffer.h"
 #include "core/util/thread_pool.h"
 #include "tests/math/test_util.h"
@@ -339,6 +340,7 @@ TEST(Q8AmxTest, LaneOrderOnAmxTilesEqualsTheDefinitionBitForBit) {
   if (!IsaAvailable(Isa::kAmx)) GTEST_SKIP() << "this CPU (or OS) has no AMX-INT8";
   testing::ScopedIsa scoped(Isa::kAmx);
   ASSERT_EQ(scoped.active(), Isa::kAmx);
+  EXPECT_TRUE(Q8AmxVerified());
   const size_t previous = SetQ8AmxMinBatchForTesting(1);
   EXPECT_TRUE(Q8AmxUsed(1));
   util::ThreadPool pool(2);
@@ -354,6 +356,24 @@ TEST(Q8AmxTest, LaneOrderOnAmxTilesEqualsTheDefinitionBitForBit) {
     EXPECT_FALSE(Q8AmxUsed(previous - 1));
   }
   EXPECT_TRUE(Q8AmxUsed(previous));
+}
+
+// The start-up check that keeps a tile kernel which disagrees with the
+// definition off the int8 path (Q8AmxVerified) tells a right kernel from a
+// wrong one: one output's last bit off, in the second call of the row split.
+void OneBitOff(const internal::Q8Args& a, size_t row_begin, size_t row_end) {
+  internal::Q8LanesMatMulScalar(a, row_begin, row_end);
+  if (row_begin == 0) return;
+  uint32_t bits = Bits(a.y[row_begin]) ^ 1u;
+  std::memcpy(&a.y[row_begin], &bits, sizeof bits);
+}
+
+TEST(Q8AmxTest, TheStartUpCheckTellsAWrongKernel) {
+  EXPECT_TRUE(internal::Q8KernelAgreesWithDefinition(internal::Q8LanesMatMulScalar));
+  EXPECT_FALSE(internal::Q8KernelAgreesWithDefinition(OneBitOff));
+  if (!IsaAvailable(Isa::kAmx)) {
+    EXPECT_FALSE(Q8AmxVerified());
+  }
 }
 
 TEST(Q8LanesTest, LayoutAndSize) {
