@@ -217,6 +217,11 @@ void Q8LanesMatMulAvx2(const Q8Args& a, size_t row_begin, size_t row_end);
 void Q8LanesMatMulAvxVnni(const Q8Args& a, size_t row_begin, size_t row_end);
 // q8_amx.cc: lane order on TDPBSUD tiles (the kAmx table's q8_lanes_amx).
 void Q8LanesMatMulAmx(const Q8Args& a, size_t row_begin, size_t row_end);
+// The x side of Q8Args for `batch` rows of x [batch][cols], as MatMul forms
+// it (matmul.cc): qx and dx (QuantizeActivationsQ8), then ux and corr where
+// not null.
+void QuantizeQ8Args(const float* x, size_t batch, size_t cols, int8_t* qx, uint8_t* ux, float* dx,
+                    int32_t* corr);
 // Whether `fn` (a q8_lanes_amx-style kernel: reads qx, dx, corr, lanes)
 // gives Q8LanesMatMulScalar's bits on a fixed 40 x 96 product at 17 x rows,
 // rows split at 16 (matmul.cc; Q8AmxVerified runs it on the AMX kernel).

@@ -173,19 +173,10 @@ void Q8(const internal::KernelTable& t, const float* x, size_t batch, const Weig
   uint8_t* ux = ubuf.data();
   int32_t* corr = amx ? cbuf.data() : nullptr;
   auto quantize = [&](size_t begin, size_t end) {
-    QuantizeActivationsQ8(x + begin * w.cols, end - begin, w.cols, qx + begin * w.cols,
-                          dx + begin * blocks);
-    if (corr == nullptr) {  // ux: the VPDPBUSD kernels' (the tiles take qx and corr)
-      for (size_t i = begin * w.cols; i < end * w.cols; ++i) {
-        ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
-      }
-      return;
-    }
-    for (size_t i = begin * blocks; i < end * blocks; ++i) {
-      int32_t sum = 0;
-      for (size_t k = 0; k < kQ8Block; ++k) sum += qx[i * kQ8Block + k];
-      corr[i] = -128 * sum;
-    }
+    // ux: the VPDPBUSD kernels' (the tiles take qx and corr)
+    internal::QuantizeQ8Args(x + begin * w.cols, end - begin, w.cols, qx + begin * w.cols,
+                             corr == nullptr ? ux + begin * w.cols : nullptr, dx + begin * blocks,
+                             corr == nullptr ? nullptr : corr + begin * blocks);
   };
   const bool parallel =
       pool != nullptr && RowBytes(w.dtype, w.cols) * w.rows >= kMinParallelWeightBytes;
@@ -418,6 +409,21 @@ bool Q8AmxVerified() {
 
 namespace internal {
 
+void QuantizeQ8Args(const float* x, size_t batch, size_t cols, int8_t* qx, uint8_t* ux, float* dx,
+                    int32_t* corr) {
+  QuantizeActivationsQ8(x, batch, cols, qx, dx);
+  if (ux != nullptr) {
+    for (size_t i = 0; i < batch * cols; ++i) ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
+  }
+  if (corr != nullptr) {
+    for (size_t i = 0; i < batch * cols / kQ8Block; ++i) {
+      int32_t sum = 0;
+      for (size_t k = 0; k < kQ8Block; ++k) sum += qx[i * kQ8Block + k];
+      corr[i] = -128 * sum;
+    }
+  }
+}
+
 bool Q8KernelAgreesWithDefinition(void (*fn)(const Q8Args&, size_t, size_t)) {
   // 40 W rows (two whole 16-row groups and a ragged one, in two calls as the
   // pool splits them), 3 blocks, 17 x rows (a whole A tile and one row of
@@ -442,17 +448,11 @@ bool Q8KernelAgreesWithDefinition(void (*fn)(const Q8Args&, size_t, size_t)) {
   std::vector<float> x(kBatch * kCols);
   for (float& v : x) v = static_cast<float>(static_cast<int>(next() % 4001) - 2000) * 1e-3f;
   const size_t qrows = (kBatch + 15) / 16 * 16;
-  std::vector<int8_t> qx(qrows * kCols, 0);
+  std::vector<int8_t> qx(qrows * kCols, 0);  // rows past the batch stay zero
   std::vector<uint8_t> ux(kBatch * kCols);
   std::vector<float> dx(kBatch * kBlocks);
   std::vector<int32_t> corr(kBatch * kBlocks);
-  QuantizeActivationsQ8(x.data(), kBatch, kCols, qx.data(), dx.data());
-  for (size_t i = 0; i < kBatch * kCols; ++i) ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
-  for (size_t i = 0; i < kBatch * kBlocks; ++i) {
-    int32_t sum = 0;
-    for (size_t k = 0; k < kQ8Block; ++k) sum += qx[i * kQ8Block + k];
-    corr[i] = -128 * sum;
-  }
+  QuantizeQ8Args(x.data(), kBatch, kCols, qx.data(), ux.data(), dx.data(), corr.data());
   Q8Args a;
   a.qx = qx.data();
   a.ux = ux.data();

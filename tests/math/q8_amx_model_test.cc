@@ -34,17 +34,11 @@ void Check(size_t rows, size_t cols, size_t batch, size_t split) {
   auto x = RandomFloats(batch * cols, static_cast<uint32_t>(batch * 3 + cols), -3.0f, 3.0f);
   for (size_t b = 0; b < batch; ++b) x[b * cols + (b * 37) % cols] = 40.0f;  // outliers
   const size_t qrows = (batch + 15) / 16 * 16;
-  std::vector<int8_t> qx(qrows * cols, 0);
+  std::vector<int8_t> qx(qrows * cols, 0);  // rows past the batch stay zero
   std::vector<uint8_t> ux(batch * cols);
   std::vector<float> dx(batch * blocks);
   std::vector<int32_t> corr(batch * blocks);
-  QuantizeActivationsQ8(x.data(), batch, cols, qx.data(), dx.data());
-  for (size_t i = 0; i < batch * cols; ++i) ux[i] = static_cast<uint8_t>(qx[i]) ^ 0x80u;
-  for (size_t i = 0; i < batch * blocks; ++i) {
-    int32_t s = 0;
-    for (size_t k = 0; k < kQ8Block; ++k) s += qx[i * kQ8Block + k];
-    corr[i] = -128 * s;
-  }
+  internal::QuantizeQ8Args(x.data(), batch, cols, qx.data(), ux.data(), dx.data(), corr.data());
   internal::Q8Args a;
   a.qx = qx.data();
   a.ux = ux.data();
