@@ -224,8 +224,16 @@ void QuantizeQ8Args(const float* x, size_t batch, size_t cols, int8_t* qx, uint8
                     int32_t* corr);
 // Whether `fn` (a q8_lanes_amx-style kernel: reads qx, dx, corr, lanes)
 // gives Q8LanesMatMulScalar's bits on a fixed 40 x 96 product at 17 x rows,
-// rows split at 16 (matmul.cc; Q8AmxVerified runs it on the AMX kernel).
+// in calls of 16 rows (matmul.cc; Q8AmxVerified runs it on the AMX kernel).
 bool Q8KernelAgreesWithDefinition(void (*fn)(const Q8Args&, size_t, size_t));
+// The comparison behind it, on any lane-order W [rows][cols] and x
+// [batch][cols] (prepared as MatMul prepares them for the tiles), `fn` called
+// on `split` rows at a time (a multiple of 16): the index into y [batch][rows]
+// of the first output whose bits differ from Q8LanesMatMulScalar's, or
+// batch * rows when none does.
+size_t Q8LanesKernelFirstMismatch(void (*fn)(const Q8Args&, size_t, size_t), const uint8_t* lanes,
+                                  size_t rows, size_t cols, const float* x, size_t batch,
+                                  size_t split);
 // Bytes of one 16-row group of the lane order over `blocks` blocks.
 inline constexpr size_t kQ8LaneBlockBytes = 16 * 32 + 16 * 4;
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc

@@ -151,6 +151,12 @@ void AmxTiled(const internal::KernelTable& t, const float* x, size_t batch, cons
 // 0 = not read yet (SetQ8AmxMinBatchForTesting stores over it).
 std::atomic<size_t> g_q8_amx_min_batch{0};
 
+// Whether table `t` runs a lane-order int8 MatMul of `batch` x rows on the
+// AMX-INT8 tiles (Q8AmxUsed for the active table).
+bool AmxTakes(const internal::KernelTable& t, size_t batch) {
+  return t.q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch() && Q8AmxVerified();
+}
+
 // int8 weights: x quantized per block (QuantizeActivationsQ8, in parallel
 // for prefill-sized batches), then the rows of W split over the pool. On
 // AMX-INT8 (batches from Q8AmxMinBatch) the quantized rows are padded to a
@@ -158,8 +164,7 @@ std::atomic<size_t> g_q8_amx_min_batch{0};
 void Q8(const internal::KernelTable& t, const float* x, size_t batch, const WeightView& w, float* y,
         util::ThreadPool* pool) {
   const size_t blocks = w.cols / kQ8Block;
-  const bool amx = w.q8_lanes != nullptr && t.q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch() &&
-                   Q8AmxVerified();
+  const bool amx = w.q8_lanes != nullptr && AmxTakes(t, batch);
   const size_t qrows = amx ? (batch + 15) / 16 * 16 : batch;
   thread_local util::AlignedBuffer<int8_t> qbuf;
   thread_local util::AlignedBuffer<uint8_t> ubuf;
@@ -394,9 +399,7 @@ size_t SetQ8AmxMinBatchForTesting(size_t n) {
   return previous;
 }
 
-bool Q8AmxUsed(size_t batch) {
-  return internal::Active().q8_lanes_amx != nullptr && batch >= Q8AmxMinBatch() && Q8AmxVerified();
-}
+bool Q8AmxUsed(size_t batch) { return AmxTakes(internal::Active(), batch); }
 
 bool Q8AmxVerified() {
   static const bool verified = [] {
@@ -425,8 +428,8 @@ void QuantizeQ8Args(const float* x, size_t batch, size_t cols, int8_t* qx, uint8
 }
 
 bool Q8KernelAgreesWithDefinition(void (*fn)(const Q8Args&, size_t, size_t)) {
-  // 40 W rows (two whole 16-row groups and a ragged one, in two calls as the
-  // pool splits them), 3 blocks, 17 x rows (a whole A tile and one row of
+  // 40 W rows (two whole 16-row groups and a ragged one, a call each as the
+  // pool would split them), 3 blocks, 17 x rows (a whole A tile and one row of
   // the next), every int8 weight value, scales of both signs.
   constexpr size_t kRows = 40, kCols = 96, kBatch = 17, kBlocks = kCols / kQ8Block;
   uint32_t state = 0x9e3779b9u;
@@ -447,29 +450,38 @@ bool Q8KernelAgreesWithDefinition(void (*fn)(const Q8Args&, size_t, size_t)) {
   PackQ8Lanes(rows.data(), kRows, kCols, lanes.data(), 0, kRows);
   std::vector<float> x(kBatch * kCols);
   for (float& v : x) v = static_cast<float>(static_cast<int>(next() % 4001) - 2000) * 1e-3f;
-  const size_t qrows = (kBatch + 15) / 16 * 16;
-  std::vector<int8_t> qx(qrows * kCols, 0);  // rows past the batch stay zero
-  std::vector<uint8_t> ux(kBatch * kCols);
-  std::vector<float> dx(kBatch * kBlocks);
-  std::vector<int32_t> corr(kBatch * kBlocks);
-  QuantizeQ8Args(x.data(), kBatch, kCols, qx.data(), ux.data(), dx.data(), corr.data());
+  return Q8LanesKernelFirstMismatch(fn, lanes.data(), kRows, kCols, x.data(), kBatch, 16) ==
+         kBatch * kRows;
+}
+
+size_t Q8LanesKernelFirstMismatch(void (*fn)(const Q8Args&, size_t, size_t), const uint8_t* lanes,
+                                  size_t rows, size_t cols, const float* x, size_t batch,
+                                  size_t split) {
+  const size_t blocks = cols / kQ8Block;
+  std::vector<int8_t> qx((batch + 15) / 16 * 16 * cols, 0);  // rows past the batch stay zero
+  std::vector<uint8_t> ux(batch * cols);
+  std::vector<float> dx(batch * blocks);
+  std::vector<int32_t> corr(batch * blocks);
+  QuantizeQ8Args(x, batch, cols, qx.data(), ux.data(), dx.data(), corr.data());
   Q8Args a;
   a.qx = qx.data();
   a.ux = ux.data();
   a.dx = dx.data();
-  a.batch = kBatch;
-  a.w = rows.data();
-  a.lanes = lanes.data();
-  a.rows = kRows;
-  a.cols = kCols;
+  a.batch = batch;
+  a.w = nullptr;  // (the lane kernels read only `lanes`)
+  a.lanes = lanes;
+  a.rows = rows;
+  a.cols = cols;
   a.corr = corr.data();
-  std::vector<float> want(kBatch * kRows), got(kBatch * kRows, -1.0f);
+  std::vector<float> want(batch * rows, -1.0f), got(batch * rows, -2.0f);
   a.y = want.data();
-  Q8LanesMatMulScalar(a, 0, kRows);
+  Q8LanesMatMulScalar(a, 0, rows);
   a.y = got.data();
-  fn(a, 0, 16);
-  fn(a, 16, kRows);
-  return std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0;
+  for (size_t r0 = 0; r0 < rows; r0 += split) fn(a, r0, std::min(rows, r0 + split));
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) return i;
+  }
+  return got.size();
 }
 
 }  // namespace internal
