@@ -121,9 +121,17 @@ CORTIQ_INLINE void PrefetchBytes(const void* p, size_t offset, size_t bytes) {
 // ReduceMany folds 16 rows' sums at once with the tree _mm512_reduce_add_ps
 // (Sum4) uses one sum at a time. Every (head, row) value is bit-for-bit what
 // Dot / DotI8 returns.
-template <int NJ, typename T>
-void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size_t row_stride,
-                  size_t d, float* out, size_t out_stride) {
+//
+// DotRowsPass is the pass (prefetch, 16-row groups, the sums); `row(r, s)`
+// leaves in s[j][0..3] head j's four FMA chains over the row at r, as Dot
+// runs them. Two forms of it: DotRowsBlock's for any head dim, which reloads
+// q from L1 for every row, and, for head dim 128 with one or two heads
+// (Qwen3's GQA group of 2 at 0.6B), the same operations with the heads' q
+// held in 16 zmm for the whole pass, so a row costs its own loads only
+// (cortiq-bench-math AttendRows: the reloads were more than the FMAs hid).
+template <int NJ, typename T, typename Row>
+CORTIQ_INLINE void DotRowsPass(const T* rows, size_t n, size_t row_stride, size_t d, float* out,
+                               size_t out_stride, Row&& row) {
   constexpr size_t kGroup = 16;
   alignas(64) __m512 part[NJ][kGroup];
   const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride * sizeof(T);
@@ -135,34 +143,7 @@ void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size
       __m512 s[NJ][4];
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm512_setzero_ps();
-      size_t i = 0;
-      for (; i + 4 * kV <= d; i += 4 * kV) {
-        const __m512 x0 = LoadRow(r + i), x1 = LoadRow(r + i + 16), x2 = LoadRow(r + i + 32),
-                     x3 = LoadRow(r + i + 48);
-#pragma GCC unroll 4
-        for (int j = 0; j < NJ; ++j) {
-          const float* qj = q + j * q_stride + i;
-          s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(qj), x0, s[j][0]);
-          s[j][1] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16), x1, s[j][1]);
-          s[j][2] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 32), x2, s[j][2]);
-          s[j][3] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 48), x3, s[j][3]);
-        }
-      }
-      for (; i + kV <= d; i += kV) {
-        const __m512 x = LoadRow(r + i);
-#pragma GCC unroll 4
-        for (int j = 0; j < NJ; ++j) {
-          s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * q_stride + i), x, s[j][0]);
-        }
-      }
-      if (i < d) {
-        const __mmask16 m = Mask16(d - i);
-        const __m512 x = LoadRowMasked(r + i, m);
-#pragma GCC unroll 4
-        for (int j = 0; j < NJ; ++j) {
-          s[j][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j * q_stride + i), x, s[j][1]);
-        }
-      }
+      row(r, s);
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) {
         part[j][tt] =
@@ -179,6 +160,70 @@ void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size
       }
     }
   }
+}
+
+template <int NJ, typename T>
+void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size_t row_stride,
+                  size_t d, float* out, size_t out_stride) {
+  if constexpr (NJ <= 2) {
+    if (d == 128) {
+      __m512 qv[NJ][8];
+#pragma GCC unroll 2
+      for (int j = 0; j < NJ; ++j) {
+#pragma GCC unroll 8
+        for (size_t k = 0; k < 8; ++k) qv[j][k] = _mm512_loadu_ps(q + j * q_stride + k * kV);
+      }
+      // The generic loop's two steps of 4 · kV (i = 0, 64), unrolled.
+      return DotRowsPass<NJ>(
+          rows, n, row_stride, d, out,
+          out_stride, [&](const T* r, __m512(&s)[NJ][4]) __attribute__((always_inline)) {
+#pragma GCC unroll 2
+            for (size_t h = 0; h < 2; ++h) {
+              const __m512 x0 = LoadRow(r + h * 64), x1 = LoadRow(r + h * 64 + 16),
+                           x2 = LoadRow(r + h * 64 + 32), x3 = LoadRow(r + h * 64 + 48);
+#pragma GCC unroll 2
+              for (int j = 0; j < NJ; ++j) {
+                s[j][0] = _mm512_fmadd_ps(qv[j][4 * h], x0, s[j][0]);
+                s[j][1] = _mm512_fmadd_ps(qv[j][4 * h + 1], x1, s[j][1]);
+                s[j][2] = _mm512_fmadd_ps(qv[j][4 * h + 2], x2, s[j][2]);
+                s[j][3] = _mm512_fmadd_ps(qv[j][4 * h + 3], x3, s[j][3]);
+              }
+            }
+          });
+    }
+  }
+  DotRowsPass<NJ>(
+      rows, n, row_stride, d, out,
+      out_stride, [&](const T* r, __m512(&s)[NJ][4]) __attribute__((always_inline)) {
+        size_t i = 0;
+        for (; i + 4 * kV <= d; i += 4 * kV) {
+          const __m512 x0 = LoadRow(r + i), x1 = LoadRow(r + i + 16), x2 = LoadRow(r + i + 32),
+                       x3 = LoadRow(r + i + 48);
+#pragma GCC unroll 4
+          for (int j = 0; j < NJ; ++j) {
+            const float* qj = q + j * q_stride + i;
+            s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(qj), x0, s[j][0]);
+            s[j][1] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16), x1, s[j][1]);
+            s[j][2] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 32), x2, s[j][2]);
+            s[j][3] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 48), x3, s[j][3]);
+          }
+        }
+        for (; i + kV <= d; i += kV) {
+          const __m512 x = LoadRow(r + i);
+#pragma GCC unroll 4
+          for (int j = 0; j < NJ; ++j) {
+            s[j][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * q_stride + i), x, s[j][0]);
+          }
+        }
+        if (i < d) {
+          const __mmask16 m = Mask16(d - i);
+          const __m512 x = LoadRowMasked(r + i, m);
+#pragma GCC unroll 4
+          for (int j = 0; j < NJ; ++j) {
+            s[j][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j * q_stride + i), x, s[j][1]);
+          }
+        }
+      });
 }
 
 void DotRows(const float* q, size_t nq, size_t q_stride, const float* rows, size_t n,
@@ -306,13 +351,19 @@ void AxpyRowsI8Block(const float* p, size_t p_stride, const float* row_scale, co
         acc[j][k] = _mm512_maskz_loadu_ps(m[k], out + j * out_stride + c + size_t(k) * kV);
       }
     }
+    const bool whole = c + KV * kV <= d;
     const size_t ahead = RowsAhead(row_stride) * row_stride;
     for (size_t t = 0; t < n; ++t) {
       const int8_t* r = rows + t * row_stride + c;
       PrefetchBytes(r, ahead, MinSz(KV * kV, d - c));
       __m512 x[KV];
+      if (whole) {  // a plain load where every lane is in (head_dim 128: always)
 #pragma GCC unroll 8
-      for (int k = 0; k < KV; ++k) x[k] = LoadI8Masked(r + size_t(k) * kV, m[k]);
+        for (int k = 0; k < KV; ++k) x[k] = LoadI8(r + size_t(k) * kV);
+      } else {
+#pragma GCC unroll 8
+        for (int k = 0; k < KV; ++k) x[k] = LoadI8Masked(r + size_t(k) * kV, m[k]);
+      }
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) {
         const __m512 va = _mm512_set1_ps(p[j * p_stride + t] * row_scale[t]);

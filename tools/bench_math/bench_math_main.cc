@@ -226,6 +226,79 @@ void BM_ParallelForEmpty(benchmark::State& state) {
   }
 }
 
+// args: rows (visible positions), tasks (sequence × KV head pairs per call),
+// int8, cold. One layer of batched decode attention as AttendGroup runs it (kv/
+// attend.cc): per task, the 2 query heads of a GQA group (Qwen3-0.6B: 16
+// over 8) scored against the head's K rows (DotRowsI8 / DotRows), a softmax
+// per head, then P · V (AxpyRowsI8 / AxpyRows), head_dim 128; tasks split
+// over the pool. Cold: successive calls walk the arena, so K and V come from
+// DRAM as in decode (hot: one call's rows, from the caches). GBps counts the
+// K and V bytes (and int8 scales) read.
+void BM_AttendRows(benchmark::State& state) {
+  constexpr size_t kD = 128, kHeads = 2;
+  const size_t n = state.range(0), tasks = state.range(1);
+  const bool i8 = state.range(2) != 0, cold = state.range(3) != 0;
+  const size_t row_bytes = kD * (i8 ? 1 : 4);
+  // A task's K then V rows (then, int8, their scales), 4 KiB-aligned.
+  const size_t task_bytes = (2 * n * row_bytes + (i8 ? 2 * n * 4 : 0) + 4095) / 4096 * 4096;
+  const size_t call_bytes = tasks * task_bytes;
+  if (call_bytes > kArenaBytes) {
+    state.SkipWithError("rows larger than the arena");
+    return;
+  }
+  uint8_t* base = GetArena().bytes.data();
+  if (i8) {  // int8 rows: any bytes will do; the scales must be finite
+    for (size_t off = 0; off + task_bytes <= kArenaBytes; off += task_bytes) {
+      float* sc = reinterpret_cast<float*>(base + off + 2 * n * row_bytes);
+      for (size_t t = 0; t < 2 * n; ++t) sc[t] = 0.01f;
+    }
+  }
+  const size_t slices = cold ? kArenaBytes / call_bytes : 1;
+  auto q = RandomX(tasks * kHeads * kD);
+  std::vector<float> probs(tasks * kHeads * n), out(tasks * kHeads * kD);
+  size_t slice = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    const uint8_t* call = base + slice * call_bytes;
+    g_pool->ParallelFor(tasks, [&](size_t begin, size_t end) {
+      for (size_t k = begin; k < end; ++k) {
+        const uint8_t* t = call + k * task_bytes;
+        const float* qk = q.data() + k * kHeads * kD;
+        float* p = probs.data() + k * kHeads * n;
+        float* o = out.data() + k * kHeads * kD;
+        if (i8) {
+          const auto* keys = reinterpret_cast<const int8_t*>(t);
+          const auto* values = keys + n * kD;
+          const auto* ks = reinterpret_cast<const float*>(values + n * kD);
+          DotRowsI8(qk, kHeads, kD, keys, n, kD, kD, p, n);
+          for (size_t j = 0; j < kHeads; ++j) {
+            for (size_t r = 0; r < n; ++r) p[j * n + r] *= ks[r] * 0.088f;
+            Softmax(p + j * n, n);
+          }
+          std::fill(o, o + kHeads * kD, 0.0f);
+          AxpyRowsI8(p, kHeads, n, ks + n, values, n, kD, kD, o, kD);
+        } else {
+          const auto* keys = reinterpret_cast<const float*>(t);
+          DotRows(qk, kHeads, kD, keys, n, kD, kD, p, n);
+          for (size_t j = 0; j < kHeads; ++j) {
+            for (size_t r = 0; r < n; ++r) p[j * n + r] *= 0.088f;
+            Softmax(p + j * n, n);
+          }
+          std::fill(o, o + kHeads * kD, 0.0f);
+          AxpyRows(p, kHeads, n, keys + n * kD, n, kD, kD, o, kD);
+        }
+      }
+    });
+    benchmark::DoNotOptimize(out.data());
+    if (++slice == slices) slice = 0;
+  }
+  const double secs = Seconds(t0) / static_cast<double>(state.iterations());
+  const double bytes = static_cast<double>(tasks) * (2.0 * n * row_bytes + (i8 ? 8.0 * n : 0.0));
+  state.counters["GBps"] = bytes / secs / 1e9;
+  state.counters["pct_bw"] = 100.0 * state.counters["GBps"] / g_bandwidth_gbs;
+  state.SetLabel(std::string(i8 ? "int8 rows" : "f32 rows") + (cold ? " cold" : " hot"));
+}
+
 void BM_Dot(benchmark::State& state) {
   const size_t n = state.range(0);
   auto a = RandomX(n), b = RandomX(n);
@@ -344,6 +417,13 @@ void RegisterAll() {
             ->ArgNames({"rows", "cols", "batch", "cold", "lanes"})
             ->UseRealTime();
       }
+      // Batch 8 with W in cache as well: the arithmetic's part of the cold run.
+      if (shape.first <= 3072) {
+        benchmark::RegisterBenchmark("Q8", BM_Q8)
+            ->Args({shape.first, shape.second, 8, 0, lanes})
+            ->ArgNames({"rows", "cols", "batch", "cold", "lanes"})
+            ->UseRealTime();
+      }
     }
     for (int64_t batch : {2, 4, 16, 33, 64, 512}) {
       benchmark::RegisterBenchmark("Q8", BM_Q8)
@@ -356,6 +436,18 @@ void RegisterAll() {
           ->Args({nk.first, nk.second, 512, 0, lanes})
           ->ArgNames({"rows", "cols", "batch", "cold", "lanes"})
           ->UseRealTime();
+    }
+  }
+  // Batched decode attention at the 0.6B shape: 8 sequences × 8 KV heads.
+  for (int64_t i8 : {1, 0}) {
+    for (int64_t n : {512, 2048}) {
+      for (int64_t cold : {1, 0}) {
+        if (n > 512 && cold == 0) continue;
+        benchmark::RegisterBenchmark("AttendRows", BM_AttendRows)
+            ->Args({n, 64, i8, cold})
+            ->ArgNames({"rows", "tasks", "int8", "cold"})
+            ->UseRealTime();
+      }
     }
   }
   benchmark::RegisterBenchmark("ParallelForEmpty", BM_ParallelForEmpty)->UseRealTime();
