@@ -180,11 +180,13 @@ struct WeightView {
 
 // Lane order of a Q8_0 matrix [rows][cols / 32 blocks], 64-byte aligned:
 // groups of 16 rows (group g: rows 16g .. 16g + 15) of blocks · 576 bytes
-// each: first blocks · 8 vectors of 64 bytes
-// (block j, vector v, lane l: bytes 4v .. 4v + 3 of row 16g + l's block j,
-// each XOR 0x80: unsigned w + 128), then blocks · 16 f32 (block j, lane l:
-// row 16g + l's scale, widened from f16). Rows past `rows`: zero values, zero
-// scale. Q8LaneBytes is the size of the whole; PackQ8Lanes writes the groups
+// each, block j at 576 j: 8 vectors of 64 bytes (vector v, lane l: bytes
+// 4v .. 4v + 3 of row 16g + l's block j, each XOR 0x80: unsigned w + 128),
+// then 16 f32 (lane l: row 16g + l's scale, widened from f16). Each block's
+// scales follow its values, so a group is one forward stream: with the
+// scales at the group's end instead (two interleaved streams), Zen 5's
+// prefetchers left a batch-1 product at ~70 % of memory speed
+// (docs/PERFORMANCE.md). Rows past `rows`: zero values, zero scale. Q8LaneBytes is the size of the whole; PackQ8Lanes writes the groups
 // of rows [row_begin, row_end) (row_begin a multiple of 16; row_end a
 // multiple of 16 or `rows`) from Q8_0 rows `q8` (34-byte blocks).
 inline constexpr size_t kQ8LaneRows = 16;

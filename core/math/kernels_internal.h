@@ -234,8 +234,10 @@ bool Q8KernelAgreesWithDefinition(void (*fn)(const Q8Args&, size_t, size_t));
 size_t Q8LanesKernelFirstMismatch(void (*fn)(const Q8Args&, size_t, size_t), const uint8_t* lanes,
                                   size_t rows, size_t cols, const float* x, size_t batch,
                                   size_t split);
-// Bytes of one 16-row group of the lane order over `blocks` blocks.
-inline constexpr size_t kQ8LaneBlockBytes = 16 * 32 + 16 * 4;
+// Bytes of one block of a 16-row lane-order group (kernels.h): its values
+// (kQ8LaneValueBytes), then its 16 f32 scales. A group is `blocks` of these.
+inline constexpr size_t kQ8LaneValueBytes = 16 * 32;
+inline constexpr size_t kQ8LaneBlockBytes = kQ8LaneValueBytes + 16 * 4;
 // Defined in kernels_avx2.cc / kernels_avx512.cc / kernels_avx512bf16.cc
 // (always built on x86-64); the dispatcher treats nullptr as "not available".
 const KernelTable* Avx2Table();

@@ -318,18 +318,18 @@ void Q8LanesMatMulScalar(const Q8Args& a, size_t row_begin, size_t row_end) {
   for (size_t r = row_begin; r < row_end; ++r) {
     const uint8_t* group = a.lanes + r / kQ8LaneRows * blocks * kQ8LaneBlockBytes;
     const size_t lane = r % kQ8LaneRows;
-    const auto* scales = reinterpret_cast<const float*>(group + blocks * kQ8LaneRows * kQ8Block);
     for (size_t b = 0; b < a.batch; ++b) {
       const int8_t* qx = a.qx + b * a.cols;
       const float* dx = a.dx + b * blocks;
       float acc = 0.0f;
       for (size_t j = 0; j < blocks; ++j) {
-        const uint8_t* blk = group + j * kQ8LaneRows * kQ8Block;
+        const uint8_t* blk = group + j * kQ8LaneBlockBytes;
+        const auto* scales = reinterpret_cast<const float*>(blk + kQ8LaneValueBytes);
         int32_t sum = 0;
         for (size_t i = 0; i < kQ8Block; ++i) {
           sum += int32_t{LaneValue(blk, lane, i)} * int32_t{qx[j * kQ8Block + i]};
         }
-        const float s = scales[j * kQ8LaneRows + lane] * dx[j];
+        const float s = scales[lane] * dx[j];
         acc = std::fma(static_cast<float>(sum), s, acc);
       }
       a.y[b * a.rows + r] = acc;
@@ -348,16 +348,16 @@ void PackQ8Lanes(const uint8_t* q8, size_t rows, size_t cols, uint8_t* out, size
   const size_t blocks = cols / kQ8Block, row_bytes = blocks * kQ8BlockBytes;
   for (size_t r0 = row_begin; r0 < row_end; r0 += kQ8LaneRows) {
     uint8_t* group = out + r0 / kQ8LaneRows * blocks * internal::kQ8LaneBlockBytes;
-    auto* scales = reinterpret_cast<float*>(group + blocks * kQ8LaneRows * kQ8Block);
     for (size_t j = 0; j < blocks; ++j) {
-      uint8_t* dst = group + j * kQ8LaneRows * kQ8Block;
+      uint8_t* dst = group + j * internal::kQ8LaneBlockBytes;
+      auto* scales = reinterpret_cast<float*>(dst + internal::kQ8LaneValueBytes);
       for (size_t l = 0; l < kQ8LaneRows; ++l) {
         const size_t r = r0 + l;
         const uint8_t* blk = r < rows ? q8 + r * row_bytes + j * kQ8BlockBytes : nullptr;
         for (size_t i = 0; i < kQ8Block; ++i) {
           dst[i / 4 * 64 + l * 4 + i % 4] = (blk != nullptr ? blk[2 + i] : 0) ^ 0x80u;
         }
-        scales[j * kQ8LaneRows + l] =
+        scales[l] =
             blk != nullptr ? F16ToF32(static_cast<uint16_t>(blk[0] | blk[1] << 8)) : 0.0f;
       }
     }
@@ -367,10 +367,9 @@ void PackQ8Lanes(const uint8_t* q8, size_t rows, size_t cols, uint8_t* out, size
 void Q8LaneRowToF32(const uint8_t* lanes, size_t cols, size_t row, float* out) {
   const size_t blocks = cols / kQ8Block, lane = row % kQ8LaneRows;
   const uint8_t* group = lanes + row / kQ8LaneRows * blocks * internal::kQ8LaneBlockBytes;
-  const auto* scales = reinterpret_cast<const float*>(group + blocks * kQ8LaneRows * kQ8Block);
   for (size_t j = 0; j < blocks; ++j) {
-    const uint8_t* blk = group + j * kQ8LaneRows * kQ8Block;
-    const float d = scales[j * kQ8LaneRows + lane];
+    const uint8_t* blk = group + j * internal::kQ8LaneBlockBytes;
+    const float d = reinterpret_cast<const float*>(blk + internal::kQ8LaneValueBytes)[lane];
     for (size_t i = 0; i < kQ8Block; ++i) {
       out[j * kQ8Block + i] = d * static_cast<float>(internal::LaneValue(blk, lane, i));
     }

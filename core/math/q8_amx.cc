@@ -10,7 +10,7 @@
 // arithmetic that every tier does anyway (below).
 //
 // The lane order (PackQ8Lanes) is already the B operand's layout: block j of
-// a 16-row group is 8 rows of 64 bytes, row v holding bytes 4v..4v+3 of each
+// a 16-row group is 8 rows of 64 bytes (then its 16 f32 scales), row v holding bytes 4v..4v+3 of each
 // W row's block (w + 128, unsigned). So B loads in place (512 contiguous
 // bytes), and the A operand is 16 rows of the quantized x, one block (32
 // signed bytes) each, loaded in place at the row stride. TDPBSUD multiplies
@@ -44,9 +44,9 @@ constexpr size_t kLanes = kQ8LaneRows;            // W rows per group = lanes of
 constexpr size_t kXTile = 16;                     // x rows per A / C tile
 constexpr size_t kXRows = 2 * kXTile;             // x rows per pass (two A tiles)
 constexpr size_t kXChunkRows = 256;               // x rows per outer chunk
-constexpr size_t kLaneBlock = kLanes * kQ8Block;  // bytes of one block of a group (B tile)
-constexpr size_t kNearBlocks = 4;                 // whole blocks prefetched into L1 ahead (2 KiB)
-constexpr size_t kFarBlocks = 32;                 // one line this far ahead into L2 (16 KiB)
+constexpr size_t kLaneBlock = kQ8LaneBlockBytes;  // one block of a group: B tile + scales
+constexpr size_t kNearBlocks = 4;  // whole blocks prefetched into L1 ahead (2.25 KiB)
+constexpr size_t kFarBlocks = 32;  // one line this far ahead into L2 (18 KiB)
 
 // The products of block j (W block at wb, x rows from x) into C bank K
 // (tiles 2K, 2K + 1; B tile 6 + K). kTwo: the second A tile has rows.
@@ -86,10 +86,11 @@ CORTIQ_INLINE void Drain(int32_t* c) {
 }
 
 // The f32 step of block j for x rows [0, nx) of a pass: c [nx][16] int32
-// sums, acc [nx][16] floats, corr / dx the pass's first row's [row][block].
+// sums, acc [nx][16] floats, corr / dx the pass's first row's [row][block],
+// dw the group's block 0 scales (block j's kLaneBlock bytes further on).
 CORTIQ_INLINE void Accumulate(const int32_t* c, size_t nx, const int32_t* corr, const float* dx,
-                              size_t blocks, size_t j, const float* dw, float* acc) {
-  const __m512 w = _mm512_load_ps(dw + j * kLanes);
+                              size_t blocks, size_t j, const uint8_t* dw, float* acc) {
+  const __m512 w = _mm512_load_ps(reinterpret_cast<const float*>(dw + j * kLaneBlock));
   for (size_t b = 0; b < nx; ++b) {
     const __m512i s = _mm512_add_epi32(_mm512_load_si512(c + b * kLanes),
                                        _mm512_set1_epi32(corr[b * blocks + j]));
@@ -99,17 +100,14 @@ CORTIQ_INLINE void Accumulate(const int32_t* c, size_t nx, const int32_t* corr, 
   }
 }
 
-// Lines of the group stream at byte offset `off` from the group base (past
-// the group's W bytes this runs on into its scales and the next group:
-// addresses formed as integers, a prefetch past the end is a no-op).
-CORTIQ_INLINE void Prefetch(uintptr_t base, size_t blocks, size_t j) {
+// The lines of the group's stream ahead of block j (a block's values and
+// scales are one run; past the group this runs on into the next: addresses
+// formed as integers, a prefetch past the end is a no-op).
+CORTIQ_INLINE void Prefetch(uintptr_t base, size_t j) {
   const uintptr_t near = base + (j + kNearBlocks) * kLaneBlock;
   for (size_t l = 0; l < kLaneBlock; l += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(near + l), _MM_HINT_T0);
   }
-  // The group's scales: one line per block, kNearBlocks ahead.
-  _mm_prefetch(reinterpret_cast<const char*>(base + blocks * kLaneBlock + (j + kNearBlocks) * 64),
-               _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(base + (j + kFarBlocks) * kLaneBlock), _MM_HINT_T2);
 }
 
@@ -119,7 +117,7 @@ template <bool kTwo>
 void Pass(const Q8Args& a, const uint8_t* group, size_t r0, __mmask16 mask, size_t x0, size_t nx,
           bool prefetch) {
   const size_t blocks = a.cols / kQ8Block;
-  const auto* dw = reinterpret_cast<const float*>(group + blocks * kLaneBlock);
+  const uint8_t* dw = group + kQ8LaneValueBytes;
   const int8_t* x = a.qx + x0 * a.cols;
   const int32_t* corr = a.corr + x0 * blocks;
   const float* dx = a.dx + x0 * blocks;
@@ -131,19 +129,19 @@ void Pass(const Q8Args& a, const uint8_t* group, size_t r0, __mmask16 mask, size
   // after the other bank's products have issued.
   size_t j = 0;
   for (; j + 2 <= blocks; j += 2) {
-    if (prefetch) Prefetch(base, blocks, j);
+    if (prefetch) Prefetch(base, j);
     Issue<0, kTwo>(group + j * kLaneBlock, x + j * kQ8Block, a.cols);
     if (j > 0) {
       Drain<1, kTwo>(c[1]);
       Accumulate(c[1], nx, corr, dx, blocks, j - 1, dw, acc);
     }
-    if (prefetch) Prefetch(base, blocks, j + 1);
+    if (prefetch) Prefetch(base, j + 1);
     Issue<1, kTwo>(group + (j + 1) * kLaneBlock, x + (j + 1) * kQ8Block, a.cols);
     Drain<0, kTwo>(c[0]);
     Accumulate(c[0], nx, corr, dx, blocks, j, dw, acc);
   }
   if (j < blocks) {  // an odd last block, on bank 0
-    if (prefetch) Prefetch(base, blocks, j);
+    if (prefetch) Prefetch(base, j);
     Issue<0, kTwo>(group + j * kLaneBlock, x + j * kQ8Block, a.cols);
     if (j > 0) {
       Drain<1, kTwo>(c[1]);

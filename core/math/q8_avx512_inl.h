@@ -74,10 +74,14 @@ static void Q8PrepareGroup(const Q8Args& a, size_t g0, size_t g1, bool corr, Q8X
 // One 16-row group of W over one k-chunk of blocks, as the tile kernels
 // read it: the kernel's packed vectors (K::kVecs per block) and the f32
 // block scales of the 16 rows (lane l: row l; rows past `mask` repeat the
-// group's last row).
+// group's last row). Block jj's vectors are at w + jj * step and its scales
+// at dw + jj * step (64-byte units), the scales right after the vectors
+// (dw = w + K::kVecs, step = K::kVecs + 1): the lane order's form, which
+// the stack chunk of Q8Run takes too.
 struct Q8Chunk {
-  const __m512i* w;  // [nb][K::kVecs]
-  const __m512* dw;  // [nb]
+  const __m512i* w;  // block jj: [K::kVecs] at w + jj * step
+  const __m512* dw;  // block jj: at dw + jj * step
+  size_t step;
   size_t c0;         // first block of the chunk
   size_t nb;         // blocks in the chunk
   size_t r0;         // first W row of the group
@@ -126,13 +130,13 @@ static CORTIQ_INLINE void Q8Transpose16(const uint8_t* base, const size_t* off, 
   }
 }
 
-// Packs blocks [c0, c0 + nb) of the 16 rows at w + off[l] into `pack`
-// (K::PackBlock's form) and their scales into `dw`, prefetching the same
-// blocks of the next group (rows past the end of W: prefetch is a no-op).
+// Packs blocks [c0, c0 + nb) of the 16 rows at w + off[l] into `pack`,
+// block jj at pack + jj * (K::kVecs + 1): K::PackBlock's vectors, then the
+// 16 f32 scales. Prefetches the same blocks of the next group (rows past
+// the end of W: prefetch is a no-op).
 template <class K>
 static CORTIQ_INLINE void Q8PackChunk(const uint8_t* w, const size_t* off, __m512i offv,
-                                      size_t row_bytes, size_t c0, size_t nb, __m512i* pack,
-                                      __m512* dw) {
+                                      size_t row_bytes, size_t c0, size_t nb, __m512i* pack) {
   for (size_t jj = 0; jj < nb; ++jj) {
     const uint8_t* blk = w + (c0 + jj) * kQ8BlockBytes;
     // The next group is one contiguous run of 16 rows: its bytes in order,
@@ -144,10 +148,12 @@ static CORTIQ_INLINE void Q8PackChunk(const uint8_t* w, const size_t* off, __m51
     for (size_t p = 0; p < kQ8Lanes * kQ8BlockBytes; p += 64) _mm_prefetch(ahead + p, _MM_HINT_T0);
     __m512i t[8];
     Q8Transpose16(blk + 2, off, t);
-    K::PackBlock(t, pack + jj * K::kVecs);
+    __m512i* out = pack + jj * (K::kVecs + 1);
+    K::PackBlock(t, out);
     // The f16 scale is the low half of the dword at each block's start.
     const __m512i s = _mm512_i32gather_epi32(offv, blk, 1);
-    dw[jj] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s));
+    _mm512_store_ps(reinterpret_cast<float*>(out + K::kVecs),
+                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
   }
 }
 
@@ -174,8 +180,8 @@ static void Q8Tile(const Q8Args& a, const Q8XGroup& xg, const Q8Chunk& ch, size_
       pf += ch.pf_step;
     }
     __m512i sum[BT];
-    K::template Block<BT>(x, corr, ch.w + jj * K::kVecs, sum);
-    const __m512 dw = ch.dw[jj];
+    K::template Block<BT>(x, corr, ch.w + jj * ch.step, sum);
+    const __m512 dw = ch.dw[jj * ch.step];
 #pragma GCC unroll 8
     for (int b = 0; b < BT; ++b) {
       const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(dx[b]));
@@ -220,8 +226,7 @@ static void Q8Run(const Q8Args& a, size_t row_begin, size_t row_end) {
     return Q8MatMulScalar(a, row_begin, row_end);
   }
   const size_t group = kQ8GroupCap / blocks;
-  alignas(64) __m512i pack[K::kChunk * K::kVecs];
-  alignas(64) __m512 dw[K::kChunk];
+  alignas(64) __m512i pack[K::kChunk * (K::kVecs + 1)];
   Q8XGroup xs;
   for (size_t g0 = 0; g0 < a.batch; g0 += group) {
     const size_t g1 = a.batch - g0 < group ? a.batch : g0 + group;
@@ -239,14 +244,15 @@ static void Q8Run(const Q8Args& a, size_t row_begin, size_t row_end) {
       const uint8_t* w = a.w + r0 * row_bytes;
       Q8Chunk ch;
       ch.w = pack;
-      ch.dw = dw;
+      ch.dw = reinterpret_cast<const __m512*>(pack + K::kVecs);
+      ch.step = K::kVecs + 1;
       ch.r0 = r0;
       ch.mask = Mask16(nrows);
       for (size_t c0 = 0; c0 < blocks; c0 += K::kChunk) {
         ch.c0 = c0;
         ch.nb = MinSz(K::kChunk, blocks - c0);
         ch.first = c0 == 0;
-        Q8PackChunk<K>(w, off, offv, row_bytes, c0, ch.nb, pack, dw);
+        Q8PackChunk<K>(w, off, offv, row_bytes, c0, ch.nb, pack);
         Q8Tiles<K>(a, xs, ch, g0, g1);
       }
     }

@@ -65,9 +65,11 @@ void Q8LanesMatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end) {
     Q8PrepareGroup(a, g0, g1, VnniKernel::kCorr, &xs);
     for (size_t r0 = row_begin; r0 < row_end; r0 += kQ8Lanes) {
       const uint8_t* base = a.lanes + r0 / kQ8Lanes * blocks * kQ8LaneBlockBytes;
+      static_assert(kQ8LaneBlockBytes == (VnniKernel::kVecs + 1) * 64);
       Q8Chunk ch;
       ch.w = reinterpret_cast<const __m512i*>(base);
-      ch.dw = reinterpret_cast<const __m512*>(base + blocks * kQ8Lanes * kQ8Block);
+      ch.dw = reinterpret_cast<const __m512*>(base + kQ8LaneValueBytes);
+      ch.step = VnniKernel::kVecs + 1;
       ch.c0 = 0;
       ch.nb = blocks;
       ch.r0 = r0;

@@ -7,7 +7,7 @@
 //
 // The layout VPDPBUSD reads (kernels.h): per 16-row group and block, 8
 // vectors of 64 bytes, vector g lane l = bytes 4g .. 4g+3 of row l's block,
-// stored as w ^ 0x80. A 256-bit half of such a vector holds 8 rows (lanes
+// stored as w ^ 0x80, then the block's 16 f32 scales. A 256-bit half of such a vector holds 8 rows (lanes
 // 0-7 or 8-15), so here a ymm lane is one W row and the x row is broadcast 4
 // bytes at a time: the block sum of 8 outputs of one x row builds up in one
 // vector, with no horizontal reduction. What one (x dword, 8 W rows) step
@@ -65,8 +65,9 @@ inline __attribute__((always_inline)) int32_t BlockCorrection(const uint8_t* ux)
 }
 
 // Tile of BT x rows (b0 ..) against NH halves (8 rows each) of one group:
-// W at `w` (half h at w + 32 h; lane vectors 64 bytes apart, blocks 512),
-// scales at `dw` (half h at dw + 32 h; blocks 64 bytes apart). Writes
+// W at `w` (half h at w + 32 h; lane vectors 64 bytes apart, blocks
+// kQ8LaneBlockBytes), scales at `dw` (half h at dw + 32 h; blocks
+// kQ8LaneBlockBytes apart). Writes
 // y[b][r0 .. r0 + nrows) for the tile's x rows, nrows <= 8 NH. One half
 // for tiles of 3 x rows or more (registers), both for 1 and 2: then the
 // x broadcasts are shared and each line of W is used whole in one pass.
@@ -90,7 +91,7 @@ void LaneTile(const Q8Args& a, const LaneXGroup& xg, const uint8_t* w, const uin
       for (size_t k = 0; k < pf_step; k += 64) _mm_prefetch(pf + k, _MM_HINT_T1);
       pf += pf_step;
     }
-    const uint8_t* wb = w + j * kLaneRows * kQ8Block;
+    const uint8_t* wb = w + j * kQ8LaneBlockBytes;
     __m256i sum[NH][BT];
 #pragma GCC unroll 8
     for (int b = 0; b < BT; ++b) {
@@ -116,7 +117,7 @@ void LaneTile(const Q8Args& a, const LaneXGroup& xg, const uint8_t* w, const uin
 #pragma GCC unroll 2
     for (int h = 0; h < NH; ++h) {
       const __m256 dwv =
-          _mm256_load_ps(reinterpret_cast<const float*>(dw + j * kLaneRows * 4 + h * 32));
+          _mm256_load_ps(reinterpret_cast<const float*>(dw + j * kQ8LaneBlockBytes + h * 32));
 #pragma GCC unroll 8
       for (int b = 0; b < BT; ++b) {
         const __m256 s = _mm256_mul_ps(dwv, _mm256_broadcast_ss(dx + j * xg.rows + b));
@@ -162,7 +163,7 @@ void Q8LanesMatMulYmm(const Q8Args& a, size_t row_begin, size_t row_end) {
     }
     for (size_t r0 = row_begin; r0 < row_end; r0 += kLaneRows) {
       const uint8_t* base = a.lanes + r0 / kLaneRows * group_bytes;
-      const uint8_t* scales = base + blocks * kLaneRows * kQ8Block;
+      const uint8_t* scales = base + kQ8LaneValueBytes;
       const size_t nrows = row_end - r0 < kLaneRows ? row_end - r0 : kLaneRows;
       // The next group of the range, pulled into L2 by the first tile.
       const uint8_t* pf = r0 + 2 * kLaneRows <= row_end ? base + group_bytes : nullptr;

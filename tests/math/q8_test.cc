@@ -388,10 +388,10 @@ TEST(Q8LanesTest, LayoutAndSize) {
       const uint8_t* blk = r < 17 ? w.base + (r * blocks + j) * kQ8BlockBytes : nullptr;
       for (size_t i = 0; i < kQ8Block; ++i) {
         const uint8_t want = blk != nullptr ? blk[2 + i] ^ 0x80u : 0x80u;
-        ASSERT_EQ(g[j * 512 + i / 4 * 64 + r % 16 * 4 + i % 4], want) << r << " " << j << " " << i;
+        ASSERT_EQ(g[j * 576 + i / 4 * 64 + r % 16 * 4 + i % 4], want) << r << " " << j << " " << i;
       }
-      float scale;
-      std::memcpy(&scale, g + blocks * 512 + (j * 16 + r % 16) * 4, 4);
+      float scale;  // the block's 16 scales follow its values
+      std::memcpy(&scale, g + j * 576 + 512 + r % 16 * 4, 4);
       EXPECT_EQ(scale, blk != nullptr ? F16ToF32(ScaleBits(blk)) : 0.0f) << r;
     }
   }
