@@ -186,9 +186,9 @@ struct WeightView {
 // scales follow its values, so a group is one forward stream: with the
 // scales at the group's end instead (two interleaved streams), Zen 5's
 // prefetchers left a batch-1 product at ~70 % of memory speed
-// (docs/PERFORMANCE.md). Rows past `rows`: zero values, zero scale. Q8LaneBytes is the size of the whole; PackQ8Lanes writes the groups
-// of rows [row_begin, row_end) (row_begin a multiple of 16; row_end a
-// multiple of 16 or `rows`) from Q8_0 rows `q8` (34-byte blocks).
+// (docs/PERFORMANCE.md). Rows past `rows`: zero values, zero scale. Q8LaneBytes is the size of the
+// whole; PackQ8Lanes writes the groups of rows [row_begin, row_end) (row_begin a multiple of 16;
+// row_end a multiple of 16 or `rows`) from Q8_0 rows `q8` (34-byte blocks).
 inline constexpr size_t kQ8LaneRows = 16;
 size_t Q8LaneBytes(size_t rows, size_t cols);
 void PackQ8Lanes(const uint8_t* q8, size_t rows, size_t cols, uint8_t* out, size_t row_begin,

@@ -357,8 +357,7 @@ void PackQ8Lanes(const uint8_t* q8, size_t rows, size_t cols, uint8_t* out, size
         for (size_t i = 0; i < kQ8Block; ++i) {
           dst[i / 4 * 64 + l * 4 + i % 4] = (blk != nullptr ? blk[2 + i] : 0) ^ 0x80u;
         }
-        scales[l] =
-            blk != nullptr ? F16ToF32(static_cast<uint16_t>(blk[0] | blk[1] << 8)) : 0.0f;
+        scales[l] = blk != nullptr ? F16ToF32(static_cast<uint16_t>(blk[0] | blk[1] << 8)) : 0.0f;
       }
     }
   }

@@ -10,11 +10,10 @@
 // arithmetic that every tier does anyway (below).
 //
 // The lane order (PackQ8Lanes) is already the B operand's layout: block j of
-// a 16-row group is 8 rows of 64 bytes (then its 16 f32 scales), row v holding bytes 4v..4v+3 of each
-// W row's block (w + 128, unsigned). So B loads in place (512 contiguous
-// bytes), and the A operand is 16 rows of the quantized x, one block (32
-// signed bytes) each, loaded in place at the row stride. TDPBSUD multiplies
-// signed A by unsigned B with exact int32 sums:
+// a 16-row group is 8 rows of 64 bytes (then its 16 f32 scales), row v holding bytes 4v..4v+3 of
+// each W row's block (w + 128, unsigned). So B loads in place (512 contiguous bytes), and the A
+// operand is 16 rows of the quantized x, one block (32 signed bytes) each, loaded in place at the
+// row stride. TDPBSUD multiplies signed A by unsigned B with exact int32 sums:
 //   C[b][l] = sum over the block of qx[b] * (w[l] + 128) = I_j + 128 * sum qx,
 // and Q8Args::corr holds -128 * sum qx per (x row, block). One block per
 // product, because every block has its own scales: per x row, block and W

@@ -74,14 +74,11 @@ static void Q8PrepareGroup(const Q8Args& a, size_t g0, size_t g1, bool corr, Q8X
 // One 16-row group of W over one k-chunk of blocks, as the tile kernels
 // read it: the kernel's packed vectors (K::kVecs per block) and the f32
 // block scales of the 16 rows (lane l: row l; rows past `mask` repeat the
-// group's last row). Block jj's vectors are at w + jj * step and its scales
-// at dw + jj * step (64-byte units), the scales right after the vectors
-// (dw = w + K::kVecs, step = K::kVecs + 1): the lane order's form, which
-// the stack chunk of Q8Run takes too.
+// group's last row). Block jj is K::kVecs + 1 vectors at w + jj *
+// (K::kVecs + 1): its packed vectors, then its scales (the lane order's
+// form, which the stack chunk of Q8Run takes too).
 struct Q8Chunk {
-  const __m512i* w;  // block jj: [K::kVecs] at w + jj * step
-  const __m512* dw;  // block jj: at dw + jj * step
-  size_t step;
+  const __m512i* w;  // block 0 of the chunk
   size_t c0;         // first block of the chunk
   size_t nb;         // blocks in the chunk
   size_t r0;         // first W row of the group
@@ -179,9 +176,10 @@ static void Q8Tile(const Q8Args& a, const Q8XGroup& xg, const Q8Chunk& ch, size_
       for (size_t k = 0; k < ch.pf_step; k += 64) _mm_prefetch(pf + k, _MM_HINT_T1);
       pf += ch.pf_step;
     }
+    const __m512i* wb = ch.w + jj * (K::kVecs + 1);
     __m512i sum[BT];
-    K::template Block<BT>(x, corr, ch.w + jj * ch.step, sum);
-    const __m512 dw = ch.dw[jj * ch.step];
+    K::template Block<BT>(x, corr, wb, sum);
+    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(wb + K::kVecs));
 #pragma GCC unroll 8
     for (int b = 0; b < BT; ++b) {
       const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(dx[b]));
@@ -244,8 +242,6 @@ static void Q8Run(const Q8Args& a, size_t row_begin, size_t row_end) {
       const uint8_t* w = a.w + r0 * row_bytes;
       Q8Chunk ch;
       ch.w = pack;
-      ch.dw = reinterpret_cast<const __m512*>(pack + K::kVecs);
-      ch.step = K::kVecs + 1;
       ch.r0 = r0;
       ch.mask = Mask16(nrows);
       for (size_t c0 = 0; c0 < blocks; c0 += K::kChunk) {

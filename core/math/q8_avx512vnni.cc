@@ -68,8 +68,6 @@ void Q8LanesMatMulVnni(const Q8Args& a, size_t row_begin, size_t row_end) {
       static_assert(kQ8LaneBlockBytes == (VnniKernel::kVecs + 1) * 64);
       Q8Chunk ch;
       ch.w = reinterpret_cast<const __m512i*>(base);
-      ch.dw = reinterpret_cast<const __m512*>(base + kQ8LaneValueBytes);
-      ch.step = VnniKernel::kVecs + 1;
       ch.c0 = 0;
       ch.nb = blocks;
       ch.r0 = r0;

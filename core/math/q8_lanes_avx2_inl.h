@@ -7,11 +7,10 @@
 //
 // The layout VPDPBUSD reads (kernels.h): per 16-row group and block, 8
 // vectors of 64 bytes, vector g lane l = bytes 4g .. 4g+3 of row l's block,
-// stored as w ^ 0x80, then the block's 16 f32 scales. A 256-bit half of such a vector holds 8 rows (lanes
-// 0-7 or 8-15), so here a ymm lane is one W row and the x row is broadcast 4
-// bytes at a time: the block sum of 8 outputs of one x row builds up in one
-// vector, with no horizontal reduction. What one (x dword, 8 W rows) step
-// does is the Ops policy's:
+// stored as w ^ 0x80, then the block's 16 f32 scales. A 256-bit half of such a vector holds 8 rows
+// (lanes 0-7 or 8-15), so here a ymm lane is one W row and the x row is broadcast 4 bytes at a
+// time: the block sum of 8 outputs of one x row builds up in one vector, with no horizontal
+// reduction. What one (x dword, 8 W rows) step does is the Ops policy's:
 //   Ops::W Ops::Load(p)          the 32 bytes of a half at p, in the form
 //                                Accumulate reads (once per x tile);
 //   __m256i Ops::Accumulate(s, w, xb)
