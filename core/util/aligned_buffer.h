@@ -14,11 +14,14 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <type_traits>
 #include <utility>
+
+#include "core/util/huge_buffer.h"
 
 namespace cortiq::util {
 
@@ -53,14 +56,7 @@ class AlignedBuffer {
     if (n == 0) return;
     const size_t bytes = BytesFor(n);
     if (bytes >= kMapBytes) {
-      void* p = mmap(nullptr, MappedBytes(bytes), PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      // No MADV_HUGEPAGE: where the system grants huge pages on request
-      // only (defrag = madvise), asking stalls the allocation on direct
-      // compaction when memory is fragmented (a 500 MB restore measured
-      // 0.2 s one time, 1.5 s the next); 4 KiB pages cost the same every
-      // time.
+      void* p = MapAnonymous(MappedBytes(bytes));
 #ifdef MADV_POPULATE_WRITE
       if (madvise(p, MappedBytes(bytes), MADV_POPULATE_WRITE) != 0) std::memset(p, 0, bytes);
 #else
@@ -97,7 +93,37 @@ class AlignedBuffer {
   // Heap bytes actually held.
   size_t MemoryBytes() const { return BytesFor(size_); }
 
+  static constexpr size_t kHugePage = kHugePageBytes;
+
+  // CORTIQ_HUGE_PAGES=1: buffers from 2 MiB on are advised for transparent
+  // huge pages (read at each such allocation, which are few).
+  static bool HugePagesRequested() {
+    const char* env = std::getenv("CORTIQ_HUGE_PAGES");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }
+
  private:
+  // A private anonymous mapping of `bytes` (a multiple of the page size).
+  // With CORTIQ_HUGE_PAGES=1 and from 2 MiB on, it starts on a 2 MiB
+  // boundary and is advised for transparent huge pages, so that its whole
+  // 2 MiB extents can be huge pages; the tail past the last one stays in
+  // 4 KiB pages, so the mapping, and the resident set, is never larger than
+  // asked. Off by default, as each way costs somewhere (docs/PERFORMANCE.md,
+  // 2026-12-06): under a hypervisor that shadows the guest's page tables
+  // each first touch of a 4 KiB page is an exit of microseconds, and a
+  // 543 MB session restored 3x faster in huge pages (0.92-1.34 -> 0.33-0.39 s),
+  // but the same VM's kept-session decode steps were slower (43-52 -> 66-88 ms),
+  // and where the kernel grants huge pages on request only (THP defrag =
+  // madvise) a fragmented machine compacts memory at the first fault (once
+  // 1.5 s for 500 MB).
+  static void* MapAnonymous(size_t bytes) {
+    if (bytes < kHugePage || !HugePagesRequested()) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      return p;
+    }
+    return MapHugeAligned(bytes);
+  }
   static size_t MappedBytes(size_t bytes) {
     static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return (bytes + page - 1) / page * page;

@@ -16,29 +16,40 @@
 
 namespace cortiq::util {
 
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+// A private anonymous mapping of exactly `bytes` (a multiple of the page
+// size), zero by construction, starting on a 2 MiB boundary and advised for
+// transparent huge pages: its whole 2 MiB extents can be huge pages, and the
+// mapping is never larger than asked. Throws std::bad_alloc when the mapping
+// fails. Freed with munmap(p, bytes).
+inline void* MapHugeAligned(size_t bytes) {
+  // Over-map by one huge page, then trim both ends to a 2 MiB-aligned range.
+  void* m = mmap(nullptr, bytes + kHugePageBytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t base = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t start = (base + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  if (start > base) munmap(m, start - base);
+  const uintptr_t end = start + bytes, map_end = base + bytes + kHugePageBytes;
+  if (map_end > end) munmap(reinterpret_cast<void*>(end), map_end - end);
+  madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);  // advice: failure is harmless
+  return reinterpret_cast<void*>(start);
+}
+
 template <typename T>
 class HugeBuffer {
   static_assert(std::is_trivially_copyable_v<T>);
 
  public:
-  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kHugePage = kHugePageBytes;
 
   HugeBuffer() = default;
   // n zero elements; throws std::bad_alloc when the mapping fails.
   explicit HugeBuffer(size_t n) {
     if (n == 0) return;
     const size_t bytes = (n * sizeof(T) + kHugePage - 1) / kHugePage * kHugePage;
-    // Over-map by one huge page, then trim both ends to a 2 MiB-aligned range.
-    void* m = mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
-    if (m == MAP_FAILED) throw std::bad_alloc();
-    const uintptr_t base = reinterpret_cast<uintptr_t>(m);
-    const uintptr_t start = (base + kHugePage - 1) / kHugePage * kHugePage;
-    if (start > base) munmap(m, start - base);
-    const uintptr_t end = start + bytes, map_end = base + bytes + kHugePage;
-    if (map_end > end) munmap(reinterpret_cast<void*>(end), map_end - end);
-    data_ = reinterpret_cast<T*>(start);
-    madvise(data_, bytes, MADV_HUGEPAGE);  // advice only: failure is harmless
+    data_ = static_cast<T*>(MapHugeAligned(bytes));
     size_ = n;
     bytes_ = bytes;
   }
