@@ -1,7 +1,10 @@
 #include "core/session/session_journal.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -255,6 +258,42 @@ struct Record {
 
 // The restore of one file: the session being rebuilt and what the turn
 // records said so far.
+// Reads exactly `n` bytes at `offset`; false on an error or a short file.
+bool PreadAll(int fd, void* dst, size_t n, uint64_t offset) {
+  char* out = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, out, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    out += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+// CRC-32C of file[offset, offset + n): read with pread into `buf` (reused
+// across calls) when fd is open, else from the mapping.
+uint32_t FileCrc32c(std::string_view file, int fd, uint64_t offset, size_t n,
+                    std::vector<char>& buf) {
+  if (fd < 0 || n < internal::restore_pread_min_bytes.load()) {
+    return util::Crc32c(file.substr(offset, n));
+  }
+  constexpr size_t kChunk = size_t{4} << 20;
+  if (buf.size() < kChunk) buf.resize(kChunk);
+  uint32_t crc = 0;  // Crc32c(A) == Crc32cExtend(0, A)
+  for (size_t at = 0; at < n;) {
+    const size_t k = std::min(kChunk, n - at);
+    if (PreadAll(fd, buf.data(), k, offset + at)) {
+      crc = util::Crc32cExtend(crc, buf.data(), k);
+    } else {
+      crc = util::Crc32cExtend(crc, file.data() + offset + at, k);
+    }
+    at += k;
+  }
+  return crc;
+}
+
 struct Restorer {
   const model::Transformer& model;
   std::unique_ptr<Session> session;
@@ -264,6 +303,8 @@ struct Restorer {
   std::optional<model::Sampler> sampler;
   std::vector<std::vector<uint8_t>> aux;  // per layer: the QSA aux blob being rebuilt
   size_t reserve = 0;                     // positions every rows layer reserves up front
+  const char* file_base = nullptr;        // the file's first byte (the mapping)
+  int fd = -1;                            // the same file, for pread (-1: none)
 
   // Applies one turn record. A superseded record (one before a later
   // record that keeps no position) only moves the history, the held-back
@@ -424,7 +465,10 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
     cache.Reserve(reserve_to);
     const char* src = c.rows.data();
     auto take = [&](void* dst, size_t bytes) {
-      std::memcpy(dst, src, bytes);
+      if (fd < 0 || bytes < internal::restore_pread_min_bytes.load() ||
+          !PreadAll(fd, dst, bytes, static_cast<uint64_t>(src - file_base))) {
+        std::memcpy(dst, src, bytes);
+      }
       src += bytes;
     };
     for (size_t h = 0; h < H; ++h) {
@@ -515,7 +559,7 @@ absl::Status Restorer::Finish(model::SequenceKv& kv) {
 absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
                                                const model::Transformer& model,
                                                uint64_t fingerprint,
-                                               const std::function<void()>& start_reading) {
+                                               const std::function<void()>& start_reading, int fd) {
   if (file.size() < kJournalHeaderBytes || std::memcmp(file.data(), kMagic, 4) != 0) {
     return Corrupt("bad magic (not a Cortiq session journal)");
   }
@@ -613,12 +657,15 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
   std::optional<size_t> first_bad;  // the first that failed
   std::atomic<bool> verify_stop{false};
   std::thread verifier([&] {
+    std::vector<char> buf;
     for (size_t i = 0; i < records.size() && !verify_stop.load(); ++i) {
       const Record& rec = records[i];
       const uint64_t len = rec.payload.size();
       uint32_t crc;
-      std::memcpy(&crc, file.data() + rec.offset + 16 + len, 4);
-      const bool ok = util::Crc32c(file.substr(rec.offset, 16 + len)) == crc;
+      if (fd < 0 || !PreadAll(fd, &crc, 4, rec.offset + 16 + len)) {
+        std::memcpy(&crc, file.data() + rec.offset + 16 + len, 4);
+      }
+      const bool ok = FileCrc32c(file, fd, rec.offset, 16 + len, buf) == crc;
       std::lock_guard lock(verify_mu);
       if (!ok && !first_bad) first_bad = i;
       verified = i + 1;
@@ -663,6 +710,8 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
   // torn one is dropped, and the state comes from the records before it.
   if (base > 1 && base + 1 == records.size() && !verified_ok(base)) find_base(base);
   rs.reserve = reserve;
+  rs.file_base = file.data();
+  rs.fd = fd;
   for (size_t i = 1; i < records.size(); ++i) {
     if (i + 1 == records.size() && !verified_ok(i)) {
       if (*first_bad != i) return corrupt_at(*first_bad);

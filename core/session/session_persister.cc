@@ -81,16 +81,17 @@ class MappedFile {
       ::madvise(p, f.size_, MADV_RANDOM);
       f.data_ = static_cast<const char*>(p);
     }
-    ::close(fd);
+    f.fd_ = fd;  // kept open for the restore's preads
     return f;
   }
   MappedFile() = default;
   MappedFile(MappedFile&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
-  }
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        fd_(std::exchange(o.fd_, -1)) {}
+  ~MappedFile() { Reset(); }
   std::string_view view() const { return {data_, size_}; }
+  int fd() const { return fd_; }
 
   // Reads the file into the page cache and maps it, in large chunks from the
   // start, on a thread of its own until the file is in or the guard goes:
@@ -134,13 +135,16 @@ class MappedFile {
 
   void Reset() {
     if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
     data_ = nullptr;
     size_ = 0;
+    fd_ = -1;
   }
 
  private:
   const char* data_ = nullptr;
   size_t size_ = 0;
+  int fd_ = -1;
 };
 
 // RestoreJournal over a mapped file, streamed in once its layout is read.
@@ -148,7 +152,8 @@ absl::StatusOr<RestoredJournal> RestoreMapped(const MappedFile& file,
                                               const model::Transformer& model,
                                               uint64_t fingerprint) {
   std::optional<MappedFile::StreamAhead> ahead;
-  return RestoreJournal(file.view(), model, fingerprint, [&] { ahead.emplace(file); });
+  return RestoreJournal(
+      file.view(), model, fingerprint, [&] { ahead.emplace(file); }, file.fd());
 }
 
 }  // namespace

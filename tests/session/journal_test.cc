@@ -5,6 +5,10 @@
 // rows only; compaction bounds the file; a torn last record is dropped and
 // the session comes back at its last complete turn; corruption anywhere
 // else is DATA_LOSS, another model's file FAILED_PRECONDITION.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 
 #include "core/session/engine.h"
@@ -110,10 +114,32 @@ class JournalTest : public ::testing::Test {
     }
   }
 
-  // Restores `file` into a second store and checks it against `id` in `store`.
+  // RestoreJournal over `view`, with the descriptor of a file on disk that
+  // holds `disk` and every copy and checksum read from it with pread.
+  absl::StatusOr<RestoredJournal> RestoreViaFile(const std::string& view, const std::string& disk) {
+    const std::string path = ::testing::TempDir() + "/journal_pread_test.bin";
+    {
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      EXPECT_NE(f, nullptr);
+      if (f == nullptr) return absl::InternalError("temp file");
+      EXPECT_EQ(std::fwrite(disk.data(), 1, disk.size(), f), disk.size());
+      std::fclose(f);
+    }
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    EXPECT_GE(fd, 0);
+    internal::restore_pread_min_bytes = 0;
+    auto back = RestoreJournal(view, *model_, kFingerprint, {}, fd);
+    internal::restore_pread_min_bytes = size_t{64} << 10;
+    ::close(fd);
+    std::remove(path.c_str());
+    return back;
+  }
+
+  // Restores `file` into a second store and checks it against `id` in `store`
+  // (via_fd: every copy and checksum read from a file with pread).
   std::string RestoreAndCompare(SessionStore& store, const std::string& id, const std::string& file,
-                                SessionStore& other) {
-    auto back = RestoreJournal(file, *model_, kFingerprint);
+                                SessionStore& other, bool via_fd = false) {
+    auto back = via_fd ? RestoreViaFile(file, file) : RestoreJournal(file, *model_, kFingerprint);
     EXPECT_TRUE(back.ok()) << back.status();
     if (!back.ok()) return "";
     EXPECT_EQ(back->torn_bytes, 0u);
@@ -138,10 +164,15 @@ class JournalTest : public ::testing::Test {
 // exactly, and the restored session continues with the same tokens (greedy
 // and sampled: the RNG travels).
 TEST_F(JournalTest, EveryTurnRestoresExactlyInEveryMode) {
-  // Twice: the copies on this thread alone, and (every record counting as
-  // large) behind a second thread that reserves the layers ahead of them.
-  for (const size_t parallel_bytes : {size_t{8} << 20, size_t{0}}) {
-    SCOPED_TRACE(::testing::Message() << "parallel from " << parallel_bytes << " bytes");
+  // Three times: the copies on this thread alone, (every record counting
+  // as large) behind a second thread that reserves the layers ahead of
+  // them, and that again with every copy and checksum read from the file
+  // with pread.
+  for (int variant = 0; variant < 3; ++variant) {
+    const size_t parallel_bytes = variant == 0 ? size_t{8} << 20 : size_t{0};
+    const bool via_fd = variant == 2;
+    SCOPED_TRACE(::testing::Message()
+                 << "parallel from " << parallel_bytes << " bytes, pread " << via_fd);
     internal::restore_parallel_bytes = parallel_bytes;
     for (int mode = 0; mode < 5; ++mode) {
       for (bool sampled : {false, true}) {
@@ -163,7 +194,7 @@ TEST_F(JournalTest, EveryTurnRestoresExactlyInEveryMode) {
           EXPECT_FALSE(rewrote);
           EXPECT_GT(file.size(), before);
           SessionStore other({});
-          RestoreAndCompare(store, id, file, other);
+          RestoreAndCompare(store, id, file, other, via_fd);
           const auto next = testing::TestIds(4, 259, 40 + turn);
           GenerationRequest a = Req(next, 5, sampled), b = Req(next, 5, sampled);
           EXPECT_EQ(Run(other, id, a), Run(store, id, b));
@@ -292,10 +323,16 @@ TEST_F(JournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
   }
   // A crash that extended the file with zeros after the last record: torn.
   EXPECT_TRUE(RestoreJournal(file + std::string(64, '\0'), *model_, kFingerprint).ok());
-  // A flipped byte anywhere before the last record: DATA_LOSS.
+  // A flipped byte anywhere before the last record: DATA_LOSS. Read with
+  // pread, the checksums see the file's bytes: a flip on disk is caught
+  // even where the mapping's view is whole.
   for (size_t at = 0; at < first_end; at += 1 + first_end / 61) {
     std::string bad = file;
     bad[at] ^= 0x01;
+    // (The file's header is checked by value, from the mapping.)
+    if (at >= kJournalHeaderBytes) {
+      EXPECT_FALSE(RestoreViaFile(file, bad).ok()) << "flip on disk at " << at;
+    }
     auto r = RestoreJournal(bad, *model_, kFingerprint);
     EXPECT_FALSE(r.ok()) << "flip at " << at;
     if (!r.ok() && at >= 24) {
