@@ -256,8 +256,6 @@ struct Record {
   uint64_t offset;
 };
 
-// The restore of one file: the session being rebuilt and what the turn
-// records said so far.
 // Reads exactly `n` bytes at `offset`; false on an error or a short file.
 bool PreadAll(int fd, void* dst, size_t n, uint64_t offset) {
   char* out = static_cast<char*>(dst);
@@ -294,6 +292,8 @@ uint32_t FileCrc32c(std::string_view file, int fd, uint64_t offset, size_t n,
   return crc;
 }
 
+// The restore of one file: the session being rebuilt and what the turn
+// records said so far.
 struct Restorer {
   const model::Transformer& model;
   std::unique_ptr<Session> session;

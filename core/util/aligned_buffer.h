@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <cstddef>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -93,8 +92,6 @@ class AlignedBuffer {
   // Heap bytes actually held.
   size_t MemoryBytes() const { return BytesFor(size_); }
 
-  static constexpr size_t kHugePage = kHugePageBytes;
-
   // CORTIQ_HUGE_PAGES=1: buffers from 2 MiB on are advised for transparent
   // huge pages (read at each such allocation, which are few).
   static bool HugePagesRequested() {
@@ -117,7 +114,7 @@ class AlignedBuffer {
   // madvise) a fragmented machine compacts memory at the first fault (once
   // 1.5 s for 500 MB).
   static void* MapAnonymous(size_t bytes) {
-    if (bytes < kHugePage || !HugePagesRequested()) {
+    if (bytes < kHugePageBytes || !HugePagesRequested()) {
       void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
       return p;

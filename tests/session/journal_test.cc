@@ -127,9 +127,9 @@ class JournalTest : public ::testing::Test {
     }
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     EXPECT_GE(fd, 0);
-    internal::restore_pread_min_bytes = 0;
+    const size_t pread_min = internal::restore_pread_min_bytes.exchange(0);
     auto back = RestoreJournal(view, *model_, kFingerprint, {}, fd);
-    internal::restore_pread_min_bytes = size_t{64} << 10;
+    internal::restore_pread_min_bytes = pread_min;
     ::close(fd);
     std::remove(path.c_str());
     return back;

@@ -64,7 +64,7 @@ TEST(AlignedBufferTest, ZeroFilledAndAlignedSmallAndMapped) {
 }
 
 TEST(AlignedBufferTest, HugePagesOnlyWhenAskedAndNeverMoreThanAsked) {
-  constexpr size_t kHuge = AlignedBuffer<uint8_t>::kHugePage;
+  constexpr size_t kHuge = kHugePageBytes;
   // 5 MiB + 12 KiB: two whole 2 MiB extents and a tail.
   const size_t n = 5 * (size_t{1} << 20) + 12 * 1024;
   {
