@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 #include <utility>
 
@@ -20,6 +21,13 @@ size_t RoundUp64(size_t bytes) {
   constexpr size_t kA = util::AlignedBuffer<float>::kAlignment;
   return (bytes + kA - 1) / kA * kA;
 }
+
+size_t PageBytes() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+size_t RoundUpPage(size_t bytes) { return (bytes + PageBytes() - 1) / PageBytes() * PageBytes(); }
 
 // Copies `rows` rows of `row_elems` elements of every head from a block of
 // old_capacity rows per head to one of new_capacity rows per head.
@@ -74,6 +82,8 @@ KvRows& KvRows::operator=(KvRows&& other) noexcept {
   num_kv_heads_ = other.num_kv_heads_;
   head_dim_ = other.head_dim_;
   capacity_ = std::exchange(other.capacity_, 0);
+  stride_ = std::exchange(other.stride_, 0);
+  paged_ = std::exchange(other.paged_, false);
   seq_len_ = std::exchange(other.seq_len_, 0);
   committed_ = std::exchange(other.committed_, 0);
   dropped_bytes_ = std::exchange(other.dropped_bytes_, 0);
@@ -92,13 +102,32 @@ KvRows& KvRows::operator=(KvRows&& other) noexcept {
 KvRows KvRows::Copy() const {
   KvRows c(num_kv_heads_, head_dim_, mode_);
   c.capacity_ = capacity_;
-  c.committed_ = capacity_;  // fresh buffers: every page resident
+  c.stride_ = stride_;
+  c.paged_ = paged_;
+  c.committed_ = capacity_;  // fresh buffers: every page (under capacity) resident
   c.seq_len_ = seq_len_;
   c.head_len_ = head_len_.Copy();
-  c.k_f32_ = k_f32_.Copy();
-  c.v_f32_ = v_f32_.Copy();
-  c.k_i8_ = k_i8_.Copy();
-  c.v_i8_ = v_i8_.Copy();
+  if (paged_) {
+    // The same stride, committed to the capacity; the stored rows copied.
+    auto copy = [&](const auto& from, auto& to) {
+      if (from.empty()) return;
+      to.ResizeUncommitted(from.size());
+      for (size_t h = 0; h < num_kv_heads_; ++h) {
+        to.Commit(RowBase(h), capacity_ * head_dim_);
+        std::memcpy(to.data() + RowBase(h), from.data() + RowBase(h),
+                    head_len_[h] * head_dim_ * sizeof(from[0]));
+      }
+    };
+    copy(k_f32_, c.k_f32_);
+    copy(v_f32_, c.v_f32_);
+    copy(k_i8_, c.k_i8_);
+    copy(v_i8_, c.v_i8_);
+  } else {
+    c.k_f32_ = k_f32_.Copy();
+    c.v_f32_ = v_f32_.Copy();
+    c.k_i8_ = k_i8_.Copy();
+    c.v_i8_ = v_i8_.Copy();
+  }
   c.k_scale_ = k_scale_.Copy();
   c.v_scale_ = v_scale_.Copy();
   c.importance_ = importance_.Copy();
@@ -106,27 +135,45 @@ KvRows KvRows::Copy() const {
   return c;
 }
 
+size_t KvRows::RowBytes(size_t head_dim, KvMode mode) {
+  return head_dim * (mode == KvMode::kF32 ? sizeof(float) : sizeof(int8_t));
+}
+
+// With CORTIQ_HUGE_PAGES=1 nothing is paged: the buffers are whole huge
+// pages, and a turn reallocates exactly (paged blocks are in 4 KiB pages:
+// AlignedBuffer::ResizeUncommitted).
+bool KvRows::PagedAt(size_t num_kv_heads, size_t row_bytes, size_t rows) {
+  return num_kv_heads * rows * row_bytes >= util::AlignedBuffer<char>::kMapBytes &&
+         !util::AlignedBuffer<char>::HugePagesRequested();
+}
+
+// The fewest rows >= `rows` whose bytes are whole pages, so that every head
+// block of a paged buffer starts on a page.
+size_t KvRows::PagedStride(size_t row_bytes, size_t rows) {
+  const size_t unit = PageBytes() / std::gcd(PageBytes(), row_bytes);
+  return (rows + unit - 1) / unit * unit;
+}
+
+size_t KvRows::RowBufferBytes(size_t num_kv_heads, size_t row_bytes, size_t rows) {
+  if (PagedAt(num_kv_heads, row_bytes, rows)) return num_kv_heads * RoundUpPage(rows * row_bytes);
+  return RoundUp64(num_kv_heads * rows * row_bytes);
+}
+
 size_t KvRows::ProjectedBytes(size_t num_kv_heads, size_t head_dim, KvMode mode, size_t positions) {
   if (positions == 0) return 0;
-  const size_t rows = num_kv_heads * positions;
   size_t bytes = RoundUp64(num_kv_heads * sizeof(size_t));  // head_len_
-  switch (mode) {
-    case KvMode::kF32:
-      bytes += 2 * RoundUp64(rows * head_dim * sizeof(float));
-      break;
-    case KvMode::kInt8:
-      bytes += 2 * RoundUp64(rows * head_dim * sizeof(int8_t));
-      bytes += 2 * RoundUp64(rows * sizeof(float));
-      break;
-  }
+  bytes += 2 * RowBufferBytes(num_kv_heads, RowBytes(head_dim, mode), positions);
+  if (mode == KvMode::kInt8) bytes += 2 * RoundUp64(num_kv_heads * positions * sizeof(float));
   return bytes;
 }
 
 size_t KvRows::MemoryBytes() const {
-  return head_len_.MemoryBytes() + k_f32_.MemoryBytes() + v_f32_.MemoryBytes() +
-         k_i8_.MemoryBytes() + v_i8_.MemoryBytes() + k_scale_.MemoryBytes() +
-         v_scale_.MemoryBytes() + importance_.MemoryBytes() + alive_log_.MemoryBytes() -
-         dropped_bytes_;
+  const size_t rows =
+      paged_
+          ? 2 * num_kv_heads_ * RoundUpPage(committed_ * RowBytes(head_dim_, mode_))
+          : k_f32_.MemoryBytes() + v_f32_.MemoryBytes() + k_i8_.MemoryBytes() + v_i8_.MemoryBytes();
+  return head_len_.MemoryBytes() + rows + k_scale_.MemoryBytes() + v_scale_.MemoryBytes() +
+         importance_.MemoryBytes() + alive_log_.MemoryBytes() - dropped_bytes_;
 }
 
 size_t KvRows::HeadLen(size_t kv_head) const {
@@ -178,7 +225,7 @@ void KvRows::SetDenseRows(size_t seq_len) {
 // ---------------------------------------------------------------------------
 // Capacity.
 
-void KvRows::Reallocate(size_t new_capacity) {
+void KvRows::Reallocate(size_t new_capacity, bool exact) {
   CORTIQ_KV_CHECK(new_capacity >= seq_len_);
   if (new_capacity == 0) {
     Release();  // seq_len_ == 0 already
@@ -188,20 +235,60 @@ void KvRows::Reallocate(size_t new_capacity) {
   const size_t D = head_dim_;
   if (head_len_.empty()) head_len_.Resize(H);  // zero-filled
   const size_t* rows = head_len_.data();
+  const size_t row_bytes = RowBytes(D, mode_);
 
-  auto regrow = [&](auto& buf, size_t row_elems) {
-    std::remove_reference_t<decltype(buf)> next(H * new_capacity * row_elems);
-    CopyHeadBlocks(buf, next, H, capacity_, new_capacity, rows, row_elems);
-    buf = std::move(next);
-  };
-  if (mode_ == KvMode::kF32) {
-    regrow(k_f32_, D);
-    regrow(v_f32_, D);
-  } else {
-    regrow(k_i8_, D);
-    regrow(v_i8_, D);
-    regrow(k_scale_, 1);
-    regrow(v_scale_, 1);
+  // The row buffers.
+  const bool paged = PagedAt(H, row_bytes, new_capacity);
+  // Room in the blocks: the pages up to the new capacity are committed
+  // (CommitRows, at the end); no row moves. Otherwise new blocks of `stride`
+  // rows: a paged one 1.5x ahead (unless exact), committed up to the new
+  // capacity one call per block, or a plain exact one, zero-filled.
+  const bool in_place = paged && paged_ && !exact && new_capacity <= stride_;
+  if (!in_place) {
+    size_t stride = new_capacity;
+    if (paged) {
+      stride = PagedStride(row_bytes, new_capacity);
+      if (paged_ && !exact)
+        stride = std::max(stride, PagedStride(row_bytes, stride_ + stride_ / 2));
+    }
+    auto regrow = [&](auto& buf) {
+      std::remove_reference_t<decltype(buf)> next;
+      if (paged) {
+        next.ResizeUncommitted(H * stride * D);
+      } else {
+        next.Resize(H * stride * D);
+      }
+      for (size_t h = 0; h < H; ++h) {
+        if (paged) next.Commit(h * stride * D, new_capacity * D);
+        if (!buf.empty() && rows[h] > 0) {
+          std::memcpy(next.data() + h * stride * D, buf.data() + RowBase(h),
+                      rows[h] * D * sizeof(buf[0]));
+        }
+      }
+      buf = std::move(next);
+    };
+    if (mode_ == KvMode::kF32) {
+      regrow(k_f32_);
+      regrow(v_f32_);
+    } else {
+      regrow(k_i8_);
+      regrow(v_i8_);
+    }
+    stride_ = stride;
+    committed_ = new_capacity;
+  }
+  paged_ = paged;
+
+  // The scales, the importance and the alive log: exactly new_capacity,
+  // fresh and zero-filled.
+  if (mode_ == KvMode::kInt8) {
+    auto regrow = [&](auto& buf) {
+      std::remove_reference_t<decltype(buf)> next(H * new_capacity);
+      CopyHeadBlocks(buf, next, H, capacity_, new_capacity, rows, 1);
+      buf = std::move(next);
+    };
+    regrow(k_scale_);
+    regrow(v_scale_);
   }
   if (!importance_.empty()) {
     util::AlignedBuffer<float> next(new_capacity);
@@ -214,8 +301,8 @@ void KvRows::Reallocate(size_t new_capacity) {
     alive_log_ = std::move(next);
   }
   capacity_ = new_capacity;
-  committed_ = new_capacity;  // fresh, zero-filled buffers
-  dropped_bytes_ = 0;
+  dropped_bytes_ = 0;  // the scales are fresh; paged rows count their committed pages
+  if (in_place) CommitRows(new_capacity);
 }
 
 void KvRows::Reserve(size_t positions) {
@@ -227,30 +314,31 @@ void KvRows::Reserve(size_t positions) {
 }
 
 size_t KvRows::TailPageBytes(size_t from, bool drop) {
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t page = PageBytes();
   size_t bytes = 0;
-  auto tails = [&](auto& buf, size_t row_elems) {
-    if (buf.empty()) return;
+  // Whole pages of rows [from, stride) of every head block of `buf`.
+  auto tails = [&](auto& buf, size_t stride, size_t row_elems) {
+    if (buf.empty()) return size_t{0};
+    size_t n = 0;
     for (size_t h = 0; h < num_kv_heads_; ++h) {
-      const uintptr_t a =
-          reinterpret_cast<uintptr_t>(buf.data() + (h * capacity_ + from) * row_elems);
-      const uintptr_t b = reinterpret_cast<uintptr_t>(buf.data() + (h + 1) * capacity_ * row_elems);
+      const uintptr_t a = reinterpret_cast<uintptr_t>(buf.data() + (h * stride + from) * row_elems);
+      const uintptr_t b = reinterpret_cast<uintptr_t>(buf.data() + (h + 1) * stride * row_elems);
       const uintptr_t first = (a + page - 1) / page * page, last = b / page * page;
       if (last <= first) continue;
       // A page-aligned range inside our own private anonymous buffer: the
       // call cannot fail short of a bug, and its result is not needed.
       if (drop) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-      bytes += last - first;
+      n += last - first;
     }
+    return n;
   };
-  if (mode_ == KvMode::kF32) {
-    tails(k_f32_, head_dim_);
-    tails(v_f32_, head_dim_);
-  } else {
-    tails(k_i8_, head_dim_);
-    tails(v_i8_, head_dim_);
-    tails(k_scale_, 1);
-    tails(v_scale_, 1);
+  // Paged row buffers count their committed pages (MemoryBytes), not these.
+  const size_t row_tails =
+      mode_ == KvMode::kF32 ? tails(k_f32_, stride_, head_dim_) + tails(v_f32_, stride_, head_dim_)
+                            : tails(k_i8_, stride_, head_dim_) + tails(v_i8_, stride_, head_dim_);
+  if (!paged_) bytes += row_tails;
+  if (mode_ == KvMode::kInt8) {
+    bytes += tails(k_scale_, capacity_, 1) + tails(v_scale_, capacity_, 1);
   }
   return bytes;
 }
@@ -264,30 +352,36 @@ void KvRows::ReleaseUnused() {
 void KvRows::CommitRows(size_t rows) {
   CORTIQ_KV_CHECK(rows <= capacity_);
   if (rows <= committed_) return;
-  // Touching the rows faults their pages in (zeros), so what MemoryBytes()
-  // counts stays resident.
-  auto zero = [&](auto& buf, size_t row_elems) {
+  // Rows [committed_, rows) of every block made resident and zero: a paged
+  // block's pages in one call first (the pages past the committed ones were
+  // given back or never touched, so they come in as zeros), then a memset,
+  // which also clears what the last committed page held past committed_.
+  auto zero = [&](auto& buf, size_t stride, size_t row_elems, bool commit) {
     if (buf.empty()) return;
     for (size_t h = 0; h < num_kv_heads_; ++h) {
-      std::memset(static_cast<void*>(buf.data() + (h * capacity_ + committed_) * row_elems), 0,
-                  (rows - committed_) * row_elems * sizeof(buf[0]));
+      const size_t at = (h * stride + committed_) * row_elems, n = (rows - committed_) * row_elems;
+      if (commit) buf.Commit(at, n);
+      std::memset(static_cast<void*>(buf.data() + at), 0, n * sizeof(buf[0]));
     }
   };
   if (mode_ == KvMode::kF32) {
-    zero(k_f32_, head_dim_);
-    zero(v_f32_, head_dim_);
+    zero(k_f32_, stride_, head_dim_, paged_);
+    zero(v_f32_, stride_, head_dim_, paged_);
   } else {
-    zero(k_i8_, head_dim_);
-    zero(v_i8_, head_dim_);
-    zero(k_scale_, 1);
-    zero(v_scale_, 1);
+    zero(k_i8_, stride_, head_dim_, paged_);
+    zero(v_i8_, stride_, head_dim_, paged_);
+    zero(k_scale_, capacity_, 1, false);
+    zero(v_scale_, capacity_, 1, false);
   }
   committed_ = rows;
-  dropped_bytes_ = rows == capacity_ ? 0 : TailPageBytes(rows, /*drop=*/false);
+  dropped_bytes_ = rows == capacity_ && !paged_ ? 0 : TailPageBytes(rows, /*drop=*/false);
 }
 
 void KvRows::ShrinkToFit() {
-  if (seq_len_ != capacity_) Reallocate(seq_len_);
+  if (seq_len_ != capacity_ ||
+      (paged_ && stride_ != PagedStride(RowBytes(head_dim_, mode_), seq_len_))) {
+    Reallocate(seq_len_, /*exact=*/true);
+  }
 }
 
 // ---------------------------------------------------------------------------

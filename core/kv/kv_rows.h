@@ -12,17 +12,25 @@
 //     or int8 rows with one f32 symmetric scale per row (KvMode::kInt8). The
 //     mode is fixed at construction.
 //   * Allocation: Reserve sizes every block once; Append past capacity grows
-//     geometrically (×2, from 16), never per token. Two optional pieces are
+//     geometrically (×2, from 16), never per token. Large row buffers (1 MiB
+//     and more at the capacity: AlignedBuffer's own mappings) are "paged":
+//     each head block starts on a page and spans a stride of rows that grows
+//     geometrically (×1.5) ahead of the capacity, of which only the pages
+//     under capacity() rows are committed (resident and counted). So a kept
+//     session's next turn, reserving a few more positions, commits their
+//     pages instead of copying every row to a new buffer (it did: 510 MB a
+//     turn at 2,200 positions of the 0.6B shape). Not with
+//     CORTIQ_HUGE_PAGES=1, whose buffers are whole huge pages. Two optional pieces are
 //     allocated lazily, once per conversation: the importance buffer (first
 //     AccumulateImp) and the alive log (first Append with a dead head). Every
 //     other method allocates nothing.
 //   * MemoryBytes() is the exact heap bytes held (capacity-based, 64-byte
 //     rounded per buffer: rows, scales, head lengths, importance, alive
-//     log). A fresh or Release()d store holds 0 bytes. Allocations are
-//     zero-filled, so the bytes counted are also resident. ReleaseUnused
-//     gives the pages of each head block beyond seq_len() back to the OS
-//     and MemoryBytes() stops counting them, until Reserve / Append
-//     commits them again (zero-filled, so again resident).
+//     log; a paged row buffer counts each head's committed pages). A fresh or Release()d store
+//     holds 0 bytes. Allocations are zero-filled, so the bytes counted are also resident.
+//     ReleaseUnused gives the pages of each head block beyond seq_len() back to the OS and
+//     MemoryBytes() stops counting them, until Reserve / Append commits them again (zero-filled, so
+//     again resident).
 //   * Dead heads: a KV head whose alive[h] is false at Append stores nothing
 //     for that position. seq_len() counts every position appended;
 //     HeadLen(h) counts the rows head h actually stored (<= seq_len()).
@@ -160,7 +168,9 @@ class KvRows {
   // Reallocates every per-position buffer to new_capacity (>= seq_len_),
   // keeping stored rows; 0 frees them all. The only place storage is
   // (re)allocated, apart from the lazy importance / alive log.
-  void Reallocate(size_t new_capacity);
+  // A paged store's blocks keep their stride unless `exact` (ShrinkToFit)
+  // or the capacity outgrows it.
+  void Reallocate(size_t new_capacity, bool exact = false);
   // Makes rows [committed_, rows) of every head block resident again
   // (zero-filled) and recounts the pages still given back. rows <= capacity_.
   void CommitRows(size_t rows);
@@ -168,18 +178,31 @@ class KvRows {
   // block, summed over the row buffers; with `drop`, madvise(MADV_DONTNEED)
   // gives them back first.
   size_t TailPageBytes(size_t from, bool drop);
+  // Paged row buffers (see the banner): the bytes of one row, whether a row
+  // buffer of `rows` rows per head is paged, the stride such a buffer gets
+  // for `rows` (page-aligned head blocks), and its counted bytes.
+  static size_t RowBytes(size_t head_dim, KvMode mode);
+  static bool PagedAt(size_t num_kv_heads, size_t row_bytes, size_t rows);
+  static size_t PagedStride(size_t row_bytes, size_t rows);
+  static size_t RowBufferBytes(size_t num_kv_heads, size_t row_bytes, size_t rows);
   // Offsets of head h's blocks.
-  size_t RowBase(size_t kv_head) const { return kv_head * capacity_ * head_dim_; }
+  size_t RowBase(size_t kv_head) const { return kv_head * stride_ * head_dim_; }
   size_t ScaleBase(size_t kv_head) const { return kv_head * capacity_; }
 
   KvMode mode_;
   size_t num_kv_heads_;
   size_t head_dim_;
   size_t capacity_ = 0;  // positions per head block
-  size_t seq_len_ = 0;   // positions appended (dead heads included)
+  // Rows per head block of the row buffers: capacity_, or for paged ones
+  // (paged_) page-aligned and grown ahead of it.
+  size_t stride_ = 0;
+  bool paged_ = false;
+  size_t seq_len_ = 0;  // positions appended (dead heads included)
   // Rows per head block that are resident (seq_len_ <= committed_ <=
   // capacity_); the whole pages past them were given back (ReleaseUnused)
-  // and are the dropped_bytes_ MemoryBytes() does not count.
+  // and are the dropped_bytes_ MemoryBytes() does not count (a paged row
+  // buffer counts its committed pages instead: dropped_bytes_ is then the
+  // scales' alone).
   size_t committed_ = 0;
   size_t dropped_bytes_ = 0;
 

@@ -14,9 +14,11 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -68,6 +70,45 @@ class AlignedBuffer {
       std::memset(static_cast<void*>(data_), 0, bytes);
     }
     size_ = n;
+  }
+  // Reallocates to exactly n elements as a mapping of its own (BytesFor(n)
+  // >= kMapBytes, else std::length_error) whose pages are NOT faulted in:
+  // zero by construction, resident only where written or Commit()ed. For an
+  // owner that uses a part of a large reservation (KvRows' head blocks,
+  // grown geometrically) and counts what it commits. Always in 4 KiB pages
+  // (MADV_NOHUGEPAGE, whatever the system's THP mode and
+  // CORTIQ_HUGE_PAGES): a huge page faulted in for a committed page would
+  // make the 2 MiB around it resident, uncommitted bytes included.
+  void ResizeUncommitted(size_t n) {
+    Free();
+    if (n == 0) return;
+    if (BytesFor(n) < kMapBytes) throw std::length_error("AlignedBuffer::ResizeUncommitted: small");
+    const size_t bytes = MappedBytes(BytesFor(n));
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_NOHUGEPAGE
+    madvise(p, bytes, MADV_NOHUGEPAGE);  // advice only: a kernel without THP ignores it
+#endif
+    data_ = static_cast<T*>(p);
+    size_ = n;
+  }
+  // Faults in the pages holding elements [first, first + count) of a mapped
+  // buffer (first + count <= size(); the owner's invariant): zero where
+  // never written, and the bytes of a page already resident kept. One
+  // madvise(MADV_POPULATE_WRITE) call; without it (before Linux 5.14) a
+  // write of each page's first byte with its own value.
+  void Commit(size_t first, size_t count) {
+    if (count == 0) return;
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = reinterpret_cast<uintptr_t>(data_ + first) / page * page;
+    const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + first + count);
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    for (uintptr_t p = a; p < b; p += page) {
+      volatile char* c = reinterpret_cast<volatile char*>(p);
+      *c = *c;
+    }
   }
   AlignedBuffer Copy() const {
     AlignedBuffer b(size_);

@@ -1,12 +1,15 @@
 #include "core/util/aligned_buffer.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace cortiq::util {
 namespace {
@@ -92,6 +95,36 @@ TEST(AlignedBufferTest, HugePagesOnlyWhenAskedAndNeverMoreThanAsked) {
     b.Resize(kHuge / 2);
     EXPECT_FALSE(MappingOf(b.data()).advised_huge);  // below 2 MiB: plain pages
   }
+}
+
+TEST(AlignedBufferTest, UncommittedMapsNothingUntilCommitted) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t n = (size_t{4} << 20) / sizeof(float);  // 4 MiB
+  AlignedBuffer<float> b;
+  b.ResizeUncommitted(n);
+  ASSERT_EQ(b.size(), n);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(b.data()) % page, 0u);
+  auto resident = [&] {
+    std::vector<unsigned char> in(n * sizeof(float) / page);
+    EXPECT_EQ(mincore(b.data(), n * sizeof(float), in.data()), 0);
+    size_t r = 0;
+    for (unsigned char c : in) r += c & 1;
+    return r;
+  };
+  EXPECT_EQ(resident(), 0u);
+  // Elements [1000, 1000 + 3 pages' worth): the pages holding them, 4 here
+  // (the range starts mid-page).
+  const size_t per_page = page / sizeof(float);
+  b.Commit(1000, 3 * per_page);
+  EXPECT_EQ(resident(), 4u);
+  for (size_t i = 0; i < 4 * per_page; ++i) ASSERT_EQ(b[i], 0.0f) << i;
+  // Committing again keeps what was written.
+  b[1000] = 3.5f;
+  b.Commit(0, 5 * per_page);
+  EXPECT_EQ(resident(), 5u);
+  EXPECT_EQ(b[1000], 3.5f);
+  AlignedBuffer<float> small;
+  EXPECT_THROW(small.ResizeUncommitted(16), std::length_error);
 }
 
 }  // namespace
