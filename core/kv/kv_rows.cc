@@ -241,15 +241,17 @@ void KvRows::Reallocate(size_t new_capacity, bool exact) {
   const bool paged = PagedAt(H, row_bytes, new_capacity);
   // Room in the blocks: the pages up to the new capacity are committed
   // (CommitRows, at the end); no row moves. Otherwise new blocks of `stride`
-  // rows: a paged one 1.5x ahead (unless exact), committed up to the new
-  // capacity one call per block, or a plain exact one, zero-filled.
+  // rows: a paged one with half again of room ahead (of the larger of the
+  // new capacity and the old stride; none when exact), committed up to the
+  // new capacity one call per block, or a plain exact one, zero-filled. The
+  // room is address space only: a session's first reservation (its first
+  // call, or a restore) leaves its next turns room to grow in place.
   const bool in_place = paged && paged_ && !exact && new_capacity <= stride_;
   if (!in_place) {
     size_t stride = new_capacity;
     if (paged) {
-      stride = PagedStride(row_bytes, new_capacity);
-      if (paged_ && !exact)
-        stride = std::max(stride, PagedStride(row_bytes, stride_ + stride_ / 2));
+      const size_t base = std::max(new_capacity, paged_ ? stride_ : 0);
+      stride = PagedStride(row_bytes, exact ? new_capacity : base + base / 2);
     }
     auto regrow = [&](auto& buf) {
       std::remove_reference_t<decltype(buf)> next;

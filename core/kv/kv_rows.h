@@ -14,8 +14,9 @@
 //   * Allocation: Reserve sizes every block once; Append past capacity grows
 //     geometrically (×2, from 16), never per token. Large row buffers (1 MiB
 //     and more at the capacity: AlignedBuffer's own mappings) are "paged":
-//     each head block starts on a page and spans a stride of rows that grows
-//     geometrically (×1.5) ahead of the capacity, of which only the pages
+//     each head block starts on a page and spans a stride of rows with
+//     half again of room ahead of the capacity (from the first Reserve: an
+//     address space reservation), of which only the pages
 //     under capacity() rows are committed (resident and counted). So a kept
 //     session's next turn, reserving a few more positions, commits their
 //     pages instead of copying every row to a new buffer (it did: 510 MB a
