@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
-#include <type_traits>
 #include <utility>
 
 #include "core/kv/kv_check.h"
@@ -22,10 +21,7 @@ size_t RoundUp64(size_t bytes) {
   return (bytes + kA - 1) / kA * kA;
 }
 
-size_t PageBytes() {
-  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return page;
-}
+size_t PageBytes() { return util::AlignedBuffer<char>::PageBytes(); }
 
 size_t RoundUpPage(size_t bytes) { return (bytes + PageBytes() - 1) / PageBytes() * PageBytes(); }
 
@@ -41,6 +37,25 @@ void CopyHeadBlocks(const util::AlignedBuffer<T>& from, util::AlignedBuffer<T>& 
     std::memcpy(to.data() + h * new_capacity * row_elems,
                 from.data() + h * old_capacity * row_elems, rows[h] * row_elems * sizeof(T));
   }
+}
+
+// A new buffer of H blocks of `stride` rows of `row_elems` elements: a
+// paged one (its pages committed up to `commit` rows of each block, one
+// call per block) or a plain zero-filled one; the first rows[h] rows of
+// each of `from`'s blocks (of `from_stride` rows) copied into it.
+template <typename T>
+util::AlignedBuffer<T> NewHeadBlocks(const util::AlignedBuffer<T>& from, size_t from_stride,
+                                     size_t num_heads, size_t stride, size_t row_elems,
+                                     const size_t* rows, bool paged, size_t commit) {
+  util::AlignedBuffer<T> next;
+  if (paged) {
+    next.ResizeUncommitted(num_heads * stride * row_elems);
+    for (size_t h = 0; h < num_heads; ++h) next.Commit(h * stride * row_elems, commit * row_elems);
+  } else {
+    next.Resize(num_heads * stride * row_elems);
+  }
+  CopyHeadBlocks(from, next, num_heads, from_stride, stride, rows, row_elems);
+  return next;
 }
 
 // `rows` rows of head h's blocks as the spans of a HeadRowsView (const
@@ -111,12 +126,8 @@ KvRows KvRows::Copy() const {
     // The same stride, committed to the capacity; the stored rows copied.
     auto copy = [&](const auto& from, auto& to) {
       if (from.empty()) return;
-      to.ResizeUncommitted(from.size());
-      for (size_t h = 0; h < num_kv_heads_; ++h) {
-        to.Commit(RowBase(h), capacity_ * head_dim_);
-        std::memcpy(to.data() + RowBase(h), from.data() + RowBase(h),
-                    head_len_[h] * head_dim_ * sizeof(from[0]));
-      }
+      to = NewHeadBlocks(from, stride_, num_kv_heads_, stride_, head_dim_, head_len_.data(),
+                         /*paged=*/true, capacity_);
     };
     copy(k_f32_, c.k_f32_);
     copy(v_f32_, c.v_f32_);
@@ -254,20 +265,7 @@ void KvRows::Reallocate(size_t new_capacity, bool exact) {
       stride = PagedStride(row_bytes, exact ? new_capacity : base + base / 2);
     }
     auto regrow = [&](auto& buf) {
-      std::remove_reference_t<decltype(buf)> next;
-      if (paged) {
-        next.ResizeUncommitted(H * stride * D);
-      } else {
-        next.Resize(H * stride * D);
-      }
-      for (size_t h = 0; h < H; ++h) {
-        if (paged) next.Commit(h * stride * D, new_capacity * D);
-        if (!buf.empty() && rows[h] > 0) {
-          std::memcpy(next.data() + h * stride * D, buf.data() + RowBase(h),
-                      rows[h] * D * sizeof(buf[0]));
-        }
-      }
-      buf = std::move(next);
+      buf = NewHeadBlocks(buf, stride_, H, stride, D, rows, paged, new_capacity);
     };
     if (mode_ == KvMode::kF32) {
       regrow(k_f32_);
@@ -284,13 +282,8 @@ void KvRows::Reallocate(size_t new_capacity, bool exact) {
   // The scales, the importance and the alive log: exactly new_capacity,
   // fresh and zero-filled.
   if (mode_ == KvMode::kInt8) {
-    auto regrow = [&](auto& buf) {
-      std::remove_reference_t<decltype(buf)> next(H * new_capacity);
-      CopyHeadBlocks(buf, next, H, capacity_, new_capacity, rows, 1);
-      buf = std::move(next);
-    };
-    regrow(k_scale_);
-    regrow(v_scale_);
+    k_scale_ = NewHeadBlocks(k_scale_, capacity_, H, new_capacity, 1, rows, false, 0);
+    v_scale_ = NewHeadBlocks(v_scale_, capacity_, H, new_capacity, 1, rows, false, 0);
   }
   if (!importance_.empty()) {
     util::AlignedBuffer<float> next(new_capacity);
@@ -376,7 +369,7 @@ void KvRows::CommitRows(size_t rows) {
     zero(v_scale_, capacity_, 1, false);
   }
   committed_ = rows;
-  dropped_bytes_ = rows == capacity_ && !paged_ ? 0 : TailPageBytes(rows, /*drop=*/false);
+  dropped_bytes_ = rows == capacity_ ? 0 : TailPageBytes(rows, /*drop=*/false);
 }
 
 void KvRows::ShrinkToFit() {

@@ -99,7 +99,7 @@ class AlignedBuffer {
   // write of each page's first byte with its own value.
   void Commit(size_t first, size_t count) {
     if (count == 0) return;
-    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t page = PageBytes();
     const uintptr_t a = reinterpret_cast<uintptr_t>(data_ + first) / page * page;
     const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + first + count);
 #ifdef MADV_POPULATE_WRITE
@@ -132,6 +132,11 @@ class AlignedBuffer {
   }
   // Heap bytes actually held.
   size_t MemoryBytes() const { return BytesFor(size_); }
+  // The system's page size (the unit of Commit and of a mapping).
+  static size_t PageBytes() {
+    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return page;
+  }
 
   // CORTIQ_HUGE_PAGES=1: buffers from 2 MiB on are advised for transparent
   // huge pages (read at each such allocation, which are few).
@@ -163,8 +168,7 @@ class AlignedBuffer {
     return MapHugeAligned(bytes);
   }
   static size_t MappedBytes(size_t bytes) {
-    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    return (bytes + page - 1) / page * page;
+    return (bytes + PageBytes() - 1) / PageBytes() * PageBytes();
   }
   void Free() {
     if (data_ != nullptr && BytesFor(size_) >= kMapBytes) {
