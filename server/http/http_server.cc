@@ -693,11 +693,9 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
       ctx_->peers->Peers(PeerDialer::Wait::kNo).empty()) {
     if (absl::Status st = Unavailable(*ctx_); !st.ok()) return fail(st);
   }
-  Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    return fail(absl::InvalidArgumentError("body: not valid JSON"));
-  }
-  if (absl::Status st = Prepare(body, req, *caller, kind, &p); !st.ok()) return fail(st);
+  absl::StatusOr<Json> body = ParseBody(req.body);
+  if (!body.ok()) return fail(body.status());
+  if (absl::Status st = Prepare(*body, req, *caller, kind, &p); !st.ok()) return fail(st);
   call->Add("priority", std::string(session::PriorityName(p.g.priority)));
   const size_t prompt_tokens = p.g.prompt.size();
   const Clock::time_point deadline = p.g.deadline + kDeadlineSlack;

@@ -114,7 +114,78 @@ absl::Status ReadLogitBias(const Json& v, std::vector<std::pair<int32_t, float>>
   return absl::OkStatus();
 }
 
+// What reading a body into Json will cost, measured by a SAX pass that builds
+// nothing: the depth, and per object the key comparisons its ordered_map makes
+// (each new key against every member before it: one comparison each, plus at
+// most the earlier keys' bytes where the lengths match).
+class BodyCost final : public nlohmann::json_sax<Json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(size_t) override { return Open(); }
+  bool start_array(size_t) override { return Open(); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& k) override {
+    Level& o = open_.back();
+    scan_ += o.members + o.key_bytes;
+    if (++o.members > kMaxObjectMembers) {
+      return Fail(absl::StrCat("an object with more than ", kMaxObjectMembers, " members"));
+    }
+    if (scan_ > kMaxMemberScan) {
+      return Fail(absl::StrCat("its objects' members would take more than ", kMaxMemberScan,
+                               " key comparisons to read (at most ", kMaxObjectMembers,
+                               " members in one object, fewer across many)"));
+    }
+    o.key_bytes += k.size();
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return Fail("not valid JSON");
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  struct Level {
+    uint64_t members = 0;
+    uint64_t key_bytes = 0;
+  };
+  bool Open() {
+    if (open_.size() == kMaxBodyDepth) {
+      return Fail(absl::StrCat("nested deeper than ", kMaxBodyDepth, " levels"));
+    }
+    open_.emplace_back();
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+  bool Fail(std::string why) {
+    if (error_.empty()) error_ = std::move(why);
+    return false;
+  }
+  std::vector<Level> open_;
+  uint64_t scan_ = 0;
+  std::string error_;
+};
+
 }  // namespace
+
+absl::StatusOr<Json> ParseBody(std::string_view body) {
+  BodyCost cost;
+  if (!Json::sax_parse(body, &cost) || !cost.error().empty()) {
+    return FieldError("body", cost.error().empty() ? "not valid JSON" : cost.error());
+  }
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return FieldError("body", "not valid JSON");
+  return j;
+}
 
 absl::StatusOr<CommonRequest> ParseCommon(const Json& body, bool chat) {
   if (!body.is_object()) return FieldError("body", "must be a JSON object");

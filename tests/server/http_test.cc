@@ -390,6 +390,19 @@ TEST(HttpTest, BadRequestsNameTheField) {
   Reply huge = Post(n, "/v1/completions", with(ok, "pad", std::string(70 << 10, 'a')));
   const Json he = ExpectError(huge, 413, "body");
   EXPECT_NE(he["message"].get<std::string>().find("--max-prompt-bytes"), std::string::npos);
+  // A body whose objects would cost the square of their size to read (the
+  // ordered members): refused before it is built, naming the limit.
+  Json bias = Json::object();
+  for (int i = 0; i <= 2048; ++i) bias[std::to_string(i)] = 1;
+  const Json many =
+      ExpectError(Post(n, "/v1/completions", with(ok, "logit_bias", bias)), 400, "body");
+  EXPECT_EQ(many["message"], "body: an object with more than 2048 members");
+  auto deep = n.http->Post("/v1/completions",
+                           "{\"pad\":" + std::string(200, '[') + std::string(200, ']') + "}",
+                           "application/json");
+  ASSERT_TRUE(deep);
+  EXPECT_EQ(deep->status, 400);
+  EXPECT_NE(deep->body.find("nested deeper than 128 levels"), std::string::npos) << deep->body;
   // Not JSON.
   auto raw = n.http->Post("/v1/completions", "{not json", "application/json");
   ASSERT_TRUE(raw);

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
@@ -208,6 +211,67 @@ TEST(OpenAiRequestTest, ChatFieldsAndRefusals) {
   EXPECT_TRUE(chat(R"({"messages":[{"role":"user","content":"x"}],
       "response_format":{"type":"text"}})")
                   .ok());
+}
+
+// ParseBody measures a body before building it: its depth and what its
+// objects' ordered members cost to read (each key compared with the members
+// before it), so no body costs more than linear time to refuse.
+TEST(OpenAiRequestTest, BodyCostIsBoundedBeforeItIsBuilt) {
+  auto ok = ParseBody(R"({"b":1,"a":[{"y":2,"x":3}]})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->dump(), R"({"b":1,"a":[{"y":2,"x":3}]})");  // member order kept
+  for (const char* bad : {"", "{", "[1,]", "{\"a\":}", "{} x"}) {
+    const absl::Status st = ParseBody(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(st.message(), "body: not valid JSON") << bad;
+  }
+  // An object of `members` keys "k000000".. (7 bytes each): reading it costs
+  // sum over i < members of (i + 7 i) = 4 members (members - 1) comparisons.
+  auto object = [](int members) {
+    std::string s = "{";
+    for (int i = 0; i < members; ++i) {
+      s += absl::StrFormat("%s\"k%06d\":%d", i ? "," : "", i, i);
+    }
+    return s + "}";
+  };
+  // The sampler's own limit on logit_bias (1024 entries) reads; one more
+  // member than kMaxObjectMembers does not, however few bytes it takes.
+  EXPECT_TRUE(ParseBody(object(1024)).ok());
+  EXPECT_TRUE(ParseBody(object(static_cast<int>(kMaxObjectMembers))).ok());
+  for (int members : {static_cast<int>(kMaxObjectMembers) + 1, 100000}) {
+    const absl::Status st = ParseBody(object(members)).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(st.message(), "body: an object with more than 2048 members");
+  }
+  // Across objects: 4 of 1000 members cost 15,984,000 comparisons, within
+  // kMaxMemberScan (2^24); a fifth passes it.
+  auto objects = [&](int n) {
+    std::string s = "[";
+    for (int i = 0; i < n; ++i) absl::StrAppend(&s, i ? "," : "", object(1000));
+    return s + "]";
+  };
+  EXPECT_TRUE(ParseBody(objects(4)).ok());
+  const absl::Status five = ParseBody(objects(5)).status();
+  EXPECT_EQ(five.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(five.message(),
+                               "body: its objects' members would take more than "
+                               "16777216 key comparisons"))
+      << five.message();
+  // Depth: kMaxBodyDepth levels of arrays and objects read, one more does not.
+  auto nested = [](size_t depth) {
+    std::string open, close;
+    for (size_t i = 0; i < depth; ++i) {
+      open += i % 2 ? "[" : "{\"a\":";
+      close = absl::StrCat(i % 2 ? "]" : "}", close);
+    }
+    return open + "1" + close;
+  };
+  EXPECT_TRUE(ParseBody(nested(kMaxBodyDepth)).ok());
+  for (size_t depth : {kMaxBodyDepth + 1, size_t{100000}}) {
+    const absl::Status st = ParseBody(nested(depth)).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(st.message(), "body: nested deeper than 128 levels");
+  }
 }
 
 TEST(OpenAiRequestTest, CommonControls) {
