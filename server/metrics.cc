@@ -411,6 +411,11 @@ class Metrics::LiveState : public prometheus::Collectable {
                               static_cast<double>(s.disk_bytes)));
     out.push_back(GaugeFamily("cortiq_session_files", "Session files in --state-dir.",
                               static_cast<double>(s.files)));
+    out.push_back(GaugeFamily("cortiq_persist_buffer_bytes",
+                              "Bytes of session records held in RAM for --state-dir: queued for "
+                              "the writer thread, being written, and spent buffers kept for "
+                              "reuse (their capacity).",
+                              static_cast<double>(s.buffer_bytes)));
     out.push_back(CounterFamily("cortiq_persist_records_total",
                                 "Session records written (turn appends and whole files).",
                                 static_cast<double>(s.records)));

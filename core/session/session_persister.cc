@@ -363,6 +363,7 @@ void SessionPersister::Submit(Pending pending, std::function<void()> done) {
     op.record = std::move(pending.record);
     op.done = std::move(done);
     sizes_.try_emplace(op.id, 0);  // a file exists or is on its way (Remove waits for it)
+    held_bytes_ += op.record.bytes.capacity();
     ++queued_[op.id];
     queue_.push_back(std::move(op));
   }
@@ -403,6 +404,9 @@ SessionPersister::Stats SessionPersister::stats() const {
   s.files = sizes_.size();
   s.disk_bytes = 0;
   for (const auto& [id, bytes] : sizes_) s.disk_bytes += bytes;
+  s.buffer_bytes = held_bytes_;
+  for (const std::string& b : spare_) s.buffer_bytes += b.capacity();
+  s.spare_buffers = spare_.size();
   return s;
 }
 
@@ -445,6 +449,7 @@ void SessionPersister::Loop() {
     // The op counts as done before its callback runs: whoever the callback
     // wakes (a call's consumer) finds the file current (IsCurrent).
     lock.lock();
+    held_bytes_ -= spent.capacity();
     if (spent.capacity() > 0 && spent.capacity() <= kSpareMaxBytes && spare_.size() < kSpares) {
       spare_.push_back(std::move(spent));
     }

@@ -152,6 +152,12 @@ class SessionPersister {
     size_t files = 0;          // session files now
     double write_seconds = 0;  // time spent writing and syncing
     double prepare_seconds = 0;  // time Prepare spent on its callers' threads (the engine's)
+    // Record buffers held in RAM (their capacity): queued for the writer
+    // thread, being written, and spent ones kept for reuse (spare_buffers,
+    // at most 4 of at most 64 MiB each). A record Prepare has handed out
+    // and that is not yet submitted is its caller's, not counted.
+    uint64_t buffer_bytes = 0;
+    size_t spare_buffers = 0;
   };
   Stats stats() const;
   // `id`'s file size now (0 without one).
@@ -199,6 +205,7 @@ class SessionPersister {
   // Spent record buffers (turn-sized), reused by Prepare: the engine thread
   // then copies the new rows into pages already mapped.
   std::vector<std::string> spare_;
+  uint64_t held_bytes_ = 0;  // capacity of the records queued or being written
   std::thread thread_;
 };
 

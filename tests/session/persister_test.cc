@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
@@ -155,6 +156,60 @@ TEST_F(PersisterTest, FilesFollowTheCallsAndARestartRestoresEverySession) {
     EXPECT_EQ(got.size(), 6u);
     EXPECT_EQ(got, Run(ref_engine, ref_store, refs[i], Req(prompt, 6, i == 2)));
   }
+}
+
+// The record buffers the persister holds in RAM are counted (the
+// cortiq_persist_buffer_bytes gauge): a record from Submit until it is
+// written, then its buffer as a spare kept for the next record; a spare that
+// Prepare hands out is its caller's until submitted.
+TEST_F(PersisterTest, RecordBuffersHeldInRamAreCounted) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  EXPECT_EQ(persister_->stats().buffer_bytes, 0u);
+  const std::string id = NewSession(*store_);
+  Run(id, Req(testing::TestIds(12, 259, 1), 4));
+  const SessionPersister::Stats first = persister_->stats();
+  EXPECT_EQ(first.spare_buffers, 1u);
+  EXPECT_GE(first.buffer_bytes, first.bytes);  // the whole file's record, kept
+  EXPECT_LE(first.buffer_bytes, 2 * first.bytes + 64);
+
+  auto existing = store_->Peek(id);
+  ASSERT_TRUE(existing.ok());
+  GenerationRequest r = Req(testing::TestIds(4, 259, 2), 1);
+  auto plan = PlanRequest(r, {.max_tokens = 64, .max_context = 4096, .max_n = 1}, model_->config(),
+                          *existing);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto lease = store_->Acquire(id, *plan);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto held = persister_->Prepare(**lease);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(persister_->stats().buffer_bytes, 0u);  // the spare went to this record
+  EXPECT_EQ(persister_->stats().spare_buffers, 0u);
+  const size_t c1 = held->record.bytes.capacity();
+  // The writer thread stays in this record's callback until `go`.
+  std::promise<void> in_callback, go;
+  std::shared_future<void> go_f = go.get_future().share();
+  persister_->Submit(*std::move(held), [&, go_f] {
+    in_callback.set_value();
+    go_f.wait();
+  });
+  in_callback.get_future().wait();
+  EXPECT_EQ(persister_->stats().buffer_bytes, c1);  // written: a spare again
+  auto queued = persister_->Prepare(**lease);
+  ASSERT_TRUE(queued.has_value());
+  const size_t c2 = queued->record.bytes.capacity();
+  auto third = persister_->Prepare(**lease);  // no spare left: a buffer of its own
+  ASSERT_TRUE(third.has_value());
+  third->record.bytes.reserve(size_t{3} << 20);
+  const size_t c3 = third->record.bytes.capacity();
+  persister_->Submit(*std::move(queued), {});
+  std::promise<void> written;
+  persister_->Submit(*std::move(third), [&] { written.set_value(); });
+  EXPECT_EQ(persister_->stats().buffer_bytes, c2 + c3);  // both wait behind the callback
+  go.set_value();
+  written.get_future().wait();
+  const SessionPersister::Stats last = persister_->stats();
+  EXPECT_EQ(last.spare_buffers, 2u);
+  EXPECT_EQ(last.buffer_bytes, c2 + c3);
 }
 
 // The idle TTL spills a session whose file is current: its RAM is freed,
