@@ -29,6 +29,11 @@ std::string_view ReleaseReasonName(ReleaseReason reason) {
 
 namespace {
 constexpr std::string_view kSpilledPayload = "type.cortiq.dev/session.spilled";
+
+absl::Status ImportsClosed() {
+  return absl::UnavailableError(
+      "import: this node is draining and takes no session in (the session stays on its source)");
+}
 }  // namespace
 
 absl::Status SpilledRefusal(const std::string& id) {
@@ -82,6 +87,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Sessio
   session->PublishMemory();
   const size_t bytes = session->Memory().total();
   std::unique_lock lock(mu_);
+  if (imports_closed_) return ImportsClosed();
   // The import's bytes are this session's: admit it as if they were free.
   import_bytes_ -= held.bytes_;
   MakeRoomLocked(bytes);
@@ -114,6 +120,7 @@ SessionStore::Lease SessionStore::LeaseLocked(Entry& e) {
 
 absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginImport() {
   std::unique_lock lock(mu_);
+  if (imports_closed_) return ImportsClosed();
   if (options_.max_imports > 0 && num_imports_ >= options_.max_imports) {
     return absl::ResourceExhaustedError(
         absl::StrCat("import: ", num_imports_, " imports in flight, --max-concurrent-imports ",
@@ -121,6 +128,11 @@ absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginImport() {
   }
   ++num_imports_;
   return ImportReservation(this);
+}
+
+void SessionStore::CloseImports() {
+  std::unique_lock lock(mu_);
+  imports_closed_ = true;
 }
 
 size_t SessionStore::CommittedLocked() const {

@@ -2,6 +2,8 @@
 // different modes, A drains (the Drain RPC, as `cortiq drain` sends it), and
 // all five continue on B token-identically; health goes NOT_SERVING and new
 // work is refused with UNAVAILABLE; without a peer every session is reported.
+#include <thread>
+
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -84,6 +86,49 @@ TEST(DrainTest, WithoutAPeerEverySessionIsReportedWithItsReason) {
   EXPECT_NE(r.sessions[0].error.find("no peer"), std::string::npos);
   // The session stays (nothing is lost by a failed drain).
   EXPECT_TRUE(a.server->store().Get(x.session).has_value());
+}
+
+// An import still arriving when a drain lists the sessions it moves: the
+// drain does not see it, so installing it afterwards would leave it on a
+// node about to exit, in neither place (the soak found this: a worker's
+// MigrateSession to a node whose drain had begun). It is refused when it
+// ends, and its session stays on its source.
+TEST(DrainTest, AnImportStillArrivingWhenTheDrainListsIsRefusedAndTheSourceKeepsIt) {
+  TestNode a = StartNode({});
+  TestNode b = StartNode({a.addr});
+  StreamOut x = Turn(a, "", "a session that moves", 0);
+  ASSERT_TRUE(x.status.ok()) << x.status.error_message();
+  std::vector<v1::WireChunk> chunks;
+  {
+    grpc::ClientContext ctx;
+    v1::ExportSessionRequest req;
+    req.set_session_id(x.session);
+    auto reader = a.stub->ExportSession(&ctx, req);
+    for (v1::WireChunk c; reader->Read(&c);) chunks.push_back(c);
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  ASSERT_FALSE(chunks.empty());
+  grpc::ClientContext ctx;
+  v1::ImportSessionResponse resp;
+  auto writer = b.stub->ImportSession(&ctx, &resp);
+  for (const v1::WireChunk& c : chunks) ASSERT_TRUE(writer->Write(c));
+  // B has begun the import (it checked then that it was not draining); the
+  // stream has not ended. B drains meanwhile.
+  for (int i = 0; i < 2000 && b.server->store().num_imports() == 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(b.server->store().num_imports(), 1u);
+  const DrainReport r = b.server->Drain(milliseconds(0));
+  EXPECT_TRUE(r.sessions.empty());
+  writer->WritesDone();
+  const grpc::Status st = writer->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_NE(st.error_message().find("draining"), std::string::npos) << st.error_message();
+  EXPECT_EQ(b.server->store().num_sessions(), 0u);
+  EXPECT_EQ(b.server->store().num_imports(), 0u);
+  EXPECT_TRUE(a.server->store().Get(x.session).has_value());
+  StreamOut next = Turn(a, x.session, " continues at home", 0);
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
 }
 
 }  // namespace
