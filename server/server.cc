@@ -410,9 +410,10 @@ DrainReport Server::Drain(std::chrono::milliseconds grace) {
   // has not moved by then is cancelled, reported failed and stays intact here.
   const auto deadline = std::chrono::system_clock::now() + config_.drain_timeout;
   // No session comes in from here on: an import still arriving is refused
-  // when it ends (its source keeps the session) unless it landed before
-  // this list, which then moves it on with the rest.
-  store_->CloseImports();
+  // when it ends (its source keeps the session), a call that passed the
+  // draining check a moment ago makes none, unless it landed before this
+  // list, which then moves it on with the rest.
+  store_->CloseToNewSessions();
   const std::vector<session::SessionSnapshot> sessions = store_->List();
   DrainReport report;
   report.sessions.resize(sessions.size());

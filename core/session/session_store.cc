@@ -34,6 +34,10 @@ absl::Status ImportsClosed() {
   return absl::UnavailableError(
       "import: this node is draining and takes no session in (the session stays on its source)");
 }
+
+absl::Status CreationClosed() {
+  return absl::UnavailableError("server is draining: no new sessions or generations");
+}
 }  // namespace
 
 absl::Status SpilledRefusal(const std::string& id) {
@@ -87,7 +91,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Sessio
   session->PublishMemory();
   const size_t bytes = session->Memory().total();
   std::unique_lock lock(mu_);
-  if (imports_closed_) return ImportsClosed();
+  if (closed_) return ImportsClosed();
   // The import's bytes are this session's: admit it as if they were free.
   import_bytes_ -= held.bytes_;
   MakeRoomLocked(bytes);
@@ -120,7 +124,7 @@ SessionStore::Lease SessionStore::LeaseLocked(Entry& e) {
 
 absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginImport() {
   std::unique_lock lock(mu_);
-  if (imports_closed_) return ImportsClosed();
+  if (closed_) return ImportsClosed();
   if (options_.max_imports > 0 && num_imports_ >= options_.max_imports) {
     return absl::ResourceExhaustedError(
         absl::StrCat("import: ", num_imports_, " imports in flight, --max-concurrent-imports ",
@@ -130,9 +134,9 @@ absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginImport() {
   return ImportReservation(this);
 }
 
-void SessionStore::CloseImports() {
+void SessionStore::CloseToNewSessions() {
   std::unique_lock lock(mu_);
-  imports_closed_ = true;
+  closed_ = true;
 }
 
 size_t SessionStore::CommittedLocked() const {
@@ -168,6 +172,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transforme
                                                          size_t projected_bytes,
                                                          std::string tenant) {
   std::unique_lock lock(mu_);
+  if (closed_) return CreationClosed();
   MakeRoomLocked(projected_bytes);
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(projected_bytes, "this request projects"));
   return CreateLocked(model, config, projected_bytes, NewId(), std::move(tenant));
@@ -197,6 +202,7 @@ absl::StatusOr<std::vector<SessionStore::Lease>> SessionStore::CreateMany(
     const model::Transformer& model, const RequestPlan& plan, size_t count, std::string tenant) {
   const size_t each = plan.projected.total();
   std::unique_lock lock(mu_);
+  if (closed_) return CreationClosed();
   MakeRoomLocked(each * count);
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(
       each * count,
@@ -238,6 +244,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::CreateNamed(const model::Trans
         "of a session id: 32 lowercase hex digits");
   }
   std::unique_lock lock(mu_);
+  if (closed_) return CreationClosed();
   // Before admission: a taken id is continued, not refused for memory.
   if (sessions_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: '", id, "' exists"));

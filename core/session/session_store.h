@@ -209,20 +209,21 @@ class SessionStore {
   // admitted against the budget without `held`'s own bytes, and `held`
   // becomes the new lease's reservation in the same step (no double count,
   // no gap). On an error `held` is left as it was (the caller drops it).
-  // UNAVAILABLE once CloseImports ran.
+  // UNAVAILABLE once CloseToNewSessions ran.
   absl::StatusOr<Lease> Install(std::unique_ptr<Session> session, ImportReservation& held);
   // Starts accounting one import (holding 0 bytes). RESOURCE_EXHAUSTED
   // naming --max-concurrent-imports when options.max_imports are in flight;
-  // UNAVAILABLE once CloseImports ran.
+  // UNAVAILABLE once CloseToNewSessions ran.
   absl::StatusOr<ImportReservation> BeginImport();
-  // From now on BeginImport and Install refuse (UNAVAILABLE): a draining
-  // node takes no session in. A drain calls this before it lists the
-  // sessions it moves, and Install decides under the same lock as List, so
-  // an import in flight either landed before the list (and moves with the
-  // rest) or is refused (and its session stays on its source, whose
-  // migration fails and keeps it): never installed after the list, on a
-  // node about to exit.
-  void CloseImports();
+  // From now on no session comes in (UNAVAILABLE): BeginImport, Install
+  // and Create / CreateMany / CreateNamed refuse. A draining node calls
+  // this before it lists the sessions it moves, and each of those decides
+  // under the same lock as List, so a session either exists before the list
+  // (and moves with the rest) or is never made here: an import in flight is
+  // refused when it ends (its source's migration fails and keeps the
+  // session), a call that passed the front's draining check a moment before
+  // gets UNAVAILABLE. Nothing is made after the list, on a node about to exit.
+  void CloseToNewSessions();
   // A fresh session id: 32 hex digits of 128 bits from the kernel CSPRNG.
   static std::string RandomId();
   // True for a string of RandomId's form (32 lowercase hex digits): an id
@@ -522,7 +523,7 @@ class SessionStore {
   uint64_t spills_ = 0, unspills_ = 0;
   size_t import_bytes_ = 0;  // Σ the ImportReservations' bytes
   size_t num_imports_ = 0;   // ImportReservations alive
-  bool imports_closed_ = false;  // CloseImports ran: no session comes in
+  bool closed_ = false;      // CloseToNewSessions ran: no session comes in
 };
 
 }  // namespace cortiq::session

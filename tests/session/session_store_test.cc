@@ -265,15 +265,18 @@ TEST_F(StoreTest, BudgetAdmissionCountsReservationsAndAllocatesNothingOnRefusal)
 // Imports in flight: counted against the budget as they grow, capped in
 // number, given back when dropped, and moved to the session at Install with
 // no double count and no gap.
-// A draining node takes no session in: after CloseImports an import in
-// flight is refused when it ends (nothing installed, its reservation left to
-// its owner) and no new one begins.
-TEST_F(StoreTest, ClosedImportsRefuseToInstallAndToBegin) {
+// A draining node takes no session in: after CloseToNewSessions an import
+// in flight is refused when it ends (nothing installed, its reservation left
+// to its owner), no new one begins, and no session is created.
+TEST_F(StoreTest, AClosedStoreTakesNoSessionIn) {
   SessionStore store({});
+  auto kept = store.Create(*model_, {}, 0);
+  ASSERT_TRUE(kept.ok());
+  kept->Return();
   auto held = store.BeginImport();
   ASSERT_TRUE(held.ok());
   ASSERT_TRUE(held->Update(100).ok());
-  store.CloseImports();
+  store.CloseToNewSessions();
   auto made = Session::Create(SessionStore::RandomId(), *model_, {});
   ASSERT_TRUE(made.ok());
   const std::string id = (*made)->id();
@@ -281,7 +284,6 @@ TEST_F(StoreTest, ClosedImportsRefuseToInstallAndToBegin) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(refused.status().message().find("draining"), std::string_view::npos)
       << refused.status();
-  EXPECT_EQ(store.num_sessions(), 0u);
   EXPECT_FALSE(store.Get(id).has_value());
   EXPECT_EQ(held->bytes(), 100u);  // still the import's, until it is dropped
   EXPECT_EQ(store.import_bytes(), 100u);
@@ -289,9 +291,15 @@ TEST_F(StoreTest, ClosedImportsRefuseToInstallAndToBegin) {
   EXPECT_EQ(store.import_bytes(), 0u);
   EXPECT_EQ(store.num_imports(), 0u);
   EXPECT_EQ(store.BeginImport().status().code(), absl::StatusCode::kUnavailable);
-  // Sessions of its own are still made (the server's front refuses new
-  // work while draining; the store only closes its door to imports).
-  EXPECT_TRUE(store.Create(*model_, {}, 0).ok());
+  RequestPlan plan;
+  for (const absl::Status& st :
+       {store.Create(*model_, {}, 0).status(), store.Create(*model_, plan).status(),
+        store.CreateMany(*model_, plan, 2).status(),
+        store.CreateNamed(*model_, plan, SessionStore::RandomId()).status()}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+    EXPECT_NE(st.message().find("draining"), std::string_view::npos) << st;
+  }
+  EXPECT_EQ(store.num_sessions(), 1u);  // the one made before; it stays
 }
 
 TEST_F(StoreTest, ImportReservationsAreBudgetedCappedAndBecomeTheSessions) {
