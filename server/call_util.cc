@@ -227,7 +227,7 @@ absl::Status CheckSessionId(const std::string& id) {
 
 absl::Status Unavailable(const ServiceContext& ctx) {
   if (ctx.draining.load()) {
-    return absl::UnavailableError("server is draining: no new sessions or generations");
+    return session::SessionStore::DrainingRefusal();
   }
   return absl::OkStatus();
 }

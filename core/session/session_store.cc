@@ -35,9 +35,6 @@ absl::Status ImportsClosed() {
       "import: this node is draining and takes no session in (the session stays on its source)");
 }
 
-absl::Status CreationClosed() {
-  return absl::UnavailableError("server is draining: no new sessions or generations");
-}
 }  // namespace
 
 absl::Status SpilledRefusal(const std::string& id) {
@@ -134,6 +131,10 @@ absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginImport() {
   return ImportReservation(this);
 }
 
+absl::Status SessionStore::DrainingRefusal() {
+  return absl::UnavailableError("server is draining: no new sessions or generations");
+}
+
 void SessionStore::CloseToNewSessions() {
   std::unique_lock lock(mu_);
   closed_ = true;
@@ -172,7 +173,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Create(const model::Transforme
                                                          size_t projected_bytes,
                                                          std::string tenant) {
   std::unique_lock lock(mu_);
-  if (closed_) return CreationClosed();
+  if (closed_) return DrainingRefusal();
   MakeRoomLocked(projected_bytes);
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(projected_bytes, "this request projects"));
   return CreateLocked(model, config, projected_bytes, NewId(), std::move(tenant));
@@ -202,7 +203,7 @@ absl::StatusOr<std::vector<SessionStore::Lease>> SessionStore::CreateMany(
     const model::Transformer& model, const RequestPlan& plan, size_t count, std::string tenant) {
   const size_t each = plan.projected.total();
   std::unique_lock lock(mu_);
-  if (closed_) return CreationClosed();
+  if (closed_) return DrainingRefusal();
   MakeRoomLocked(each * count);
   CORTIQ_RETURN_IF_ERROR(AdmitLocked(
       each * count,
@@ -244,7 +245,7 @@ absl::StatusOr<SessionStore::Lease> SessionStore::CreateNamed(const model::Trans
         "of a session id: 32 lowercase hex digits");
   }
   std::unique_lock lock(mu_);
-  if (closed_) return CreationClosed();
+  if (closed_) return DrainingRefusal();
   // Before admission: a taken id is continued, not refused for memory.
   if (sessions_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: '", id, "' exists"));

@@ -224,6 +224,9 @@ class SessionStore {
   // session), a call that passed the front's draining check a moment before
   // gets UNAVAILABLE. Nothing is made after the list, on a node about to exit.
   void CloseToNewSessions();
+  // The refusal of new sessions and generations on a draining node: the
+  // store's, once closed, and the fronts' (server/call_util.h Unavailable).
+  static absl::Status DrainingRefusal();
   // A fresh session id: 32 hex digits of 128 bits from the kernel CSPRNG.
   static std::string RandomId();
   // True for a string of RandomId's form (32 lowercase hex digits): an id

@@ -114,23 +114,29 @@ absl::Status ReadLogitBias(const Json& v, std::vector<std::pair<int32_t, float>>
   return absl::OkStatus();
 }
 
-// What reading a body into Json will cost, measured by a SAX pass that builds
-// nothing: the depth, and per object the key comparisons its ordered_map makes
-// (each new key against every member before it: one comparison each, plus at
-// most the earlier keys' bytes where the lengths match).
-class BodyCost final : public nlohmann::json_sax<Json> {
+// Builds a body's Json in one SAX pass: the events go to the DOM builder
+// Json::parse itself runs (nlohmann's json_sax_dom_parser), after each is
+// checked against the limits: the depth, and per object the key comparisons
+// its ordered_map will make (each new key against every member before it:
+// one comparison each, plus at most the earlier keys' bytes where the
+// lengths match). A key over the limits stops the pass before the
+// ordered_map scans for it.
+class BodyReader final : public nlohmann::json_sax<Json> {
  public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(size_t) override { return Open(); }
-  bool start_array(size_t) override { return Open(); }
-  bool end_object() override { return Close(); }
-  bool end_array() override { return Close(); }
+  explicit BodyReader(Json& root) : dom_(root, /*allow_exceptions=*/false) {}
+  bool null() override { return dom_.null(); }
+  bool boolean(bool v) override { return dom_.boolean(v); }
+  bool number_integer(number_integer_t v) override { return dom_.number_integer(v); }
+  bool number_unsigned(number_unsigned_t v) override { return dom_.number_unsigned(v); }
+  bool number_float(number_float_t v, const string_t& s) override {
+    return dom_.number_float(v, s);
+  }
+  bool string(string_t& v) override { return dom_.string(v); }
+  bool binary(binary_t& v) override { return dom_.binary(v); }
+  bool start_object(size_t n) override { return Open() && dom_.start_object(n); }
+  bool start_array(size_t n) override { return Open() && dom_.start_array(n); }
+  bool end_object() override { return Close() && dom_.end_object(); }
+  bool end_array() override { return Close() && dom_.end_array(); }
   bool key(string_t& k) override {
     Level& o = open_.back();
     scan_ += o.members + o.key_bytes;
@@ -143,9 +149,11 @@ class BodyCost final : public nlohmann::json_sax<Json> {
                                " members in one object, fewer across many)"));
     }
     o.key_bytes += k.size();
-    return true;
+    return dom_.key(k);
   }
-  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) override {
+  bool parse_error(size_t at, const std::string& token,
+                   const nlohmann::detail::exception& e) override {
+    dom_.parse_error(at, token, e);
     return Fail("not valid JSON");
   }
   const std::string& error() const { return error_; }
@@ -170,6 +178,7 @@ class BodyCost final : public nlohmann::json_sax<Json> {
     if (error_.empty()) error_ = std::move(why);
     return false;
   }
+  nlohmann::detail::json_sax_dom_parser<Json> dom_;
   std::vector<Level> open_;
   uint64_t scan_ = 0;
   std::string error_;
@@ -178,12 +187,11 @@ class BodyCost final : public nlohmann::json_sax<Json> {
 }  // namespace
 
 absl::StatusOr<Json> ParseBody(std::string_view body) {
-  BodyCost cost;
-  if (!Json::sax_parse(body, &cost) || !cost.error().empty()) {
-    return FieldError("body", cost.error().empty() ? "not valid JSON" : cost.error());
+  Json j;
+  BodyReader reader(j);
+  if (!Json::sax_parse(body, &reader) || !reader.error().empty()) {
+    return FieldError("body", reader.error().empty() ? "not valid JSON" : reader.error());
   }
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return FieldError("body", "not valid JSON");
   return j;
 }
 

@@ -55,8 +55,8 @@ struct CommonRequest {
 // object's members in order (ordered_map) and finds each member it reads
 // among the ones before it, so building a body of many-membered objects costs
 // the square of their sizes: 100,000 logit_bias entries (1.2 MB) took 16 s of
-// an HTTP thread. A linear SAX pass therefore measures the body first and
-// refuses, before anything is built, one nested deeper than kMaxBodyDepth,
+// an HTTP thread. The body is therefore built by one SAX pass that checks
+// each event first and stops at one nested deeper than kMaxBodyDepth,
 // an object of more than kMaxObjectMembers members, or objects whose members
 // would cost more than kMaxMemberScan key comparisons in all. Every refusal
 // is INVALID_ARGUMENT "body: ..." naming the limit; JSON that does not parse
