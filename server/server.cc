@@ -364,40 +364,65 @@ DrainReport::Entry Server::DrainOne(const std::string& session_id,
                                     std::chrono::system_clock::time_point deadline) {
   DrainReport::Entry e;
   e.session_id = session_id;
-  if (peers.empty()) e.error = "no peer configured (--peers, CORTIQ_PEERS or --peer-dns)";
-  // A peer that fails is skipped for this session (the next one is tried)
-  // while the drain has time left.
-  for (size_t t = 0; t < peers.size() && !e.migrated; ++t) {
-    const std::string& peer = peers[(first_peer + t) % peers.size()];
-    if (std::chrono::system_clock::now() >= deadline) {
-      e.error = absl::StrCat(e.error.empty() ? "" : e.error + "; ",
-                             "--drain-timeout passed before a migration to ", peer, " started");
-      break;
-    }
-    absl::StatusOr<MigrateOutcome> out = MigrateOut(*ctx_, session_id, peer, config_.peer_token,
-                                                    /*f16=*/false,
-                                                    {.deadline = deadline,
-                                                     .cancel = nullptr,
-                                                     .deadline_name = "--drain-timeout",
-                                                     .traceparent = {}});
-    if (out.ok()) {
-      e.migrated = true;
-      e.peer = peer;
-      e.peer_session_id = out->peer_session_id;
-      e.peer_node = out->peer_node;
-      e.error.clear();
-    } else if (!store_->Get(session_id)) {
-      // Released by its owner while this migration ran (or before it
-      // began): nothing is left to move.
-      e.released = true;
-      e.error = "released by its owner during the drain";
-      break;
-    } else {
-      e.error =
-          absl::StrCat(e.error.empty() ? "" : e.error + "; ", peer, ": ", out.status().ToString());
-    }
+  if (peers.empty()) {
+    e.error = "no peer configured (--peers, CORTIQ_PEERS or --peer-dns)";
+    return e;
   }
-  return e;
+  // Each round tries every peer, starting at first_peer. A peer that is full
+  // for now (RESOURCE_EXHAUSTED: its --max-concurrent-imports or its
+  // --memory-budget, or this node's budget for reading a spilled session
+  // back while other migrations hold it) may have room once the migrations
+  // in flight end, so such a round is tried again after a pause, until
+  // --drain-timeout; any other failure of every peer ends the session's
+  // drain at once.
+  auto pause = std::chrono::milliseconds(100);
+  for (int round = 1;; ++round) {
+    std::string errors;
+    bool full = false;
+    for (size_t t = 0; t < peers.size(); ++t) {
+      const std::string& peer = peers[(first_peer + t) % peers.size()];
+      if (std::chrono::system_clock::now() >= deadline) {
+        e.error = absl::StrCat(errors, errors.empty() ? "" : "; ",
+                               "--drain-timeout passed before a migration to ", peer, " started",
+                               round > 1 ? absl::StrCat(" (round ", round, ")") : "");
+        return e;
+      }
+      absl::StatusOr<MigrateOutcome> out = MigrateOut(*ctx_, session_id, peer, config_.peer_token,
+                                                      /*f16=*/false,
+                                                      {.deadline = deadline,
+                                                       .cancel = nullptr,
+                                                       .deadline_name = "--drain-timeout",
+                                                       .traceparent = {}});
+      if (out.ok()) {
+        e.migrated = true;
+        e.peer = peer;
+        e.peer_session_id = out->peer_session_id;
+        e.peer_node = out->peer_node;
+        e.error.clear();
+        return e;
+      }
+      if (!store_->Get(session_id)) {
+        // Released by its owner while this migration ran (or before it
+        // began): nothing is left to move.
+        e.released = true;
+        e.error = "released by its owner during the drain";
+        return e;
+      }
+      full |= out.status().code() == absl::StatusCode::kResourceExhausted;
+      errors =
+          absl::StrCat(errors, errors.empty() ? "" : "; ", peer, ": ", out.status().ToString());
+    }
+    const auto now = std::chrono::system_clock::now();
+    if (!full || now + pause >= deadline) {
+      e.error = round > 1 ? absl::StrCat(errors, " (after ", round, " rounds over the peers)")
+                          : std::move(errors);
+      return e;
+    }
+    spdlog::info("drain: session {}: every peer refused it for now (round {}); again in {} ms",
+                 session_id, round, pause.count());
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(2000));
+  }
 }
 
 DrainReport Server::Drain(std::chrono::milliseconds grace) {

@@ -878,6 +878,9 @@ absl::Status SessionStore::ImportReservation::Update(size_t bytes) {
   std::unique_lock lock(store_->mu_);
   const size_t budget = store_->options_.memory_budget_bytes;
   if (budget > 0 && bytes > bytes_) {
+    // With a state dir, idle sessions spill to make room, as for any other
+    // admission; the stream's own bytes so far are already committed.
+    store_->MakeRoomLocked(bytes - bytes_);
     const size_t others = store_->CommittedLocked() - bytes_;
     if (others + bytes > budget) {
       return absl::ResourceExhaustedError(absl::StrCat(

@@ -2,6 +2,7 @@
 // different modes, A drains (the Drain RPC, as `cortiq drain` sends it), and
 // all five continue on B token-identically; health goes NOT_SERVING and new
 // work is refused with UNAVAILABLE; without a peer every session is reported.
+#include <future>
 #include <thread>
 
 #include "cortiq/v1/inference.grpc.pb.h"
@@ -134,6 +135,69 @@ TEST(DrainTest, AnImportStillArrivingWhenTheDrainListsIsRefusedAndTheSourceKeeps
   EXPECT_TRUE(a.server->store().Get(x.session).has_value());
   StreamOut next = Turn(a, x.session, " continues at home", 0);
   EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+}
+
+// A peer that is full for now (here its --max-concurrent-imports, taken by
+// another import) answers RESOURCE_EXHAUSTED: the drain tries again until
+// --drain-timeout instead of leaving the session behind at the first refusal
+// (the persist soak saw drains exit 3 with the peers only busy).
+TEST(DrainTest, APeerFullForNowIsTriedAgainUntilItHasRoom) {
+  ServerConfig bc;
+  bc.model_dir = testing::TempModel("tiny");
+  bc.max_concurrent_imports = 1;
+  TestNode b = testing::StartTestNode(bc);
+  TestNode a = StartNode({b.addr});
+  StreamOut x = Turn(a, "", "a session that waits for room", 0);
+  ASSERT_TRUE(x.status.ok()) << x.status.error_message();
+  // Another import takes B's only slot: its first chunk sent, never ended.
+  std::vector<v1::WireChunk> chunks;
+  {
+    grpc::ClientContext ctx;
+    v1::ExportSessionRequest req;
+    req.set_session_id(x.session);
+    req.set_version(3);  // a new session on B, not the id the drain moves
+    auto reader = a.stub->ExportSession(&ctx, req);
+    for (v1::WireChunk c; reader->Read(&c);) chunks.push_back(c);
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  ASSERT_FALSE(chunks.empty());
+  grpc::ClientContext hold;
+  v1::ImportSessionResponse hold_resp;
+  auto writer = b.stub->ImportSession(&hold, &hold_resp);
+  ASSERT_TRUE(writer->Write(chunks[0]));
+  for (int i = 0; i < 2000 && b.server->store().num_imports() == 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(b.server->store().num_imports(), 1u);
+
+  std::shared_future<DrainReport> drain =
+      std::async(std::launch::async, [&] { return a.server->Drain(milliseconds(0)); }).share();
+  // The drain is refused for a while (several rounds), then the slot frees.
+  ASSERT_EQ(drain.wait_for(milliseconds(700)), std::future_status::timeout)
+      << "the drain gave up while the peer was only busy: "
+      << (drain.get().sessions.empty() ? "" : drain.get().sessions[0].error);
+  hold.TryCancel();
+  writer->Finish();
+  const DrainReport r = drain.get();
+  ASSERT_EQ(r.sessions.size(), 1u);
+  EXPECT_TRUE(r.sessions[0].migrated) << r.sessions[0].error;
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_TRUE(b.server->store().Get(x.session).has_value());
+  EXPECT_FALSE(a.server->store().Get(x.session).has_value());
+}
+
+// A refusal that waiting cannot mend (here the only peer is not listening:
+// UNAVAILABLE) still ends the session's drain at once, reported.
+TEST(DrainTest, APeerThatCannotTakeItIsNotWaitedFor) {
+  TestNode a = StartNode({"127.0.0.1:1"});
+  StreamOut x = Turn(a, "", "nowhere to go", 0);
+  ASSERT_TRUE(x.status.ok()) << x.status.error_message();
+  const auto start = std::chrono::steady_clock::now();
+  const DrainReport r = a.server->Drain(milliseconds(0));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  ASSERT_EQ(r.failed, 1u);
+  EXPECT_EQ(r.sessions[0].error.find("rounds"), std::string::npos) << r.sessions[0].error;
+  EXPECT_TRUE(a.server->store().Get(x.session).has_value());
 }
 
 }  // namespace

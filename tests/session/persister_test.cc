@@ -323,6 +323,59 @@ TEST_F(PersisterTest, TheMemoryBudgetSpillsInsteadOfRefusing) {
   }
 }
 
+// An import streaming in is admitted like any other session: with a state
+// dir the least recently used idle sessions spill to make room for its bytes
+// before it is refused (the persist soak found a drain's imports refused by
+// peers whose budget idle sessions filled). Without room even then, it is
+// refused and nothing changes.
+TEST_F(PersisterTest, AnImportSpillsIdleSessionsBeforeItIsRefused) {
+  size_t one = 0;
+  {
+    SessionStore probe({});
+    Engine e(*model_, *tok_, {});
+    const std::string id = NewSession(probe);
+    Run(e, probe, id, Req(testing::TestIds(40, 259, 9), 8));
+    one = probe.Get(id)->memory.total();
+  }
+  ASSERT_GT(one, 0u);
+  StoreOptions so;
+  so.memory_budget_bytes = 3 * one + one / 2;
+  ASSERT_NO_FATAL_FAILURE(Start(so));
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(NewSession(*store_));
+    Run(ids.back(), Req(testing::TestIds(40, 259, 20 + i), 8));
+  }
+  ASSERT_EQ(store_->spills(), 0u);
+  ASSERT_GT(store_->MemoryByKindTotal().total() + one, so.memory_budget_bytes);
+
+  auto held = store_->BeginImport();
+  ASSERT_TRUE(held.ok()) << held.status();
+  // In two steps, as a stream's bytes arrive: the first fits, the second
+  // needs the least recently used session's room.
+  ASSERT_TRUE(held->Update(one / 4).ok());
+  EXPECT_EQ(store_->spills(), 0u);
+  absl::Status st = held->Update(one);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(store_->spills(), 1u);
+  EXPECT_TRUE(store_->Get(ids[0])->spilled);
+  EXPECT_FALSE(store_->Get(ids[1])->spilled);
+  EXPECT_FALSE(store_->Get(ids[2])->spilled);
+  EXPECT_LE(store_->MemoryByKindTotal().total() + held->bytes(), so.memory_budget_bytes);
+
+  // More than the budget: every idle session spills first, then the import is
+  // still refused, naming the budget, and keeps its reservation.
+  st = held->Update(4 * one);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("--memory-budget"), std::string::npos) << st;
+  EXPECT_EQ(held->bytes(), one);
+  held->Release();
+  // Every session reads back and continues.
+  for (const std::string& id : ids) {
+    EXPECT_EQ(Run(id, Req(testing::TestIds(4, 259, 7), 4)).size(), 4u);
+  }
+}
+
 // Disk full (here the process's file size limit): the call succeeds, the
 // failure is counted, the file keeps its last whole record, and the next
 // record, once writes work again, rewrites the file whole.
