@@ -22,12 +22,18 @@ Faults (one at a time, every --fault-interval seconds, on a random node):
   kill      kill -9, then a restart on the same ports
   drain     SIGTERM: the node migrates its kept sessions to its peers and
             exits; the soak follows them (drain log lines), then restarts it
+With --persist every node has its own --state-dir (kept across its restarts)
+and a short --session-ttl, so idle sessions spill to disk and are read back by
+their next call, and a kill -9 loses nothing: the restarted node restores its
+sessions, each at its last completed call, and they are verified again.
 
 Judgement (exit status 1 if any):
   * a node that died by itself (not by one of the soak's faults), or a
     drain that exited non-zero or did not finish within --drain-wait;
   * a kept session lost without being released, except those of a node
-    killed with -9 (counted apart: expected until sessions persist);
+    killed with -9 without --persist (counted apart);
+  * a kept session found on two nodes at once (--persist: a file that
+    outlived its move, or a restore of a session that had moved on);
   * a greedy continuation that differs from its solo reference: the same
     calls (prompts, max_tokens) replayed on a fresh session of a healthy node;
   * a gRPC code outside the expected set of its call (see EXPECTED_CODES);
@@ -37,7 +43,7 @@ Judgement (exit status 1 if any):
 
   soak.py --server-bin BIN [--model DIR | --mkmodel tiny --tool-bin BIN] --proto-py DIR
           --workdir DIR [--duration 60] [--concurrency 4] [--seed 1]
-          [--known-issues NAME,...] [--report-json FILE] [--report-md FILE]
+          [--persist] [--known-issues NAME,...] [--report-json FILE] [--report-md FILE]
 """
 
 import argparse
@@ -45,6 +51,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,6 +59,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +90,10 @@ EXPECTED_CODES = {"OK", "DEADLINE_EXCEEDED", "UNAVAILABLE", "ABORTED", "RESOURCE
                   "NOT_FOUND", "CANCELLED"}
 # A malformed message must get INVALID_ARGUMENT (or nothing, if the node is down).
 GARBAGE_CODES = {"INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
+# An ImportSession stream is admitted before its first message is read: with
+# every --max-concurrent-imports slot taken (stalled imports), it is refused
+# unread, whatever it would have sent.
+GARBAGE_IMPORT_CODES = GARBAGE_CODES | {"RESOURCE_EXHAUSTED"}
 # RPCs that get garbage, with their streaming shape.
 GARBAGE_RPCS = [("Generate", "unary_stream"), ("CreateSession", "unary_unary"),
                 ("GetSession", "unary_unary"), ("ReleaseSession", "unary_unary"),
@@ -148,7 +160,15 @@ class Node:
                 "--threads", str(ARGS.threads), "--peers", ",".join(self.peers),
                 "--auth-token", ARGS.token, "--peer-token", ARGS.token,
                 "--memory-budget", ARGS.memory_budget, "--grace", str(ARGS.grace),
-                "--session-ttl", str(int(ARGS.duration) + 3600), *ARGS.server_arg]
+                *self.persist_flags(), *ARGS.server_arg]
+
+    def persist_flags(self):
+        """Without --persist no spill can happen (the TTL outlives the soak);
+        with it the node's own state dir, durable turns, a short TTL."""
+        if not ARGS.persist:
+            return ["--session-ttl", str(int(ARGS.duration) + 3600)]
+        return ["--state-dir", str(self.workdir / "state" / self.name), "--persist-sync", "turn",
+                "--session-ttl", f"{ARGS.spill_ttl:g}"]
 
     def start(self):
         self.incarnation += 1
@@ -192,6 +212,22 @@ class Node:
     def tail(self, n=30):
         return "\n".join(self.read_log().splitlines()[-n:])
 
+    def metrics(self, names):
+        """The values of these unlabelled metric families on the node's
+        /metrics ({} if it does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                        timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] in names:
+                out[parts[0]] = float(parts[1])
+        return out
+
     def rss_kib(self):
         try:
             with open(f"/proc/{self.proc.pid}/status") as f:
@@ -225,6 +261,9 @@ class Session:
         self.fate_detail = ""
         self.ambiguous_migrate_to = None  # node of a Migrate that ended in an error
         self.maybe_released = False  # a ReleaseSession on it ended in an error
+        self.migrate_cut_by_kill = False  # its source was killed during that Migrate
+        self.kills = 0  # kill -9s of its node it went through (--persist)
+        self.verified_after_kill = False
 
     def tokens(self):
         return sum(len(p) + len(g) for p, _, g in self.calls)
@@ -256,6 +295,10 @@ class Soak:
         self.rss = {n.name: [] for n in nodes}  # (t, incarnation, KiB)
         self.orphans_adopted = 0
         self.late_releases = 0  # NOT_FOUND after a ReleaseSession that failed
+        self.moves_cut_by_kill = 0  # found on the target after its source's kill -9
+        self.drains_left_sessions = 0  # --persist: drains that exited 3 (sessions kept on disk)
+        self.duplicates = []  # (session, nodes) found on more than one node
+        self.persist_counts = {}  # --persist: spills, read-backs, restores (all starts)
 
     # -- outcomes ---------------------------------------------------------
 
@@ -570,7 +613,7 @@ def act_migrate(soak, rng):
         if not targets:
             return
         target = rng.choice(targets)
-        src, sid, inc = sess.node, sess.id, target.incarnation
+        src, sid, inc, src_inc = sess.node, sess.id, target.incarnation, sess.node.incarnation
         req = pb2.MigrateSessionRequest(session_id=sid, peer=target.address, peer_token=ARGS.token)
         try:
             r = src.stub.MigrateSession(req, timeout=ARGS.rpc_timeout, metadata=metadata())
@@ -597,6 +640,10 @@ def act_migrate(soak, rng):
             if code in ("DEADLINE_EXCEEDED", "CANCELLED", "UNAVAILABLE", "INTERNAL", "UNKNOWN"):
                 # The move may still complete on the server's side.
                 sess.ambiguous_migrate_to = target
+                # With --persist a source killed after the target installed
+                # the session settles the move when it restarts: the session
+                # is then on the target, which is no fault of the server's.
+                sess.migrate_cut_by_kill = src.incarnation != src_inc or src.state == "down"
     finally:
         soak.checkin(sess)
 
@@ -673,6 +720,7 @@ def act_garbage(soak, rng):
     raw = garbage_bytes(rng)
     ident = lambda b: b  # noqa: E731 - raw bytes in and out
     rpc = f"garbage:{name}"
+    expected = GARBAGE_IMPORT_CODES if name == "ImportSession" else GARBAGE_CODES
     try:
         if shape == "unary_unary":
             node.channel.unary_unary(path, request_serializer=ident, response_deserializer=ident)(
@@ -684,9 +732,9 @@ def act_garbage(soak, rng):
         else:
             node.channel.stream_unary(path, request_serializer=ident, response_deserializer=ident)(
                 iter([raw]), timeout=ARGS.rpc_timeout, metadata=metadata())
-        soak.record(rpc, "OK", expected=GARBAGE_CODES)
+        soak.record(rpc, "OK", expected=expected)
     except grpc.RpcError as e:
-        soak.record(rpc, code_of(e), details_of(e), expected=GARBAGE_CODES)
+        soak.record(rpc, code_of(e), details_of(e), expected=expected)
 
 
 ACTION_FNS = {"oneshot": act_oneshot, "open": act_open, "continue": act_continue,
@@ -778,7 +826,21 @@ def verify_session(soak, sess, final=False):
     with soak.lock:
         soak.verify["checked"] += 1
         soak.verify["matched"] += 1
+        sess.verified_after_kill |= sess.kills > 0
     sess.moved = False
+
+
+def list_sessions(soak, node, rpc):
+    """The node's own sessions (ListSessionsResponse), or None if the call
+    failed; the outcome is recorded under `rpc`."""
+    try:
+        listed = node.stub.ListSessions(pb2.ListSessionsRequest(), timeout=ARGS.rpc_timeout,
+                                        metadata=metadata())
+        soak.record(rpc, "OK")
+        return listed
+    except grpc.RpcError as e:
+        soak.record(rpc, code_of(e), details_of(e))
+        return None
 
 
 def adopt_orphan(soak, sess):
@@ -788,12 +850,8 @@ def adopt_orphan(soak, sess):
     tracks nor uses as a reference, holding at least the session's tokens, and
     follows it. Returns True if found."""
     target = sess.ambiguous_migrate_to
-    try:
-        listed = target.stub.ListSessions(pb2.ListSessionsRequest(), timeout=ARGS.rpc_timeout,
-                                          metadata=metadata())
-        soak.record("ListSessions", "OK")
-    except grpc.RpcError as e:
-        soak.record("ListSessions", code_of(e), details_of(e))
+    listed = list_sessions(soak, target, "ListSessions")
+    if listed is None:
         return False
     with soak.lock:
         tracked = {s.id for s in soak.sessions.values() if s.node is target}
@@ -806,7 +864,11 @@ def adopt_orphan(soak, sess):
                 sess.ambiguous_migrate_to = None
                 soak.orphans_adopted += 1
             known = "migrate-after-deadline" in ARGS.known_issues
-            if known:
+            if sess.migrate_cut_by_kill:
+                with soak.lock:
+                    soak.moves_cut_by_kill += 1
+                    soak.orphans_adopted -= 1
+            elif known:
                 soak.note_known("migrate-after-deadline")
             else:
                 soak.fail(f"session {sess.id}: a MigrateSession that failed for its caller "
@@ -840,6 +902,7 @@ def fault_stop(soak, node, rng):
 
 
 def fault_kill(soak, node, rng):
+    count_persist(soak, node)  # the counts up to a moment before the kill
     soak.set_state(node, "down")
     node.proc.kill()
     node.proc.wait()
@@ -847,15 +910,87 @@ def fault_kill(soak, node, rng):
         n = 0
         for s in soak.sessions.values():
             if s.node is node and s.fate == "live":
-                s.fate, s.fate_detail = "killed", f"{node.name} killed with -9"
                 n += 1
+                if ARGS.persist:
+                    # Restored by the restart: verified again at its next call.
+                    s.kills += 1
+                    s.moved = True
+                else:
+                    s.fate, s.fate_detail = "killed", f"{node.name} killed with -9"
     time.sleep(rng.uniform(0.5, 2.0))
     node.start()
+    if not ARGS.persist:
+        soak.set_state(node, "up")
+        return f"kill -9 ({n} kept sessions with it), restarted"
+    # Before the node takes calls from the workers: every session the soak
+    # knows there must be back, a clean one at exactly its last call.
+    missing = check_restored(soak, node)
     soak.set_state(node, "up")
-    return f"kill -9 ({n} kept sessions with it), restarted"
+    return f"kill -9, restarted: {n} kept sessions on it, {missing} not restored"
+
+
+PERSIST_COUNTERS = {"cortiq_session_spills_total": "spills",
+                    "cortiq_session_unspills_total": "read-backs",
+                    "cortiq_persist_failures_total": "failed writes", "cortiq_persist_records_total": "records"}
+
+
+def count_persist(soak, node):
+    """Adds the node's spill and read-back counters to the soak's totals
+    (before the node restarts and they start again from 0)."""
+    if not ARGS.persist:
+        return
+    for name, v in node.metrics(set(PERSIST_COUNTERS)).items():
+        key = PERSIST_COUNTERS[name]
+        with soak.lock:
+            soak.persist_counts[key] = soak.persist_counts.get(key, 0) + int(v)
+
+
+def check_restored(soak, node):
+    """After a kill -9 and restart with --persist: lists the node's sessions
+    and checks each tracked one (not held by a worker, whose call may still
+    change it) is there, holding the tokens the soak saw completed. A session
+    whose Migrate away was cut by the kill may be on its target instead (the
+    restart settles that move later): not judged here. Returns the number
+    missing."""
+    listed = list_sessions(soak, node, "ListSessions(restored)")
+    if listed is None:
+        soak.fail(f"{node.name}: ListSessions after its restart failed")
+        return 0
+    have = {i.session_id: i for i in listed.sessions}
+    m = node.metrics({"cortiq_restore_sessions", "cortiq_restore_quarantined_files"})
+    with soak.lock:
+        soak.persist_counts["restored"] = (soak.persist_counts.get("restored", 0)
+                                           + int(m.get("cortiq_restore_sessions", 0)))
+    if m.get("cortiq_restore_quarantined_files", 0):
+        # A kill -9 may tear a file's last record (dropped), never corrupt one.
+        soak.fail(f"{node.name}: its restart quarantined "
+                  f"{int(m['cortiq_restore_quarantined_files'])} session file(s)")
+    missing = 0
+    with soak.lock:
+        mine = [s for s in soak.sessions.values()
+                if s.node is node and s.fate == "live" and s not in soak.held]
+    for s in mine:
+        info = have.get(s.id)
+        if info is None:
+            if s.ambiguous_migrate_to is not None:
+                continue
+            if s.maybe_released:  # a ReleaseSession the kill crossed
+                with soak.lock:
+                    s.fate, s.fate_detail = "released", "by a ReleaseSession the kill crossed"
+                    soak.late_releases += 1
+                continue
+            missing += 1
+            with soak.lock:
+                s.fate, s.fate_detail = "lost", f"not restored after {node.name}'s kill -9"
+            soak.fail(f"session {s.id} on {node.name}: not restored after a kill -9")
+        elif not s.tainted and info.tokens != s.tokens():
+            soak.fail(f"session {s.id} on {node.name}: restored with {info.tokens} tokens, "
+                      f"its last completed call left {s.tokens()}")
+    return missing
 
 
 def fault_drain(soak, node, rng):
+    count_persist(soak, node)
     soak.set_state(node, "draining")
     node.proc.send_signal(signal.SIGTERM)
     t = now()
@@ -873,7 +1008,7 @@ def fault_drain(soak, node, rng):
         soak.fail(f"{node.name}: workers still hold its sessions after its drain")
     moved, failed = follow_drain(node)
     by_addr = {n.address: n for n in soak.nodes}
-    followed = lost = 0
+    followed = lost = stayed = 0
     with soak.lock:
         for s in soak.sessions.values():
             if s.node is not node or s.fate != "live":
@@ -883,6 +1018,11 @@ def fault_drain(soak, node, rng):
                 s.moved = True
                 s.moves += 1
                 followed += 1
+            elif ARGS.persist:
+                # Its file stays in the node's state dir: the restart below
+                # must bring it back (check_restored).
+                s.moved = True
+                stayed += 1
             else:
                 s.fate = "lost"
                 s.fate_detail = f"drain of {node.name}: " + failed.get(s.id, "not in the drain log")
@@ -892,7 +1032,11 @@ def fault_drain(soak, node, rng):
         soak.fail(f"{node.name}: drain lost {lost} kept session(s)")
     judge_drain_exit(soak, node, rc, failed, lost)
     node.start()
+    missing = check_restored(soak, node) if ARGS.persist else 0
     soak.set_state(node, "up")
+    if ARGS.persist:
+        return (f"drain exited {rc} in {took:.1f} s, {followed} sessions followed, {stayed} "
+                f"stayed on its disk, {missing} of them not restored; restarted")
     return (f"drain exited {rc} in {took:.1f} s, {followed} sessions followed, {lost} lost; "
             "restarted")
 
@@ -901,8 +1045,15 @@ def judge_drain_exit(soak, node, rc, failed, lost):
     """0 is a clean drain. 3 means "a session could not move" (ARCHITECTURE.md):
     when every such session was busy and none was lost — a client's call in
     flight (e.g. its MigrateSession) held it and moved it — that is the known
-    issue drain-busy-session; anything else is a failure."""
+    issue drain-busy-session; with --persist, the sessions it left keep their
+    files and the restart must bring them back (check_restored judges that);
+    anything else is a failure."""
     if rc == 0:
+        return
+    if rc == 3 and ARGS.persist:
+        # Sessions no peer took keep their files; check_restored judges them.
+        with soak.lock:
+            soak.drains_left_sessions += 1
         return
     busy_only = rc == 3 and failed and all("session busy" in why for why in failed.values())
     if busy_only and not lost and "drain-busy-session" in ARGS.known_issues:
@@ -986,16 +1137,49 @@ def worker_loop(soak, index):
 # Final audit and report
 
 
+def get_session_settled(soak, sess):
+    """GetSession, retried for a while on UNAVAILABLE: with --persist a
+    session whose move a kill cut is in doubt until its node has asked the
+    peers (the reaper's next tick)."""
+    deadline = now() + 15
+    while True:
+        try:
+            return sess.node.stub.GetSession(pb2.GetSessionRequest(session_id=sess.id),
+                                             timeout=ARGS.rpc_timeout, metadata=metadata())
+        except grpc.RpcError as e:
+            if code_of(e) != "UNAVAILABLE" or not ARGS.persist or now() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def check_duplicates(soak):
+    """No tracked session may be on two nodes at once (a session keeps its
+    id when it moves)."""
+    where = {}
+    for node in soak.healthy_nodes():
+        listed = list_sessions(soak, node, "ListSessions(audit)")
+        if listed is None:
+            continue
+        for info in listed.sessions:
+            where.setdefault(info.session_id, []).append(node.name)
+    for sess in soak.sessions.values():
+        nodes = where.get(sess.id, [])
+        if sess.fate == "live" and len(nodes) > 1:
+            with soak.lock:
+                soak.duplicates.append((sess.id, nodes))
+            soak.fail(f"session {sess.id} is on {len(nodes)} nodes: {', '.join(nodes)}")
+
+
 def final_audit(soak):
-    """Every session still live: it must exist where the soak thinks it is;
-    clean ones get one more greedy call and are verified against a replay."""
+    """Every session still live: it must exist where the soak thinks it is,
+    and on no other node; clean ones get one more greedy call and are
+    verified against a replay."""
     rng = random.Random(ARGS.seed + 17)
     for sess in list(soak.sessions.values()):
         if sess.fate != "live":
             continue
         try:
-            info = sess.node.stub.GetSession(pb2.GetSessionRequest(session_id=sess.id),
-                                             timeout=ARGS.rpc_timeout, metadata=metadata())
+            info = get_session_settled(soak, sess)
             soak.record("GetSession(audit)", "OK")
             if not sess.tainted and info.tokens != sess.tokens():
                 soak.fail(f"session {sess.id}: holds {info.tokens} tokens, the soak sent "
@@ -1011,6 +1195,9 @@ def final_audit(soak):
         if not sess.tainted:
             if continue_session(soak, rng, sess, "Generate(audit)") == "OK" and not sess.tainted:
                 verify_session(soak, sess, final=True)
+    check_duplicates(soak)
+    for node in soak.healthy_nodes():
+        count_persist(soak, node)
 
 
 def cpu_name():
@@ -1063,6 +1250,8 @@ def build_report(soak, wall):
         reasons.append(f"{len(soak.crashes)} node crash(es)")
     if lost:
         reasons.append(f"{len(lost)} kept session(s) lost unexpectedly")
+    if soak.duplicates:
+        reasons.append(f"{len(soak.duplicates)} kept session(s) on two nodes")
     if soak.verify["mismatches"]:
         reasons.append(f"{len(soak.verify['mismatches'])} continuation(s) differ from reference")
     if soak.unexpected:
@@ -1070,7 +1259,8 @@ def build_report(soak, wall):
     if soak.tool_errors:
         reasons.append(f"{len(soak.tool_errors)} soak tool error(s)")
     other = [f for f in soak.failures if "lost" not in f and "differs" not in f
-             and "died by itself" not in f]
+             and "died by itself" not in f and " nodes: " not in f
+             and "not restored after" not in f]
     if other:
         reasons.append(f"{len(other)} other failure(s)")
     total_requests = sum(soak.outcomes.values())
@@ -1083,6 +1273,7 @@ def build_report(soak, wall):
         "duration_s": ARGS.duration, "wall_s": round(wall, 1), "seed": ARGS.seed,
         "concurrency": ARGS.concurrency, "threads_per_node": ARGS.threads,
         "memory_budget": ARGS.memory_budget, "model": str(ARGS.model),
+        "persist": ARGS.persist, "spill_ttl_s": ARGS.spill_ttl if ARGS.persist else None,
         "known_issues_named": sorted(ARGS.known_issues), "reference": ARGS.reference,
         "requests_total": total_requests, "requests": rpcs,
         "ttft_s": {"n": len(soak.ttft), "p50": percentile(soak.ttft, 50),
@@ -1096,8 +1287,13 @@ def build_report(soak, wall):
                      "lost_unexpected": lost, "tainted": sum(1 for s in sess if s.tainted),
                      "moves": sum(s.moves for s in sess),
                      "orphans_adopted": soak.orphans_adopted,
+                     "through_kill": sum(1 for s in sess if s.kills),
+                     "through_kill_verified": sum(1 for s in sess if s.verified_after_kill),
+                     "moves_cut_by_kill": soak.moves_cut_by_kill,
+                     "drains_that_kept_sessions": soak.drains_left_sessions,
+                     "on_two_nodes": [{"session": i, "nodes": n} for i, n in soak.duplicates],
                      "released_by_failed_release": soak.late_releases},
-        "verification": soak.verify,
+        "verification": soak.verify, "persist_counts": soak.persist_counts,
         "unexpected_codes": soak.unexpected, "known_issues_seen": soak.known,
         "failures": soak.failures, "tool_errors": soak.tool_errors,
     }
@@ -1113,7 +1309,9 @@ def markdown(rep):
     out += [f"* CPU: {cpu['model']} ({cpu['cores']} cores seen), ISA tier `{cpu['isa_tier']}` "
             f"(server kernels `{cpu['server_kernels']}`); "
             f"{rep['concurrency']} workers, `--threads {rep['threads_per_node']}` per node, "
-            f"`--memory-budget {rep['memory_budget']}`, model `{Path(rep['model']).name}`",
+            f"`--memory-budget {rep['memory_budget']}`, model `{Path(rep['model']).name}`"
+            + (f", `--persist` (a state dir per node, `--session-ttl {rep['spill_ttl_s']:g}`)"
+               if rep.get("persist") else ""),
             f"* Command: `{rep['command']}`",
             f"* Wall time {rep['wall_s']} s, {rep['requests_total']} requests; "
             f"known issues named: {', '.join(rep['known_issues_named']) or 'none'}"]
@@ -1132,8 +1330,17 @@ def markdown(rep):
             f"| created | {s['created']} |"]
     for fate, n in sorted(s["fates"].items()):
         out.append(f"| {fate} at the end | {n} |")
-    out += [f"| lost with a node killed -9 (expected) | {s['killed_with_node']} |",
-            f"| lost otherwise (must be 0) | {len(s['lost_unexpected'])} |",
+    if rep.get("persist"):
+        out += [f"| on a node killed -9 and restored from its state dir | {s['through_kill']} "
+                f"({s['through_kill_verified']} verified after it) |",
+                f"| moved by a MigrateSession whose source was killed before it answered "
+                f"| {s['moves_cut_by_kill']} |",
+                f"| drains that exited 3, the sessions no peer took kept on disk and restored "
+                f"| {s['drains_that_kept_sessions']} |",
+                f"| on two nodes at once (must be 0) | {len(s['on_two_nodes'])} |"]
+    else:
+        out.append(f"| lost with a node killed -9 (expected) | {s['killed_with_node']} |")
+    out += [f"| lost otherwise (must be 0) | {len(s['lost_unexpected'])} |",
             f"| moves followed (MigrateSession + drains) | {s['moves']} |",
             f"| history unknown after a failed/cancelled call (not verified) | {s['tainted']} |",
             f"| found on a peer after a failed MigrateSession | {s['orphans_adopted']} |",
@@ -1142,7 +1349,15 @@ def markdown(rep):
             f"| greedy sessions checked against their solo reference "
             f"(`--reference {rep['reference']}`) | {v['checked']} "
             f"({v['matched']} equal, {len(v['mismatches'])} differ, {v['skipped']} skipped) |",
-            "", "| node | RSS min | RSS max | RSS last | starts |", "|---|---|---|---|---|"]
+            ]
+    if rep.get("persist"):
+        pc = rep["persist_counts"]
+        out += ["", "With `--persist` (summed over the nodes' starts; the counts since a "
+                "node's last scrape before a kill are not in them): "
+                + ", ".join(f"{k} {pc.get(k, 0)}" for k in
+                            ("records", "spills", "read-backs", "restored", "failed writes"))
+                + "."]
+    out += ["", "| node | RSS min | RSS max | RSS last | starts |", "|---|---|---|---|---|"]
     for name, r in rep["rss"].items():
         out.append(f"| {name} | {r['min_mib']} MiB | {r['max_mib']} MiB | {r['last_mib']} MiB "
                    f"| {r['incarnations']} |")
@@ -1215,6 +1430,12 @@ def parse_args():
     p.add_argument("--max-history", type=int, default=600,
                    help="tokens after which a session is released")
     p.add_argument("--rss-interval", type=float, default=2, help="RSS sample period (s)")
+    p.add_argument("--persist", action="store_true",
+                   help="a --state-dir per node (kept across its restarts; emptied at the "
+                        "start), --persist-sync turn and --session-ttl --spill-ttl: kill -9 "
+                        "must lose no kept session")
+    p.add_argument("--spill-ttl", type=float, default=3,
+                   help="with --persist: each node's --session-ttl (idle sessions spill)")
     p.add_argument("--known-issues", default="",
                    help="comma list of deviations reported apart instead of failing: "
                         + ", ".join(KNOWN_ISSUES))
@@ -1258,6 +1479,7 @@ def main():
     workdir.mkdir(parents=True, exist_ok=True)
     for old in workdir.glob("node*.log"):
         old.unlink()
+    shutil.rmtree(workdir / "state", ignore_errors=True)  # --persist: each soak starts empty
     if ARGS.mkmodel:
         if not ARGS.tool_bin:
             sys.exit("--mkmodel needs --tool-bin")
