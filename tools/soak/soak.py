@@ -100,6 +100,28 @@ GARBAGE_RPCS = [("Generate", "unary_stream"), ("CreateSession", "unary_unary"),
                 ("Tokenize", "unary_unary"), ("MigrateSession", "unary_unary"),
                 ("ExportSession", "unary_stream"), ("ImportSession", "stream_unary")]
 
+# Session modes a kept session is opened in (--modes), with the parameters of
+# the C++ tests (tests/common/server_test_util.h, SetSessionMode): small
+# windows and blocks, so that the short sessions of the soak cross them.
+MODES = ("exact", "int8", "o1", "qsa", "window")
+
+
+def session_config(mode):
+    c = pb2.SessionConfig()
+    if mode == "int8":
+        c.kv_dtype = pb2.KV_DTYPE_INT8
+    elif mode == "o1":
+        c.attention = pb2.ATTENTION_MODE_O1
+        c.o1.m, c.o1.window, c.o1.sink = 8, 16, 2
+    elif mode == "qsa":
+        c.attention = pb2.ATTENTION_MODE_QSA
+        c.qsa.ratio, c.qsa.budget = 16, 4
+    elif mode == "window":
+        c.attention = pb2.ATTENTION_MODE_WINDOW
+        c.window.sink, c.window.window = 2, 16
+    return c
+
+
 ACTIONS = {"oneshot": 16, "open": 12, "continue": 26, "cancel": 8, "release": 8,
            "migrate": 12, "stall": 4, "garbage": 14}
 
@@ -250,9 +272,10 @@ class Session:
     clean answer, so its history is unknown and it is not verified (it still
     counts for losses)."""
 
-    def __init__(self, sid, node):
+    def __init__(self, sid, node, mode="exact"):
         self.id = sid
         self.node = node
+        self.mode = mode  # MODES: its SessionConfig (session_config)
         self.calls = []
         self.tainted = False
         self.moved = False  # moved since its last verification
@@ -299,6 +322,17 @@ class Soak:
         self.drains_left_sessions = 0  # --persist: drains that exited 3 (sessions kept on disk)
         self.duplicates = []  # (session, nodes) found on more than one node
         self.persist_counts = {}  # --persist: spills, read-backs, restores (all starts)
+        self.verified_modes = {}  # mode -> continuations equal to their reference
+        # Calls that may have left a session no client knows of: an open that
+        # failed or was not tracked, a replay session not released, a session
+        # moved to a node a fault then hit. The end's accounting bounds the
+        # sessions nobody owns by this.
+        self.possible_orphans = 0
+        self.accounting = {}
+
+    def note_possible_orphan(self):
+        with self.lock:
+            self.possible_orphans += 1
 
     # -- outcomes ---------------------------------------------------------
 
@@ -496,15 +530,20 @@ def act_open(soak, rng):
     epoch = node.epoch
     prompt = random_prompt(soak, rng, 8, 40)
     n = rng.randint(4, 20)
+    mode = rng.choice(ARGS.modes)
     req = pb2.GenerateRequest(prompt_tokens=prompt, max_tokens=n, sampling=greedy(),
-                              ignore_eos=True, keep_session=True)
+                              ignore_eos=True, keep_session=True,
+                              session_config=session_config(mode))
     code, tokens, summary, _ = generate(soak, node, "Generate(open)", req)
     if code == "OK" and summary.session_kept:
-        sess = Session(summary.session_id, node)
+        sess = Session(summary.session_id, node, mode)
         sess.calls.append((prompt, n, tokens))
         sess.tainted = not complete(summary, tokens, n)
         if not soak.add_session(sess, epoch):
             soak.count("Generate(open)", "not tracked (a fault crossed the call)")
+            soak.note_possible_orphan()
+    elif code != "OK":
+        soak.note_possible_orphan()  # it may have made the session before it failed
 
 
 def continue_session(soak, rng, sess, rpc="Generate(continue)", cancel_after=None):
@@ -625,6 +664,7 @@ def act_migrate(soak, rng):
                     # it is now. (A target still draining is followed by
                     # fault_drain, which waits for this worker.)
                     sess.fate = "untracked"
+                    soak.possible_orphans += 1
                     sess.fate_detail = f"a fault hit {target.name} during a move to it"
                     return
                 sess.node, sess.id = target, r.peer_session_id
@@ -746,18 +786,22 @@ ACTION_FNS = {"oneshot": act_oneshot, "open": act_open, "continue": act_continue
 # Verification and orphans
 
 
-def replay_reference(soak, ref, calls):
+def replay_reference(soak, ref, sess):
     """The solo reference of a session: its calls (same prompts and
-    max_tokens, greedy) replayed on a fresh kept session of node `ref`, which
-    is released afterwards. Returns each call's tokens, or None if a replay
-    call failed (a fault)."""
+    max_tokens, greedy) replayed on a fresh kept session of node `ref`, of the
+    same mode, which is released afterwards. Returns each call's tokens, or
+    None if a replay call failed (a fault)."""
     out, ref_id = [], ""
     try:
-        for prompt, n, _ in calls:
+        for prompt, n, _ in sess.calls:
             req = pb2.GenerateRequest(prompt_tokens=prompt, max_tokens=n, sampling=greedy(),
                                       ignore_eos=True, keep_session=True, session_id=ref_id)
+            if not ref_id:
+                req.session_config.CopyFrom(session_config(sess.mode))
             code, tokens, summary, _ = generate(soak, ref, "Generate(reference)", req)
             if code != "OK":
+                if not ref_id:
+                    soak.note_possible_orphan()
                 return None
             ref_id = summary.session_id
             with soak.lock:
@@ -772,17 +816,22 @@ def replay_reference(soak, ref, calls):
                 ref.stub.ReleaseSession(pb2.ReleaseSessionRequest(session_id=ref_id),
                                         timeout=ARGS.rpc_timeout, metadata=metadata())
             except grpc.RpcError:
-                pass
+                soak.note_possible_orphan()
 
 
-def oneshot_reference(soak, ref, calls):
+def oneshot_reference(soak, ref, sess):
     """The solo reference of a session's last call only: one one-shot greedy
     Generate whose prompt is the whole history before that call's tokens.
     Prefill and decode agree to ~1e-6, not bit for bit (docs/ARCHITECTURE.md),
-    so a near-tie may flip a token here without any fault."""
+    so a near-tie may flip a token here without any fault. Exact attention
+    only (f32 or int8 rows): a bounded mode's state depends on where its
+    prompts ended (None: skipped)."""
+    if sess.mode not in ("exact", "int8"):
+        return None
+    calls = sess.calls
     history = [t for p, _, g in calls[:-1] for t in p + g] + list(calls[-1][0])
     req = pb2.GenerateRequest(prompt_tokens=history, max_tokens=calls[-1][1], sampling=greedy(),
-                              ignore_eos=True)
+                              ignore_eos=True, session_config=session_config(sess.mode))
     code, tokens, _, _ = generate(soak, ref, "Generate(reference)", req)
     if code != "OK":
         return None
@@ -803,7 +852,7 @@ def verify_session(soak, sess, final=False):
             soak.verify["skipped"] += 1
         return
     ref = refs[0]
-    expected = REFERENCES[ARGS.reference](soak, ref, sess.calls)
+    expected = REFERENCES[ARGS.reference](soak, ref, sess)
     if expected is None:
         with soak.lock:
             soak.verify["skipped"] += 1
@@ -813,7 +862,8 @@ def verify_session(soak, sess, final=False):
             continue
         k = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b),
                  min(len(want), len(got)))
-        mism = {"session": sess.id, "node": sess.node.name, "moves": sess.moves,
+        mism = {"session": sess.id, "mode": sess.mode, "node": sess.node.name,
+                "moves": sess.moves, "kills": sess.kills,
                 "call": i, "calls": len(sess.calls), "first_diff": k,
                 "session_tokens": got[:k + 4], "reference_tokens": want[:k + 4],
                 "reference_node": ref.name, "final_audit": final}
@@ -821,12 +871,14 @@ def verify_session(soak, sess, final=False):
             soak.verify["checked"] += 1
             soak.verify["mismatches"].append(mism)
             sess.tainted = True
-        soak.fail(f"session {sess.id}: call {i} differs from its reference at token {k}")
+        soak.fail(f"session {sess.id} ({sess.mode}): call {i} differs from its reference "
+                  f"at token {k}")
         return
     with soak.lock:
         soak.verify["checked"] += 1
         soak.verify["matched"] += 1
         sess.verified_after_kill |= sess.kills > 0
+        soak.verified_modes[sess.mode] = soak.verified_modes.get(sess.mode, 0) + 1
     sess.moved = False
 
 
@@ -1200,6 +1252,65 @@ def final_audit(soak):
         count_persist(soak, node)
 
 
+ACCOUNTING_GAUGES = ("cortiq_sessions_active", "cortiq_sessions_busy",
+                     "cortiq_session_memory_total_bytes", "cortiq_memory_committed_bytes",
+                     "cortiq_import_bytes_in_flight", "cortiq_session_files",
+                     "cortiq_session_disk_bytes")
+
+
+def account_and_release(soak):
+    """The end, with no call in flight: on every running node the gauges
+    match its sessions exactly (count, bytes; nothing busy, no import held);
+    the sessions the soak does not track are at most the calls that could
+    have left one; then every session is released and every gauge is back at
+    0, and with --persist no session file is left in the node's state dir."""
+    orphans = 0
+    for node in soak.healthy_nodes():
+        listed = list_sessions(soak, node, "ListSessions(accounting)")
+        before = node.metrics(set(ACCOUNTING_GAUGES))
+        if listed is None or not before:
+            soak.fail(f"{node.name}: no session list or no /metrics for the accounting")
+            continue
+        sessions = list(listed.sessions)
+        want = {"cortiq_sessions_active": len(sessions), "cortiq_sessions_busy": 0,
+                "cortiq_session_memory_total_bytes": sum(i.memory.total_bytes for i in sessions),
+                "cortiq_import_bytes_in_flight": 0}
+        for name, v in want.items():
+            if before.get(name) != v:
+                soak.fail(f"{node.name}: {name} is {before.get(name)}, its sessions say {v}")
+        with soak.lock:
+            mine = {s.id for s in soak.sessions.values() if s.fate == "live" and s.node is node}
+        orphans += sum(1 for i in sessions if i.session_id not in mine)
+        for info in sessions:
+            try:
+                node.stub.ReleaseSession(pb2.ReleaseSessionRequest(session_id=info.session_id),
+                                         timeout=ARGS.rpc_timeout, metadata=metadata())
+                soak.record("ReleaseSession(accounting)", "OK")
+            except grpc.RpcError as e:
+                soak.record("ReleaseSession(accounting)", code_of(e), details_of(e))
+        after = node.metrics(set(ACCOUNTING_GAUGES))
+        for name in ACCOUNTING_GAUGES:
+            if name in after and after[name] != 0:
+                soak.fail(f"{node.name}: {name} is {after[name]} after every session's release")
+        if ARGS.persist:
+            left = sorted(p.name for p in (node.workdir / "state" / node.name).glob("*.cqsj"))
+            if left:
+                soak.fail(f"{node.name}: {len(left)} session file(s) left after every release: "
+                          + ", ".join(left[:5]))
+        with soak.lock:
+            soak.accounting[node.name] = {
+                "sessions": len(sessions), "untracked": sum(
+                    1 for i in sessions if i.session_id not in mine),
+                "memory_bytes": want["cortiq_session_memory_total_bytes"],
+                "rss_mib_after_release": round((node.rss_kib() or 0) / 1024, 1)}
+    with soak.lock:
+        soak.accounting["untracked_total"] = orphans
+        soak.accounting["possible_orphans"] = soak.possible_orphans
+    if orphans > soak.possible_orphans:
+        soak.fail(f"{orphans} session(s) on the nodes that the soak does not track, but only "
+                  f"{soak.possible_orphans} call(s) could have left one")
+
+
 def cpu_name():
     name, flags = "unknown", set()
     try:
@@ -1294,6 +1405,9 @@ def build_report(soak, wall):
                      "on_two_nodes": [{"session": i, "nodes": n} for i, n in soak.duplicates],
                      "released_by_failed_release": soak.late_releases},
         "verification": soak.verify, "persist_counts": soak.persist_counts,
+        "modes": ARGS.modes, "accounting": soak.accounting,
+        "sessions_by_mode": {m: sum(1 for s in sess if s.mode == m) for m in ARGS.modes},
+        "verified_by_mode": soak.verified_modes,
         "unexpected_codes": soak.unexpected, "known_issues_seen": soak.known,
         "failures": soak.failures, "tool_errors": soak.tool_errors,
     }
@@ -1349,6 +1463,9 @@ def markdown(rep):
             f"| greedy sessions checked against their solo reference "
             f"(`--reference {rep['reference']}`) | {v['checked']} "
             f"({v['matched']} equal, {len(v['mismatches'])} differ, {v['skipped']} skipped) |",
+            "| by mode: made / continuations equal to their reference | "
+            + ", ".join(f"{m} {rep['sessions_by_mode'].get(m, 0)} / "
+                        f"{rep['verified_by_mode'].get(m, 0)}" for m in rep["modes"]) + " |",
             ]
     if rep.get("persist"):
         pc = rep["persist_counts"]
@@ -1357,6 +1474,15 @@ def markdown(rep):
                 + ", ".join(f"{k} {pc.get(k, 0)}" for k in
                             ("records", "spills", "read-backs", "restored", "failed writes"))
                 + "."]
+    acc = rep.get("accounting", {})
+    if acc:
+        nodes = [(k, v) for k, v in acc.items() if isinstance(v, dict)]
+        out += ["", "At the end (no call in flight) every node's gauges matched its sessions "
+                "unless a failure above says otherwise; sessions left and not tracked by the "
+                f"soak: {acc.get('untracked_total')} (calls that could have left one: "
+                f"{acc.get('possible_orphans')}); after releasing every session: "
+                + ", ".join(f"{k} RSS {v['rss_mib_after_release']} MiB" for k, v in nodes)
+                + ", every session gauge 0."]
     out += ["", "| node | RSS min | RSS max | RSS last | starts |", "|---|---|---|---|---|"]
     for name, r in rep["rss"].items():
         out.append(f"| {name} | {r['min_mib']} MiB | {r['max_mib']} MiB | {r['last_mib']} MiB "
@@ -1430,6 +1556,9 @@ def parse_args():
     p.add_argument("--max-history", type=int, default=600,
                    help="tokens after which a session is released")
     p.add_argument("--rss-interval", type=float, default=2, help="RSS sample period (s)")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="session modes kept sessions are opened in, one picked at random "
+                        "each (comma list of " + ", ".join(MODES) + ")")
     p.add_argument("--persist", action="store_true",
                    help="a --state-dir per node (kept across its restarts; emptied at the "
                         "start), --persist-sync turn and --session-ttl --spill-ttl: kill -9 "
@@ -1457,6 +1586,12 @@ def parse_args():
     for f in a.faults:
         if f not in FAULT_FNS:
             p.error(f"--faults: unknown fault {f!r} (known: {', '.join(FAULT_FNS)})")
+    a.modes = [m for m in a.modes.split(",") if m]
+    for m in a.modes:
+        if m not in MODES:
+            p.error(f"--modes: unknown mode {m!r} (known: {', '.join(MODES)})")
+    if not a.modes:
+        p.error("--modes: at least one")
     a.known_issues = {k for k in a.known_issues.split(",") if k}
     for k in a.known_issues:
         if k not in KNOWN_ISSUES:
@@ -1522,6 +1657,7 @@ def main():
                 n.state = "up"
         print(f"[{soak.elapsed():6.1f}s] workload done; final audit", flush=True)
         final_audit(soak)
+        account_and_release(soak)
         soak.stop_event.set()
         threads[0].join()
         rep = build_report(soak, soak.elapsed())
