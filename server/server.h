@@ -99,9 +99,9 @@ class Server {
   explicit Server(const ServerConfig& config) : config_(config) {}
   absl::Status Init();
   void ReaperLoop();
-  // malloc_trim(0) for a few seconds after an import ended short (see the
-  // definition). Reaper thread.
-  void TrimAfterFailedImports();
+  // malloc_trim(0) for a few seconds after sessions were released or
+  // spilled, or an import ended short (see the definition). Reaper thread.
+  void TrimFreedMemory();
   // Sessions restored in doubt (their move to a peer cut by a crash): asks
   // the peers (a router lookup, each answering from its own sessions) and
   // settles each: a peer holds it, it is released here; every peer answered
@@ -171,6 +171,10 @@ class Server {
   std::mutex drain_mu_;
   std::optional<DrainReport> drain_report_;
   std::thread reaper_;
+  // TrimFreedMemory's state (the reaper thread only): releases + spills seen
+  // last, when memory was last freed, when the allocator was last trimmed.
+  uint64_t trim_seen_frees_ = 0;
+  std::chrono::steady_clock::time_point last_free_{}, last_trim_{};
 };
 
 }  // namespace cortiq::server

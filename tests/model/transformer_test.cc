@@ -23,6 +23,7 @@
 #include "core/model/random_checkpoint.h"
 #include "gtest/gtest.h"
 #include "tests/common/model_test_util.h"
+#include "tests/common/rss.h"
 
 namespace cortiq::model {
 namespace {
@@ -613,18 +614,6 @@ TEST(Int8WeightsMixedTest, MatricesWhoseInputIsNotAMultipleOf32StayAsStored) {
   EXPECT_LT(worst, 0.1);
 }
 
-size_t RssBytes() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  size_t kb = 0;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::sscanf(line, "VmRSS: %zu kB", &kb) == 1) break;
-  }
-  std::fclose(f);
-  return kb * 1024;
-}
-
 // Converting at load hands the checkpoint's pages back: the process holds
 // the int8 copy, not the bf16 file as well (RSS, not only the gauges).
 TEST(Int8WeightsMemoryTest, ResidentMemoryHoldsTheInt8CopyNotTheCheckpoint) {
@@ -642,12 +631,12 @@ TEST(Int8WeightsMemoryTest, ResidentMemoryHoldsTheInt8CopyNotTheCheckpoint) {
   ro.dtype = math::DType::kBF16;
   ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, ro).ok());
   const size_t bf16_bytes = std::filesystem::file_size(dir + "/model.safetensors");
-  const size_t before = RssBytes();
+  const size_t before = testing::RssBytes();
   LoadOptions lo;
   lo.weights = LoadOptions::Weights::kInt8;
   auto tf = Transformer::Load(dir, lo);
   ASSERT_TRUE(tf.ok()) << tf.status();
-  const size_t after = RssBytes();
+  const size_t after = testing::RssBytes();
   const size_t int8 = (*tf)->Int8CopyBytes();
   std::printf("checkpoint %.1f MB bf16, int8 copy %.1f MB, RSS grew %.1f MB at load\n",
               bf16_bytes / 1e6, int8 / 1e6, (after - before) / 1e6);

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/common/model_test_util.h"
+#include "tests/common/rss.h"
 #include "tests/common/server_test_util.h"
 
 namespace cortiq::server {
@@ -29,27 +30,7 @@ using Node = testing::TestNode;
 
 constexpr milliseconds kIdleTimeout{1500};
 
-// Under AddressSanitizer or ThreadSanitizer the heap is the sanitizer's
-// (ASan's freed blocks wait in its quarantine; mallopt and malloc_trim reach
-// neither), and TSan's shadow memory dwarfs the attack: resident memory says
-// nothing about the server's allocator there, so only the counts, refusals
-// and timeouts are checked.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kMeasuresRss = false;
-#else
-constexpr bool kMeasuresRss = true;
-#endif
 constexpr size_t kWithheld = 40;  // the stream's last bytes, never sent
-
-// The process's resident bytes (VmRSS).
-size_t RssBytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6)) * 1024;
-  }
-  return 0;
-}
 
 Node StartNode(const std::string& model, size_t budget, size_t max_imports) {
   ServerConfig c;
@@ -239,16 +220,16 @@ TEST_F(ImportLimitsTest, StalledStreamsAreCountedCappedTimedOutAndFreed) {
   // baseline).
   attack(1, false);
   attack(kCap, false, 64);
-  const size_t baseline = RssBytes();
+  const size_t baseline = testing::RssBytes();
   attack(kCap, true);
-  if (!kMeasuresRss) return;
+  if (!testing::kRssIsMeaningful) return;
   // The server's reaper trims the allocator within about a second of the
   // last failed import (Server::TrimAfterFailedImports). What may stay is an
   // eighth of what the attack held (37 MB here): the issue measured 682 MB
   // left of a 100-stream attack before the trim.
   const size_t allowed = kCap * held / 8;
   size_t after = 0;
-  EXPECT_TRUE(WaitFor([&] { return (after = RssBytes()) <= baseline + allowed; }))
+  EXPECT_TRUE(WaitFor([&] { return (after = testing::RssBytes()) <= baseline + allowed; }))
       << "resident " << after << " bytes after the attack, " << baseline << " before, " << allowed
       << " allowed";
   std::printf("RSS: %zu bytes before the attack, %zu after (%zu streams holding %zu bytes each)\n",
