@@ -17,6 +17,10 @@ Workload (--concurrency workers, each picking an action at random):
   stall     ExportSession of a kept session, then an ImportSession stream that
             sends all but the last 40 bytes and stops until its deadline
   garbage   bytes that are not a valid protobuf message, to a random RPC
+  chat      an OpenAI chat turn on the HTTP front, in one of a few
+            conversations (x-cortiq-session), to any node: the conversation's
+            session is relayed to the node that holds it; streamed or not,
+            sometimes dropped mid-stream by the client
 Faults (one at a time, every --fault-interval seconds, on a random node):
   stop      SIGSTOP, a few seconds, SIGCONT
   kill      kill -9, then a restart on the same ports
@@ -47,6 +51,7 @@ Judgement (exit status 1 if any):
 """
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -123,7 +128,11 @@ def session_config(mode):
 
 
 ACTIONS = {"oneshot": 16, "open": 12, "continue": 26, "cancel": 8, "release": 8,
-           "migrate": 12, "stall": 4, "garbage": 14}
+           "migrate": 12, "stall": 4, "garbage": 14, "chat": 12}
+# HTTP statuses a well-formed chat turn may get under faults: 409 a turn of
+# the same conversation still ending (a dropped stream's), 429 the budget,
+# 503 a draining node or an owner that cannot be asked, 504 a deadline.
+CHAT_STATUSES = {200, 409, 429, 503, 504}
 
 pb2 = pb2_grpc = grpc = None
 ARGS = None
@@ -163,9 +172,9 @@ class Node:
     drain. `state` is up | stopped | draining | down; `epoch` changes at every
     fault start and end, so that a worker can tell that its call met a fault."""
 
-    def __init__(self, name, port, metrics_port, peers, workdir):
+    def __init__(self, name, port, metrics_port, http_port, peers, workdir):
         self.name = name
-        self.port, self.metrics_port = port, metrics_port
+        self.port, self.metrics_port, self.http_port = port, metrics_port, http_port
         self.address = f"127.0.0.1:{port}"
         self.peers = peers
         self.workdir = workdir
@@ -178,7 +187,8 @@ class Node:
 
     def command(self):
         return [ARGS.server_bin, "--model", str(ARGS.model), "--listen", self.address,
-                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--http-listen", "off",
+                "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                "--http-listen", f"127.0.0.1:{self.http_port}",
                 "--threads", str(ARGS.threads), "--peers", ",".join(self.peers),
                 "--auth-token", ARGS.token, "--peer-token", ARGS.token,
                 "--memory-budget", ARGS.memory_budget, "--grace", str(ARGS.grace),
@@ -292,6 +302,18 @@ class Session:
         return sum(len(p) + len(g) for p, _, g in self.calls)
 
 
+class Chat:
+    """A conversation on the HTTP front, as a chat client keeps it: its
+    messages so far (resent whole each turn) and the session ids its answers
+    named (x-cortiq-session-id). One worker at a time (busy)."""
+
+    def __init__(self, name):
+        self.name = name
+        self.messages = []
+        self.ids = set()
+        self.busy = False
+
+
 class Soak:
     def __init__(self, nodes, model_info):
         self.nodes = nodes
@@ -329,6 +351,8 @@ class Soak:
         # sessions nobody owns by this.
         self.possible_orphans = 0
         self.accounting = {}
+        self.chats = [Chat(f"soak-chat-{i}") for i in range(ARGS.chats)]
+        self.model_name = ""  # GET /v1/models of the first node
 
     def note_possible_orphan(self):
         with self.lock:
@@ -398,6 +422,23 @@ class Soak:
             self.free.remove(s)
             self.held.add(s)
             return s
+
+    def checkout_chat(self):
+        with self.lock:
+            free = [c for c in self.chats if not c.busy]
+            if not free:
+                return None
+            c = self.rng.choice(free)
+            c.busy = True
+            return c
+
+    def checkin_chat(self, chat):
+        with self.lock:
+            chat.busy = False
+
+    def chat_ids(self):
+        with self.lock:
+            return set().union(*(c.ids for c in self.chats))
 
     def checkin(self, sess):
         with self.lock:
@@ -777,9 +818,95 @@ def act_garbage(soak, rng):
         soak.record(rpc, code_of(e), details_of(e), expected=expected)
 
 
+def http_chat(node, body, session, drop_after=None):
+    """POST /v1/chat/completions to `node` with x-cortiq-session `session`.
+    Returns (status, headers, content, usage) where content is the reply's
+    text (SSE deltas joined for a stream) and usage the answer's usage (None
+    for a stream); status "dropped" when the client closed the stream after
+    `drop_after` events, "conn: ..." when the connection failed."""
+    conn = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=ARGS.rpc_timeout)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json",
+                              "Authorization": f"Bearer {ARGS.token}",
+                              "x-cortiq-session": session})
+        r = conn.getresponse()
+        headers = {k.lower(): v for k, v in r.getheaders()}
+        if r.status != 200 or not body.get("stream"):
+            data = r.read()
+            if r.status != 200:
+                return r.status, headers, data.decode(errors="replace")[:300], None
+            answer = json.loads(data)
+            return 200, headers, answer["choices"][0]["message"].get("content") or "", \
+                answer.get("usage")
+        text, events = [], 0
+        for raw in r:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                return 200, headers, "".join(text), None
+            events += 1
+            delta = json.loads(line[6:])["choices"][0].get("delta", {})
+            text.append(delta.get("content") or "")
+            if drop_after is not None and events >= drop_after:
+                return "dropped", headers, "".join(text), None
+        return "conn: stream ended without [DONE]", headers, "".join(text), None
+    except (OSError, http.client.HTTPException, ValueError, KeyError) as e:
+        return f"conn: {type(e).__name__}", {}, str(e)[:200], None
+    finally:
+        conn.close()
+
+
+def act_chat(soak, rng):
+    """One turn of a conversation on the HTTP front, to any reachable node;
+    the client resends the whole chat, as chat clients do."""
+    chat = soak.checkout_chat()
+    if chat is None:
+        return
+    try:
+        nodes = soak.reachable_nodes()
+        if not nodes:
+            return
+        node = rng.choice(nodes)
+        if len(chat.messages) >= 16:
+            chat.messages = chat.messages[:2]  # an edited chat: the session rolls back
+        words = ["the", "whale", "sea", "ship", "and", "a", "captain", "of", "white", "light"]
+        user = " ".join(rng.choice(words) for _ in range(rng.randint(2, 10)))
+        stream = rng.random() < 0.5
+        body = {"model": soak.model_name, "max_tokens": rng.randint(4, 16), "temperature": 0,
+                "stream": stream, "messages": chat.messages + [{"role": "user", "content": user}]}
+        drop = rng.randint(1, 3) if stream and rng.random() < 0.25 else None
+        status, headers, content, usage = http_chat(node, body, chat.name, drop)
+        sid = headers.get("x-cortiq-session-id")
+        if sid:
+            with soak.lock:
+                chat.ids.add(sid)
+        if status == "dropped" or str(status).startswith("conn: "):
+            soak.count("chat", "client dropped the stream" if status == "dropped"
+                       else f"connection failed ({status[6:]})")
+            return
+        soak.record("chat", str(status), content if status != 200 else "",
+                    expected={str(c) for c in CHAT_STATUSES})
+        if status != 200:
+            return
+        if "x-cortiq-forwarded-by" in headers:
+            soak.count("chat", "of those, relayed to the conversation's node")
+        if usage is not None:
+            cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+            if cached:
+                soak.count("chat", "of those, the history reused from the session")
+            if cached > usage.get("prompt_tokens", 0):
+                soak.fail(f"chat {chat.name}: {cached} cached tokens of a "
+                          f"{usage.get('prompt_tokens')}-token prompt")
+        chat.messages = body["messages"] + [{"role": "assistant", "content": content}]
+    finally:
+        soak.checkin_chat(chat)
+
+
 ACTION_FNS = {"oneshot": act_oneshot, "open": act_open, "continue": act_continue,
               "cancel": act_cancel, "release": act_release, "migrate": act_migrate,
-              "stall": act_stall, "garbage": act_garbage}
+              "stall": act_stall, "garbage": act_garbage, "chat": act_chat}
 
 
 # ---------------------------------------------------------------------------
@@ -1205,8 +1332,9 @@ def get_session_settled(soak, sess):
 
 
 def check_duplicates(soak):
-    """No tracked session may be on two nodes at once (a session keeps its
-    id when it moves)."""
+    """No tracked session, and no conversation's session of the HTTP front,
+    may be on two nodes at once (a session keeps its id when it moves; a
+    conversation is created only where no peer holds it)."""
     where = {}
     for node in soak.healthy_nodes():
         listed = list_sessions(soak, node, "ListSessions(audit)")
@@ -1214,12 +1342,13 @@ def check_duplicates(soak):
             continue
         for info in listed.sessions:
             where.setdefault(info.session_id, []).append(node.name)
-    for sess in soak.sessions.values():
-        nodes = where.get(sess.id, [])
-        if sess.fate == "live" and len(nodes) > 1:
+    owned = {s.id for s in soak.sessions.values() if s.fate == "live"} | soak.chat_ids()
+    for sid in sorted(owned):
+        nodes = where.get(sid, [])
+        if len(nodes) > 1:
             with soak.lock:
-                soak.duplicates.append((sess.id, nodes))
-            soak.fail(f"session {sess.id} is on {len(nodes)} nodes: {', '.join(nodes)}")
+                soak.duplicates.append((sid, nodes))
+            soak.fail(f"session {sid} is on {len(nodes)} nodes: {', '.join(nodes)}")
 
 
 def final_audit(soak):
@@ -1280,6 +1409,7 @@ def account_and_release(soak):
                 soak.fail(f"{node.name}: {name} is {before.get(name)}, its sessions say {v}")
         with soak.lock:
             mine = {s.id for s in soak.sessions.values() if s.fate == "live" and s.node is node}
+        mine |= soak.chat_ids()  # a conversation's session lives on any node
         orphans += sum(1 for i in sessions if i.session_id not in mine)
         for info in sessions:
             try:
@@ -1556,6 +1686,8 @@ def parse_args():
     p.add_argument("--max-history", type=int, default=600,
                    help="tokens after which a session is released")
     p.add_argument("--rss-interval", type=float, default=2, help="RSS sample period (s)")
+    p.add_argument("--chats", type=int, default=4,
+                   help="conversations the chat action keeps on the HTTP front")
     p.add_argument("--modes", default=",".join(MODES),
                    help="session modes kept sessions are opened in, one picked at random "
                         "each (comma list of " + ", ".join(MODES) + ")")
@@ -1628,11 +1760,11 @@ def main():
     # SIGTERM (e.g. a test runner's) exits through the `finally` that kills
     # the nodes, as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    p = free_ports(6)
-    ports = [(p[i], p[i + 3]) for i in range(3)]
-    addrs = [f"127.0.0.1:{p}" for p, _ in ports]
-    nodes = [Node(f"node{i}", p, mp, [a for j, a in enumerate(addrs) if j != i], workdir)
-             for i, (p, mp) in enumerate(ports)]
+    p = free_ports(9)
+    ports = [(p[i], p[i + 3], p[i + 6]) for i in range(3)]
+    addrs = [f"127.0.0.1:{p}" for p, _, _ in ports]
+    nodes = [Node(f"node{i}", p, mp, hp, [a for j, a in enumerate(addrs) if j != i], workdir)
+             for i, (p, mp, hp) in enumerate(ports)]
     rc = 1
     try:
         for n in nodes:
@@ -1642,6 +1774,10 @@ def main():
         info = nodes[0].stub.GetModelInfo(pb2.GetModelInfoRequest(), timeout=30,
                                           metadata=metadata())
         soak = Soak(nodes, info)
+        req = urllib.request.Request(f"http://127.0.0.1:{nodes[0].http_port}/v1/models",
+                                     headers={"Authorization": f"Bearer {ARGS.token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            soak.model_name = json.load(r)["data"][0]["id"]
         threads = [threading.Thread(target=monitor_loop, args=(soak,), daemon=True)]
         faults = threading.Thread(target=fault_loop, args=(soak,), daemon=True)
         workers = [threading.Thread(target=worker_loop, args=(soak, i), daemon=True)
