@@ -265,6 +265,22 @@ void Server::ReaperLoop() {
 
 void Server::SettleMoves() {
   const std::vector<std::pair<std::string, std::string>> doubt = store_->InDoubt();
+  // Conversations created here while a peer was silent (ServiceContext::
+  // unsettled): those still here are asked about like the moves in doubt.
+  std::vector<std::string> unsettled;
+  {
+    std::lock_guard lock(ctx_->unsettled_mu);
+    for (auto it = ctx_->unsettled.begin(); it != ctx_->unsettled.end();) {
+      if (!store_->Get(*it)) {
+        it = ctx_->unsettled.erase(it);  // released meanwhile, or never made
+        continue;
+      }
+      const bool in_doubt =
+          std::any_of(doubt.begin(), doubt.end(), [&](const auto& d) { return d.first == *it; });
+      if (!in_doubt) unsettled.push_back(*it);
+      ++it;
+    }
+  }
   const auto now = std::chrono::steady_clock::now();
   // At most this many lookups of its own in flight: the router's share of
   // lookups (SessionRouter::Options::max_lookups) stays with the clients'.
@@ -273,11 +289,15 @@ void Server::SettleMoves() {
   {
     // (The lookups' callbacks write settling_ on gRPC threads.)
     std::lock_guard lock(settle_mu_);
-    if (doubt.empty() && settling_.empty()) return;
+    if (doubt.empty() && unsettled.empty() && settling_.empty()) return;
     for (const auto& [id, s] : settling_) in_flight += s.in_flight ? 1 : 0;
   }
+  // (id, the peer its move went to; empty for a conversation created here)
+  std::vector<std::pair<std::string, std::string>> asks = doubt;
+  for (std::string& id : unsettled) asks.emplace_back(std::move(id), std::string());
   std::set<std::string> live;
-  for (const auto& [id, peer] : doubt) {
+  for (const auto& [id, peer] : asks) {
+    const bool move = !peer.empty();
     live.insert(id);
     std::optional<absl::StatusOr<std::string>> answer;
     {
@@ -292,16 +312,39 @@ void Server::SettleMoves() {
       }
     }
     if (answer) {
-      if (answer->ok()) {
+      if (move && answer->ok()) {
         store_->SettleMove(id, **answer);
-      } else if (answer->status().code() == absl::StatusCode::kNotFound) {
+      } else if (move && answer->status().code() == absl::StatusCode::kNotFound) {
         store_->SettleMove(id, std::nullopt);
+      } else if (!move && answer->ok()) {
+        // A peer holds the conversation too: the client resends the whole
+        // chat, so either copy answers it; this one goes, and the next turn
+        // here is relayed there (a forwarding record). A turn running on
+        // it now is not cancelled: asked again at the next tick.
+        if (store_->ReleaseIfIdle(id, session::ReleaseReason::kDuplicate)) {
+          spdlog::info(
+              "session {}: {} holds it too (it was created here while that peer could "
+              "not be asked): the copy here is released",
+              id, util::EscapeForLog(**answer));
+          router_->Moved(id, **answer);
+          std::lock_guard lock(ctx_->unsettled_mu);
+          ctx_->unsettled.erase(id);
+        }
+      } else if (!move && answer->status().code() == absl::StatusCode::kNotFound) {
+        std::lock_guard lock(ctx_->unsettled_mu);  // every peer answered: the only copy
+        ctx_->unsettled.erase(id);
       } else {
         std::lock_guard lock(settle_mu_);
         Settling& s = settling_[id];
-        spdlog::warn("session {}: still in doubt (its move to {}): {}; asking again in {} ms", id,
-                     util::EscapeForLog(peer), util::EscapeForLog(std::string(answer->status().message())),
-                     s.backoff.count());
+        if (move) {
+          spdlog::warn("session {}: still in doubt (its move to {}): {}; asking again in {} ms", id,
+                       util::EscapeForLog(peer),
+                       util::EscapeForLog(std::string(answer->status().message())),
+                       s.backoff.count());
+        } else {
+          spdlog::debug("session {}: created here while a peer was silent, still unsettled: {}", id,
+                        util::EscapeForLog(std::string(answer->status().message())));
+        }
         s.next_try = now + s.backoff;
         s.backoff = std::min<std::chrono::milliseconds>(2 * s.backoff, std::chrono::seconds(30));
       }

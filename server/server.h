@@ -106,9 +106,13 @@ class Server {
   // the peers (a router lookup, each answering from its own sessions) and
   // settles each: a peer holds it, it is released here; every peer answered
   // and none does, it stays here; some did not answer, asked again later
-  // (backoff 0.5 s doubling to 30 s), at most 8 lookups at a time. Reaper
-  // thread; the lookups' answers arrive on gRPC threads and are applied on
-  // the next tick.
+  // (backoff 0.5 s doubling to 30 s), at most 8 lookups at a time. The
+  // same for conversations created here while a peer was silent
+  // (ServiceContext::unsettled): a peer holds one too, the copy here is
+  // released (reason duplicate, once no call holds it) and a forwarding
+  // record sends the next turn there; every peer answered and none does, it
+  // is settled. Reaper thread; the lookups' answers arrive on gRPC threads
+  // and are applied on the next tick.
   void SettleMoves();
   // Stops new work, lets streams run up to `grace`, cancels the rest and
   // waits for the engine to let go of every session.

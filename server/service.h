@@ -23,7 +23,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -86,6 +88,14 @@ struct ServiceContext {
   // When an import last ended short (steady_clock ticks; 0: never): the
   // reaper trims the allocator a little after it (Server::ReaperLoop).
   std::atomic<int64_t> import_ended_short{0};
+  // Conversations' sessions created here while a peer could not be asked
+  // whether it held them (owner_relay.cc): that peer may come back holding
+  // one (a restart restores it from its --state-dir, a frozen node wakes).
+  // The reaper asks the peers again (Server::SettleMoves) and releases the
+  // copy here (reason duplicate) once one does. At most kMaxUnsettled ids.
+  static constexpr size_t kMaxUnsettled = 65536;
+  std::mutex unsettled_mu;
+  std::set<std::string> unsettled;
   // Generate calls whose reactor has not finished (OnDone not yet run).
   util::InFlight streams_in_flight;
   // Generate calls whose engine job has not finished; the engine returns the

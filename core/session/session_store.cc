@@ -23,6 +23,7 @@ std::string_view ReleaseReasonName(ReleaseReason reason) {
     case ReleaseReason::kOneshot: return "oneshot";
     case ReleaseReason::kMaxAge: return "max_age";
     case ReleaseReason::kLost: return "lost";
+    case ReleaseReason::kDuplicate: return "duplicate";
   }
   return "unknown";
 }
@@ -422,6 +423,16 @@ ReleaseResult SessionStore::Release(const std::string& id, ReleaseReason reason,
   returned_cv_.wait_for(lock, options_.release_wait, [&] { return pending->done; });
   r.freed_bytes = pending->done ? pending->freed_bytes : 0;
   return r;
+}
+
+bool SessionStore::ReleaseIfIdle(const std::string& id, ReleaseReason reason) {
+  std::unique_lock lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.leased) return false;
+  std::unique_ptr<Session> s = EraseLocked(it, reason, nullptr);
+  lock.unlock();
+  Forget(std::move(s));  // frees outside the lock
+  return true;
 }
 
 void SessionStore::Forget(std::unique_ptr<Session> session) {

@@ -63,7 +63,8 @@
 namespace cortiq::session {
 
 // kMaxAge: --session-max-age; kLost: a spilled session whose file could not
-// be read back.
+// be read back; kDuplicate: a conversation's session created here while a
+// peer could not be asked, found on that peer afterwards (this copy goes).
 enum class ReleaseReason : uint8_t {
   kExplicit = 0,
   kTtl,
@@ -71,9 +72,10 @@ enum class ReleaseReason : uint8_t {
   kMigrated,
   kOneshot,
   kMaxAge,
-  kLost
+  kLost,
+  kDuplicate
 };
-inline constexpr size_t kNumReleaseReasons = 7;
+inline constexpr size_t kNumReleaseReasons = 8;
 
 class SessionPersister;
 std::string_view ReleaseReasonName(ReleaseReason reason);  // "explicit", "ttl", ...
@@ -303,6 +305,9 @@ class SessionStore {
   // released=true with freed_bytes 0 (the release happens when it returns).
   ReleaseResult Release(const std::string& id, ReleaseReason reason = ReleaseReason::kExplicit,
                         const TenantFilter& tenant = kAnyTenant);
+  // Releases the session only if no call holds it (nothing is cancelled):
+  // true if it was released here; false if it is leased or unknown.
+  bool ReleaseIfIdle(const std::string& id, ReleaseReason reason);
 
   // Every idle, unleased session whose last use is older than the TTL is
   // released (reason ttl), or with a persister spilled when its file is

@@ -319,8 +319,12 @@ absl::StatusOr<std::optional<Relayed>> RelayToOwner(ServiceContext* ctx, const C
         // correctly (prefilling it all); refusing would make one dead peer
         // stop every new conversation. gRPC create_if_missing, whose callers
         // may rely on the session's state, refuses instead.
+        // Asked again by the reaper until every peer answers: a copy a
+        // silent peer turns out to hold wins, this one is released.
         spdlog::warn("session {}: created here, its owner unknown: {}", id,
                      std::string(found.status().message()));
+        std::lock_guard lock(ctx->unsettled_mu);
+        if (ctx->unsettled.size() < ServiceContext::kMaxUnsettled) ctx->unsettled.insert(id);
         return std::nullopt;
       }
       if (!found.ok()) return found.status();

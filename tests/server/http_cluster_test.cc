@@ -333,5 +333,75 @@ TEST(HttpClusterSilentPeerTest, ANewConversationIsCreatedHereWhenAPeerIsSilent) 
   EXPECT_GT(t2.cached, 0);
 }
 
+// A conversation created here while a peer was silent may exist on that
+// peer too when it comes back (a restart restores it from its state dir, a
+// frozen node wakes: the persist soak saw such copies pile up). The reaper
+// keeps asking; once a peer holds the session, the copy here is released
+// (reason duplicate) and the next turn here is relayed to that peer.
+TEST(HttpClusterSilentPeerTest, ACopyMadeWhileAPeerWasSilentGoesOnceThePeerHoldsIt) {
+  const int port_a = FreePort(), port_b = FreePort();
+  Node b = StartNode("b", port_b, {Addr(port_a)});
+  Node a = StartNode("a", port_a, {Addr(port_b), Addr(FreePort())});  // the second is silent
+  ASSERT_TRUE(a.server && b.server);
+  const Answer t1 = Turn(a, "moby", kTurn1);
+  ASSERT_EQ(t1.status, 200) << t1.body;
+  EXPECT_EQ(t1.node, "a");
+  const std::string id = t1.session;
+  // Asked again and again: B does not hold it, the silent peer never answers.
+  std::this_thread::sleep_for(milliseconds(1500));
+  ASSERT_TRUE(a.server->store().Get(id).has_value());
+  // B comes to hold a copy of it (here an import of A's, under its id).
+  std::string wire;
+  {
+    grpc::ClientContext ctx;
+    v1::ExportSessionRequest req;
+    req.set_session_id(id);
+    auto reader = a.node.stub->ExportSession(&ctx, req);
+    for (v1::WireChunk c; reader->Read(&c);) wire += c.data();
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ImportSessionResponse resp;
+    auto writer = b.node.stub->ImportSession(&ctx, &resp);
+    v1::WireChunk c;
+    c.set_data(wire);
+    ASSERT_TRUE(writer->Write(c));
+    writer->WritesDone();
+    const grpc::Status st = writer->Finish();
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ASSERT_EQ(resp.session().session_id(), id);
+  }
+  // A's reaper finds it on B: A's copy goes (backoff up to 30 s between asks).
+  const auto until = std::chrono::steady_clock::now() + seconds(45);
+  while (a.server->store().Get(id).has_value() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_FALSE(a.server->store().Get(id).has_value());
+  EXPECT_TRUE(b.server->store().Get(id).has_value());
+  EXPECT_EQ(a.server->store().releases()[size_t(session::ReleaseReason::kDuplicate)], 1u);
+  // The conversation goes on through A, answered by B from B's copy.
+  const Answer t2 = Turn(a, "moby", kTurn1 + t1.text + kTurn2);
+  ASSERT_EQ(t2.status, 200) << t2.body;
+  EXPECT_EQ(t2.node, "b");
+  EXPECT_EQ(t2.forwarded_by, "a");
+  EXPECT_GT(t2.cached, 0);
+  EXPECT_FALSE(a.server->store().Get(id).has_value());
+}
+
+// Every peer answers at last and none holds it: the copy here is the only
+// one and stays.
+TEST(HttpClusterSilentPeerTest, ACopyNoPeerHoldsStays) {
+  const int port_a = FreePort(), port_b = FreePort();
+  Node b = StartNode("b", port_b, {Addr(port_a)});
+  Node a = StartNode("a", port_a, {Addr(port_b)});
+  ASSERT_TRUE(a.server && b.server);
+  const Answer t1 = Turn(a, "moby", kTurn1);
+  ASSERT_EQ(t1.status, 200) << t1.body;
+  std::this_thread::sleep_for(milliseconds(1500));
+  EXPECT_TRUE(a.server->store().Get(t1.session).has_value());
+  EXPECT_EQ(a.server->store().releases()[size_t(session::ReleaseReason::kDuplicate)], 0u);
+}
+
 }  // namespace
 }  // namespace cortiq::server

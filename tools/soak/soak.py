@@ -1333,16 +1333,23 @@ def get_session_settled(soak, sess):
 
 def check_duplicates(soak):
     """No tracked session, and no conversation's session of the HTTP front,
-    may be on two nodes at once (a session keeps its id when it moves; a
-    conversation is created only where no peer holds it)."""
-    where = {}
-    for node in soak.healthy_nodes():
-        listed = list_sessions(soak, node, "ListSessions(audit)")
-        if listed is None:
-            continue
-        for info in listed.sessions:
-            where.setdefault(info.session_id, []).append(node.name)
+    may stay on two nodes at once (a session keeps its id when it moves). A
+    conversation made on a node while a peer was silent may have a copy on
+    that peer for a while: the node keeps asking and releases its own copy
+    (backoff up to 30 s), so duplicates get 45 s to settle."""
     owned = {s.id for s in soak.sessions.values() if s.fate == "live"} | soak.chat_ids()
+    deadline = now() + 45
+    while True:
+        where = {}
+        for node in soak.healthy_nodes():
+            listed = list_sessions(soak, node, "ListSessions(audit)")
+            if listed is None:
+                continue
+            for info in listed.sessions:
+                where.setdefault(info.session_id, []).append(node.name)
+        if now() > deadline or not any(len(where.get(sid, [])) > 1 for sid in owned):
+            break
+        time.sleep(1)
     for sid in sorted(owned):
         nodes = where.get(sid, [])
         if len(nodes) > 1:
