@@ -273,6 +273,19 @@ void MatMul(const float* x, size_t batch, const WeightView& w, float* y, util::T
 // crossover on AVX-512: below it, packing W costs more than the GEMM saves).
 inline constexpr size_t kMatMulGemmMinBatch = 64;
 
+// The shortest prefill chunk an engine step runs on the GEMM
+// (Transformer::Step; shorter chunks go with the decode rows through the
+// decode kernels, as MatMulSplit's first rows). The GEMM's rows do not
+// depend on the other rows, so any threshold keeps a chunk's bits whatever
+// shares its step; this one is where the GEMM of that many rows alone
+// costs no more than the decode kernels, measured per path
+// (docs/PERFORMANCE.md): kChunkGemmMinRowsBf16 where bf16 activations on
+// bf16 W take the VDPBF16PS GEMM, whose packing is cheap, and
+// kMatMulGemmMinBatch on every other path. The step's chunks then share one
+// GEMM of all their rows (a burst of short prompts: 3-4 chunks of 32).
+inline constexpr size_t kChunkGemmMinRowsBf16 = 32;
+size_t ChunkGemmMinRows(const WeightView& w);
+
 // MatMul of a mixed batch (an engine step: decode rows and prefill chunks in
 // one call): rows [0, gemv_rows) are each bit-equal to a batch-1 MatMul of
 // that row (the decode path), rows [gemv_rows, batch) bit-equal to what

@@ -513,6 +513,14 @@ void PackAmxTiles(const uint16_t* w, size_t rows, size_t cols, uint16_t* out, si
   }
 }
 
+size_t ChunkGemmMinRows(const WeightView& w) {
+  const internal::KernelTable& t = internal::Active();
+  const bool dpbf16 = w.bf16_activations && w.dtype == DType::kBF16 &&
+                      !(w.amx_tiles != nullptr && t.amx_matmul != nullptr) &&
+                      t.gemm_bf16 != nullptr && internal::GemmBf16Preferred();
+  return dpbf16 ? kChunkGemmMinRowsBf16 : kMatMulGemmMinBatch;
+}
+
 bool AmxTilesUsed() { return internal::Active().amx_matmul != nullptr; }
 
 namespace {

@@ -509,6 +509,9 @@ absl::Status Transformer::RunStep(size_t count, SegmentAt&& at, ForwardScratch& 
   }
   size_t rows = 0, decode = 0, small = 0;
   bool chunk_seen = false;
+  // Chunks of fewer rows go with the decode rows (math::ChunkGemmMinRows).
+  const size_t gemm_min =
+      layers_.empty() ? math::kMatMulGemmMinBatch : math::ChunkGemmMinRows(layers_.front().q_proj);
   for (size_t i = 0; i < count; ++i) {
     const StepSegment g = at(i);
     const char* what = g.decode ? "decode" : "prefill";
@@ -553,18 +556,18 @@ absl::Status Transformer::RunStep(size_t count, SegmentAt&& at, ForwardScratch& 
     rows += g.tokens.size();
     if (g.decode) {
       ++decode;
-    } else if (g.tokens.size() < math::kMatMulGemmMinBatch) {
+    } else if (g.tokens.size() < gemm_min) {
       small += g.tokens.size();
     }
   }
 
   // Rows: the decode rows first (DecodeAttention's rows 0 .. decode), then
-  // the chunks under kMatMulGemmMinBatch rows (with them on the decode
-  // kernels), then the longer chunks (on the GEMM), each chunk contiguous.
+  // the chunks under gemm_min rows (with them on the decode kernels), then
+  // the longer chunks (on the GEMM), each chunk contiguous.
   size_t next[3] = {0, decode, decode + small};
   for (size_t i = 0; i < count; ++i) {
     const StepSegment g = at(i);
-    const int cls = g.decode ? 0 : g.tokens.size() < math::kMatMulGemmMinBatch ? 1 : 2;
+    const int cls = g.decode ? 0 : g.tokens.size() < gemm_min ? 1 : 2;
     s.segment_row[i] = next[cls];
     next[cls] += g.tokens.size();
   }

@@ -126,7 +126,7 @@ class Transformer {
   // [vocab] per segment with `logits`, in segment order.
   // Bits: a decode row is what DecodeBatch gives it in any batch; a chunk is
   // what Prefill(chunk) gives it (same kernels: chunks of fewer than
-  // kMatMulGemmMinBatch rows with the decode rows, longer ones on the GEMM),
+  // math::ChunkGemmMinRows rows with the decode rows, longer ones on the GEMM),
   // so a sequence's outputs do not depend on what shares its step.
   // Errors (nothing changed): as Prefill / DecodeBatch, and segments out of
   // that order.

@@ -15,8 +15,8 @@
 //      read once for the decode rows and the chunks together.
 // A job's prompt is cut into chunks of prefill_chunk tokens from its start,
 // whatever else runs, so its outputs (bits included) are the same alone or
-// in any mix: decode rows and chunks of fewer than kMatMulGemmMinBatch rows
-// are computed batch-invariantly, larger chunks as a lone Prefill of that
+// in any mix: decode rows and chunks of fewer than math::ChunkGemmMinRows
+// rows are computed batch-invariantly, larger chunks as a lone Prefill of that
 // chunk would compute them (Transformer::Step).
 //
 // Scheduling. A waiting job's effective priority is its level plus one per

@@ -13,6 +13,7 @@
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
 #include "tests/common/model_test_util.h"
+#include "tests/math/test_util.h"
 
 namespace cortiq::model {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 using cortiq::testing::TempModel;
 using cortiq::testing::TestIds;
 
-constexpr size_t kChunk = 64;  // = kMatMulGemmMinBatch: full chunks on the GEMM
+constexpr size_t kChunk = 64;  // the engine's default --prefill-chunk
 
 enum class Mode { kExact, kInt8Kv, kO1, kQsa, kWindow };
 
@@ -94,91 +95,128 @@ class StepTest
     return out;
   }
 
+  // Mixed: a budget of `budget` rows per step, decode rows first, then whole
+  // chunks in arrival order while they fit (the first always runs). Every
+  // sequence's logits rows, in order; the number of steps with decode rows
+  // and chunks together in *mixed_steps.
+  std::vector<std::vector<float>> Mixed(const std::vector<Script>& scripts, size_t budget,
+                                        size_t* mixed_steps) {
+    const size_t n = scripts.size();
+    std::vector<std::vector<float>> got(n);
+    std::vector<SequenceKv> seqs;
+    std::vector<std::vector<int32_t>> ids;
+    for (size_t i = 0; i < n; ++i) {
+      seqs.push_back(NewSeq(scripts[i].mode));
+      ids.push_back(Ids(i, scripts[i]));
+    }
+    std::vector<size_t> absorbed(n, 0), decoded(n, 0);
+    ForwardScratch scratch;
+    std::vector<float> logits;
+    std::vector<StepSegment> segs;
+    std::vector<size_t> owner;  // segs' sequence
+    *mixed_steps = 0;
+    for (size_t step = 0; step < 200; ++step) {
+      segs.clear();
+      owner.clear();
+      size_t rows = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const Script& sc = scripts[i];
+        if (absorbed[i] == sc.prompt && decoded[i] < sc.decodes) {
+          segs.push_back(
+              {&seqs[i], std::span(ids[i]).subspan(sc.prompt + decoded[i], 1), true, true});
+          owner.push_back(i);
+          ++rows;
+        }
+      }
+      const size_t decode_rows = rows;
+      for (size_t i = 0; i < n; ++i) {
+        const Script& sc = scripts[i];
+        if (step < sc.start_step) continue;
+        for (size_t at = absorbed[i]; at < sc.prompt;) {
+          const size_t len = std::min(kChunk, sc.prompt - at);
+          if (rows + len > budget && rows > decode_rows) break;
+          const bool last = at + len == sc.prompt;
+          segs.push_back({&seqs[i], std::span(ids[i]).subspan(at, len), false, last});
+          owner.push_back(i);
+          rows += len;
+          at += len;
+        }
+      }
+      if (segs.empty()) break;
+      if (decode_rows > 0 && segs.size() > decode_rows) ++*mixed_steps;
+      size_t with_logits = 0;
+      for (const StepSegment& g : segs) with_logits += g.logits;
+      logits.assign(with_logits * V_, 0.0f);
+      absl::Status st = tf_->Step(segs, scratch, logits.data());
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) break;
+      size_t k = 0;
+      for (size_t j = 0; j < segs.size(); ++j) {
+        const size_t i = owner[j];
+        if (segs[j].decode) {
+          ++decoded[i];
+        } else {
+          absorbed[i] += segs[j].tokens.size();
+        }
+        if (segs[j].logits) {
+          got[i].insert(got[i].end(), logits.begin() + k * V_, logits.begin() + (k + 1) * V_);
+          ++k;
+        }
+      }
+    }
+    return got;
+  }
+
+  // Each script alone and all of them mixed give the same bits.
+  void ExpectMixedEqualsAlone(const std::vector<Script>& scripts, size_t budget,
+                              size_t min_mixed_steps) {
+    const size_t n = scripts.size();
+    std::vector<std::vector<float>> want(n);
+    for (size_t i = 0; i < n; ++i) want[i] = Alone(i, scripts[i]);
+    size_t mixed_steps = 0;
+    const std::vector<std::vector<float>> got = Mixed(scripts, budget, &mixed_steps);
+    EXPECT_GE(mixed_steps, min_mixed_steps) << "the script must mix decode rows and chunks";
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i].size(), want[i].size()) << "sequence " << i;
+      for (size_t r = 0; r < want[i].size() / V_; ++r) {
+        EXPECT_EQ(0, std::memcmp(got[i].data() + r * V_, want[i].data() + r * V_, V_ * 4))
+            << "sequence " << i << " (mode " << int(scripts[i].mode) << ", prompt "
+            << scripts[i].prompt << "), logits row " << r;
+      }
+    }
+  }
+
   std::unique_ptr<Transformer> tf_;
   size_t V_ = 0;
 };
 
 TEST_P(StepTest, EverySequenceGetsItsOwnBitsInMixedSteps) {
-  const std::vector<Script> scripts = {
-      {Mode::kExact, 150, 6, 0},  {Mode::kInt8Kv, 70, 6, 0}, {Mode::kO1, 90, 5, 1},
-      {Mode::kQsa, 40, 7, 1},     {Mode::kWindow, 130, 6, 2}, {Mode::kExact, 5, 8, 3},
-      {Mode::kInt8Kv, 64, 4, 3},
-  };
-  const size_t n = scripts.size();
-  std::vector<std::vector<float>> want(n), got(n);
-  for (size_t i = 0; i < n; ++i) want[i] = Alone(i, scripts[i]);
+  // Steps with decode rows only, chunks only, several chunks of one
+  // sequence, and short and GEMM-sized chunks together.
+  ExpectMixedEqualsAlone({{Mode::kExact, 150, 6, 0},
+                          {Mode::kInt8Kv, 70, 6, 0},
+                          {Mode::kO1, 90, 5, 1},
+                          {Mode::kQsa, 40, 7, 1},
+                          {Mode::kWindow, 130, 6, 2},
+                          {Mode::kExact, 5, 8, 3},
+                          {Mode::kInt8Kv, 64, 4, 3}},
+                         160, 3);
+}
 
-  // Mixed: a budget of 160 rows per step, decode rows first, then whole
-  // chunks in arrival order while they fit (the first always runs): steps
-  // with decode rows only, chunks only, several chunks of one sequence, and
-  // short and GEMM-sized chunks together.
-  constexpr size_t kBudget = 160;
-  std::vector<SequenceKv> seqs;
-  std::vector<std::vector<int32_t>> ids;
-  for (size_t i = 0; i < n; ++i) {
-    seqs.push_back(NewSeq(scripts[i].mode));
-    ids.push_back(Ids(i, scripts[i]));
-  }
-  std::vector<size_t> absorbed(n, 0), decoded(n, 0);
-  ForwardScratch scratch;
-  std::vector<float> logits;
-  std::vector<StepSegment> segs;
-  std::vector<size_t> owner;  // segs' sequence
-  size_t mixed_steps = 0;
-  for (size_t step = 0; step < 200; ++step) {
-    segs.clear();
-    owner.clear();
-    size_t rows = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const Script& sc = scripts[i];
-      if (absorbed[i] == sc.prompt && decoded[i] < sc.decodes) {
-        segs.push_back({&seqs[i], std::span(ids[i]).subspan(sc.prompt + decoded[i], 1), true, true});
-        owner.push_back(i);
-        ++rows;
-      }
-    }
-    const size_t decode_rows = rows;
-    for (size_t i = 0; i < n; ++i) {
-      const Script& sc = scripts[i];
-      if (step < sc.start_step) continue;
-      for (size_t at = absorbed[i]; at < sc.prompt;) {
-        const size_t len = std::min(kChunk, sc.prompt - at);
-        if (rows + len > kBudget && rows > decode_rows) break;
-        const bool last = at + len == sc.prompt;
-        segs.push_back({&seqs[i], std::span(ids[i]).subspan(at, len), false, last});
-        owner.push_back(i);
-        rows += len;
-        at += len;
-      }
-    }
-    if (segs.empty()) break;
-    if (decode_rows > 0 && segs.size() > decode_rows) ++mixed_steps;
-    size_t with_logits = 0;
-    for (const StepSegment& g : segs) with_logits += g.logits;
-    logits.assign(with_logits * V_, 0.0f);
-    absl::Status st = tf_->Step(segs, scratch, logits.data());
-    ASSERT_TRUE(st.ok()) << st;
-    size_t k = 0;
-    for (size_t j = 0; j < segs.size(); ++j) {
-      const size_t i = owner[j];
-      if (segs[j].decode) {
-        ++decoded[i];
-      } else {
-        absorbed[i] += segs[j].tokens.size();
-      }
-      if (segs[j].logits) {
-        got[i].insert(got[i].end(), logits.begin() + k * V_, logits.begin() + (k + 1) * V_);
-        ++k;
-      }
-    }
-  }
-  EXPECT_GE(mixed_steps, 3u) << "the script must mix decode rows and chunks";
-  for (size_t i = 0; i < n; ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size()) << "sequence " << i;
-    for (size_t r = 0; r < want[i].size() / V_; ++r) {
-      EXPECT_EQ(0, std::memcmp(got[i].data() + r * V_, want[i].data() + r * V_, V_ * 4))
-          << "sequence " << i << " (mode " << int(scripts[i].mode) << "), logits row " << r;
-    }
+// A burst of short prompts: chunks on both sides of every path's GEMM
+// threshold (math::ChunkGemmMinRows: 32 on the VDPBF16PS path, 64 on the
+// others) share steps with each other and with decode rows, on every
+// kernel tier this CPU has.
+TEST_P(StepTest, ShortPromptsKeepTheirBitsOnEveryTier) {
+  const std::vector<Script> scripts = {
+      {Mode::kExact, 32, 4, 0}, {Mode::kExact, 31, 4, 0},  {Mode::kInt8Kv, 48, 3, 0},
+      {Mode::kExact, 33, 3, 1}, {Mode::kWindow, 63, 3, 1}, {Mode::kExact, 32, 3, 2},
+      {Mode::kQsa, 16, 3, 2},   {Mode::kExact, 64, 2, 3},
+  };
+  for (math::Isa isa : math::testing::SupportedIsas()) {
+    math::testing::ScopedIsa scoped(isa);
+    SCOPED_TRACE(math::IsaName(isa));
+    ExpectMixedEqualsAlone(scripts, 128, 2);
   }
 }
 

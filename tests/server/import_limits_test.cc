@@ -224,10 +224,13 @@ TEST_F(ImportLimitsTest, StalledStreamsAreCountedCappedTimedOutAndFreed) {
   attack(kCap, true);
   if (!testing::kRssIsMeaningful) return;
   // The server's reaper trims the allocator within about a second of the
-  // last failed import (Server::TrimAfterFailedImports). What may stay is an
-  // eighth of what the attack held (37 MB here): the issue measured 682 MB
-  // left of a 100-stream attack before the trim.
-  const size_t allowed = kCap * held / 8;
+  // last failed import (Server::TrimFreedMemory). What may stay is a quarter
+  // of what the attack held (37 MB here): the issue measured 682 MB left of
+  // a 100-stream attack before the trim, nearly all of it. With the trim,
+  // 0.8-5.6 MB stayed (2026-12-07, the test run beside others on 2 cores:
+  // the threads gRPC starts under load keep arenas and stacks), so an
+  // eighth (4.7 MB) failed now and then.
+  const size_t allowed = kCap * held / 4;
   size_t after = 0;
   EXPECT_TRUE(WaitFor([&] { return (after = testing::RssBytes()) <= baseline + allowed; }))
       << "resident " << after << " bytes after the attack, " << baseline << " before, " << allowed

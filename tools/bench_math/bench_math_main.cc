@@ -360,7 +360,7 @@ void RegisterAll() {
       }
     }
   }
-  for (int64_t batch : {1, 4, 8, 12, 15}) {
+  for (int64_t batch : {1, 4, 8, 12, 15, 16, 24, 32}) {
     for (int64_t act : {0, 1}) {
       benchmark::RegisterBenchmark("Gemv", BM_Gemv)
           ->Args({3072, 1024, batch, bf16, 1, act})
