@@ -163,6 +163,27 @@ TEST(SamplerTest, GreedyPicksArgmaxLowestIdOnTies) {
   EXPECT_EQ(s.samples_drawn(), 3u);
 }
 
+// A session keeps its sampler between calls (its random stream continues),
+// and the store may hold thousands of idle sessions: the vocabulary-sized
+// scratch is the sampling thread's, so a sampler holds none of it and a new
+// one's first draw allocates nothing once the thread has sampled.
+TEST(SamplerTest, ScratchIsTheThreadsNotTheSamplers) {
+  const std::vector<float> logits = RandomLogits(50000, 7);
+  const std::vector<int32_t> history = {3, 17, 3, 4096, 49999};
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.repetition_penalty = 1.1f;
+  p.presence_penalty = 0.5f;
+  Make(p).Sample(logits, history);  // sizes this thread's scratch
+  std::vector<Sampler> kept;
+  for (int i = 0; i < 50; ++i) kept.push_back(Make(p));
+  const size_t before = g_allocations.load();
+  for (Sampler& s : kept) s.Sample(logits, history, std::span(history).subspan(3));
+  EXPECT_EQ(g_allocations.load(), before) << "a new sampler's first draw allocated";
+}
+
 TEST(SamplerTest, NonFiniteLogits) {
   Sampler s = Make({.temperature = 1.0f, .seed = 3});
   EXPECT_EQ(s.Sample(std::vector<float>{std::nanf(""), 0.0f, std::nanf("")}, {}), 1);
