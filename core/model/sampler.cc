@@ -223,38 +223,40 @@ Sampler::Scratch& Sampler::ThreadScratch() {
   return scratch;
 }
 
-void Sampler::EnsureScratch(size_t vocab) {
-  s_ = &ThreadScratch();
-  if (s_->x.size() == vocab) return;
-  s_->x.assign(vocab, 0.0f);
-  s_->w.assign(vocab, 0.0f);
-  s_->idx.assign(vocab, 0);
-  s_->seen.assign(vocab, 0);
-  s_->count.assign(vocab, 0);
+Sampler::Scratch& Sampler::EnsureScratch(size_t vocab) {
+  Scratch& s = ThreadScratch();
+  if (s.x.size() == vocab) return s;
+  s.x.assign(vocab, 0.0f);
+  s.w.assign(vocab, 0.0f);
+  s.idx.assign(vocab, 0);
+  s.seen.assign(vocab, 0);
+  s.count.assign(vocab, 0);
+  return s;
 }
 
-bool Sampler::Before(int32_t a, int32_t b) const {
-  return s_->x[a] > s_->x[b] || (s_->x[a] == s_->x[b] && a < b);
+bool Sampler::Before(const Scratch& s, int32_t a, int32_t b) {
+  return s.x[a] > s.x[b] || (s.x[a] == s.x[b] && a < b);
 }
 
-void Sampler::AdjustLogits(std::span<const int32_t> completion) {
-  const size_t n = s_->x.size();
+void Sampler::AdjustLogits(Scratch& s, std::span<const int32_t> completion) const {
+  const size_t n = s.x.size();
   auto in_vocab = [n](int32_t id) { return id >= 0 && static_cast<size_t>(id) < n; };
   // 1. logit_bias.
   for (const auto& [id, bias] : params_.logit_bias) {
-    if (in_vocab(id)) s_->x[id] += bias;
+    if (in_vocab(id)) s.x[id] += bias;
   }
   // 2. Presence / frequency penalties: count each id of the completion, then
-  //    adjust each distinct id once and clear its count (s_->count is all-zero
+  //    adjust each distinct id once and clear its count (s.count is all-zero
   //    between calls).
   if (params_.presence_penalty == 0 && params_.frequency_penalty == 0) return;
   for (int32_t id : completion) {
-    if (in_vocab(id)) ++s_->count[id];
+    if (in_vocab(id)) ++s.count[id];
   }
   for (int32_t id : completion) {
-    if (!in_vocab(id) || s_->count[id] == 0) continue;
-    s_->x[id] -= params_.frequency_penalty * static_cast<float>(s_->count[id]) + params_.presence_penalty;
-    s_->count[id] = 0;
+    if (!in_vocab(id) || s.count[id] == 0) continue;
+    s.x[id] -=
+        params_.frequency_penalty * static_cast<float>(s.count[id]) + params_.presence_penalty;
+    s.count[id] = 0;
   }
 }
 
@@ -263,63 +265,63 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   ++samples_drawn_;
   const size_t n = logits.size();
   if (n == 0) return -1;
-  EnsureScratch(n);
-  for (size_t i = 0; i < n; ++i) s_->x[i] = std::isnan(logits[i]) ? kNegInf : logits[i];
+  Scratch& s = EnsureScratch(n);
+  for (size_t i = 0; i < n; ++i) s.x[i] = std::isnan(logits[i]) ? kNegInf : logits[i];
 
   // 1-2. logit_bias, presence / frequency penalties.
-  if (params_.AdjustsLogits()) AdjustLogits(completion);
+  if (params_.AdjustsLogits()) AdjustLogits(s, completion);
 
-  // 3. Repetition penalty, once per distinct id (s_->seen is all-zero between calls).
+  // 3. Repetition penalty, once per distinct id (s.seen is all-zero between calls).
   if (params_.repetition_penalty != 1.0f) {
     const float p = params_.repetition_penalty;
     for (int32_t id : history) {
-      if (id < 0 || static_cast<size_t>(id) >= n || s_->seen[id]) continue;
-      s_->seen[id] = 1;
-      s_->x[id] = s_->x[id] > 0 ? s_->x[id] / p : s_->x[id] * p;
+      if (id < 0 || static_cast<size_t>(id) >= n || s.seen[id]) continue;
+      s.seen[id] = 1;
+      s.x[id] = s.x[id] > 0 ? s.x[id] / p : s.x[id] * p;
     }
     for (int32_t id : history) {
-      if (id >= 0 && static_cast<size_t>(id) < n) s_->seen[id] = 0;
+      if (id >= 0 && static_cast<size_t>(id) < n) s.seen[id] = 0;
     }
   }
 
   // 4. Masked ids.
   for (int32_t id : masked) {
-    if (id >= 0 && static_cast<size_t>(id) < n) s_->x[id] = kNegInf;
+    if (id >= 0 && static_cast<size_t>(id) < n) s.x[id] = kNegInf;
   }
 
   // 5. Argmax (lowest id on ties): the greedy answer, and the top of every
   //    candidate order below.
   int32_t best = 0;
   for (size_t i = 1; i < n; ++i) {
-    if (s_->x[i] > s_->x[best]) best = static_cast<int32_t>(i);
+    if (s.x[i] > s.x[best]) best = static_cast<int32_t>(i);
   }
-  if (params_.temperature == 0 || !std::isfinite(s_->x[best])) return best;
+  if (params_.temperature == 0 || !std::isfinite(s.x[best])) return best;
 
   // 6. Temperature. Division by a positive number keeps the order; if it
   //    overflows the top to +inf the distribution is a point mass anyway.
   const float t = params_.temperature;
-  for (size_t i = 0; i < n; ++i) s_->x[i] /= t;
-  const float maxx = s_->x[best];
+  for (size_t i = 0; i < n; ++i) s.x[i] /= t;
+  const float maxx = s.x[best];
   if (!std::isfinite(maxx)) return best;
 
-  // 7. Top-k: s_->idx[0, count) holds the candidates; s_->idx[0, sorted) of them are
+  // 7. Top-k: s.idx[0, count) holds the candidates; s.idx[0, sorted) of them are
   //    in final order (x descending, then id ascending).
   size_t count = n;
   size_t sorted = 0;
-  std::iota(s_->idx.begin(), s_->idx.end(), 0);
-  auto before = [this](int32_t a, int32_t b) { return Before(a, b); };
+  std::iota(s.idx.begin(), s.idx.end(), 0);
+  auto before = [&s](int32_t a, int32_t b) { return Before(s, a, b); };
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     count = static_cast<size_t>(params_.top_k);
-    std::nth_element(s_->idx.begin(), s_->idx.begin() + count, s_->idx.end(), before);
-    std::sort(s_->idx.begin(), s_->idx.begin() + count, before);
+    std::nth_element(s.idx.begin(), s.idx.begin() + count, s.idx.end(), before);
+    std::sort(s.idx.begin(), s.idx.begin() + count, before);
     sorted = count;
   }
 
   double total = 0;
   for (size_t c = 0; c < count; ++c) {
-    const int32_t id = s_->idx[c];
-    s_->w[id] = std::exp(s_->x[id] - maxx);
-    total += s_->w[id];
+    const int32_t id = s.idx[c];
+    s.w[id] = std::exp(s.x[id] - maxx);
+    total += s.w[id];
   }
 
   // 8. Top-p: sort only as far as the nucleus needs, in growing chunks.
@@ -327,18 +329,18 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     const double target = static_cast<double>(params_.top_p) * total;
     double cum = 0;
     size_t keep = count;
-    size_t done = 0;  // s_->idx[0, done) accumulated
+    size_t done = 0;  // s.idx[0, done) accumulated
     while (done < count) {
       if (done == sorted) {
         size_t next = std::min(count, std::max<size_t>(64, 2 * sorted));
         if (next < count) {
-          std::nth_element(s_->idx.begin() + sorted, s_->idx.begin() + next, s_->idx.begin() + count,
+          std::nth_element(s.idx.begin() + sorted, s.idx.begin() + next, s.idx.begin() + count,
                            before);
         }
-        std::sort(s_->idx.begin() + sorted, s_->idx.begin() + next, before);
+        std::sort(s.idx.begin() + sorted, s.idx.begin() + next, before);
         sorted = next;
       }
-      cum += s_->w[s_->idx[done++]];
+      cum += s.w[s.idx[done++]];
       if (cum >= target) {
         keep = done;
         break;
@@ -352,16 +354,16 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     size_t out = 0;
     total = 0;
     for (size_t c = 0; c < count; ++c) {
-      const int32_t id = s_->idx[c];
-      if (s_->w[id] >= params_.min_p) {
-        s_->idx[out++] = id;
-        total += s_->w[id];
+      const int32_t id = s.idx[c];
+      if (s.w[id] >= params_.min_p) {
+        s.idx[out++] = id;
+        total += s.w[id];
       }
     }
     count = out;
   } else if (params_.top_p < 1.0f) {
     total = 0;
-    for (size_t c = 0; c < count; ++c) total += s_->w[s_->idx[c]];
+    for (size_t c = 0; c < count; ++c) total += s.w[s.idx[c]];
   }
 
   // 10. Inverse CDF over the kept candidates, in their (deterministic) order.
@@ -369,9 +371,9 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   double cum = 0;
   int32_t last_positive = best;
   for (size_t c = 0; c < count; ++c) {
-    const int32_t id = s_->idx[c];
-    if (s_->w[id] <= 0) continue;
-    cum += s_->w[id];
+    const int32_t id = s.idx[c];
+    if (s.w[id] <= 0) continue;
+    cum += s.w[id];
     last_positive = id;
     if (target < cum) return id;
   }

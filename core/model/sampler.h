@@ -205,21 +205,11 @@ class Sampler {
 
  private:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
-  void EnsureScratch(size_t vocab);
-  // Pipeline steps 1-2 on x_: logit_bias, presence / frequency penalties.
-  void AdjustLogits(std::span<const int32_t> completion);
-  // Index order used everywhere: larger x first, then lower id.
-  bool Before(int32_t a, int32_t b) const;
-
-  SamplingParams params_;
-  Rng rng_;
-  uint64_t samples_drawn_ = 0;
 
   // Scratch, sized to the vocabulary (not state): the sampling thread's
   // (ThreadScratch), so an idle session's sampler holds none of it (2.6 MB
   // at a 152k vocabulary that no session gauge counted) and a new call's
-  // first token faults nothing in. s_ is set by each Sample (EnsureScratch)
-  // and read during it only.
+  // first token faults nothing in.
   struct Scratch {
     std::vector<float> x;         // (vocab) processed logits
     std::vector<float> w;         // (vocab) exp(x - max) for candidates
@@ -228,7 +218,16 @@ class Sampler {
     std::vector<uint32_t> count;  // (vocab) completion counts (penalties), kept all-zero
   };
   static Scratch& ThreadScratch();
-  Scratch* s_ = nullptr;
+  // This thread's scratch, sized to `vocab`.
+  static Scratch& EnsureScratch(size_t vocab);
+  // Pipeline steps 1-2 on s.x: logit_bias, presence / frequency penalties.
+  void AdjustLogits(Scratch& s, std::span<const int32_t> completion) const;
+  // Index order used everywhere: larger x first, then lower id.
+  static bool Before(const Scratch& s, int32_t a, int32_t b);
+
+  SamplingParams params_;
+  Rng rng_;
+  uint64_t samples_drawn_ = 0;
 };
 
 }  // namespace cortiq::model
