@@ -174,6 +174,9 @@ std::string ServerUsage() {
   --memory-budget BYTES   cap on projected session bytes, e.g. 8G (default 0 = unlimited)
   --memory-capacity BYTES with no --memory-budget, what cortiq_memory_utilization_ratio divides
                           the committed bytes by (default 0 = the machine's MemTotal)
+  --page-pool BYTES       resident pages of released session buffers kept for new sessions'
+                          buffers, so admission reuses them instead of faulting pages in
+                          (default 256M; 0 = off); handed back after 30 s without use
   --session-ttl SECONDS   idle sessions are released after this long (default 600)
   --state-dir DIR         keep every kept session durable: its journal file in DIR gets each
                           call's new state; restored on start (default off; docs/PERSISTENCE.md)
@@ -286,6 +289,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       IntFlag("max-sessions", &c.max_sessions, {.min = 1}),
       util::BytesFlag("memory-budget", &c.memory_budget_bytes),
       util::BytesFlag("memory-capacity", &c.memory_capacity_bytes),
+      util::BytesFlag("page-pool", &c.page_pool_bytes),
       util::SecondsFlag("session-ttl", &c.session_ttl),
       StringFlag("state-dir", &c.state_dir),
       util::SecondsFlag("session-max-age", &c.session_max_age),

@@ -36,6 +36,11 @@ struct ServerConfig {
   // The denominator of cortiq_memory_utilization_ratio when there is no
   // budget; 0 = the machine's MemTotal (server::MachineMemoryBytes).
   size_t memory_capacity_bytes = 0;
+  // --page-pool: resident pages of freed session buffers (128 KiB and up)
+  // kept for the next ones (util::PagePool), so that admitting a call
+  // reuses them instead of faulting fresh pages in on the engine's thread;
+  // handed back after kPagePoolIdle without use. 0 = off.
+  size_t page_pool_bytes = size_t{256} << 20;
   std::chrono::milliseconds session_ttl{600'000};
   std::string state_dir;              // --state-dir ("" = off)
   std::string persist_sync = "turn";  // --persist-sync turn|interval|none

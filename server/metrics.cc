@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/util/page_pool.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -309,6 +310,19 @@ class Metrics::LiveState : public prometheus::Collectable {
                               "current bytes and its running call's reservation, plus the bytes "
                               "imports in flight hold.",
                               static_cast<double>(store_->committed_bytes())));
+    const util::PagePool& pool = util::PagePool::Global();
+    out.push_back(GaugeFamily(
+        "cortiq_page_pool_bytes",
+        "Resident pages of released session buffers kept for new ones (--page-pool; handed back "
+        "after 30 s without use); in no session's bytes.",
+        static_cast<double>(pool.held_bytes())));
+    out.push_back(CounterFamily("cortiq_page_pool_reused_bytes_total",
+                                "Bytes of buffers (128 KiB and up) served from the page pool's "
+                                "kept pages (no page faults).",
+                                static_cast<double>(pool.reused_bytes())));
+    out.push_back(CounterFamily("cortiq_page_pool_mapped_bytes_total",
+                                "Bytes of buffers (128 KiB and up) mapped and faulted in fresh.",
+                                static_cast<double>(pool.mapped_bytes())));
     out.push_back(GaugeFamily("cortiq_import_bytes_in_flight",
                               "Bytes ImportSession streams not yet installed hold (counted against "
                               "the memory budget); 0 when no import runs.",

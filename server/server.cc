@@ -16,6 +16,7 @@
 #include "core/model/model_files.h"
 #include "core/session/session_wire.h"
 #include "core/util/log_escape.h"
+#include "core/util/page_pool.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -72,11 +73,17 @@ void ConfigureAllocator() {
   mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
 }
 
+// How long the page pool (--page-pool) keeps its pages without a buffer
+// taken from it: a node that admits nothing for this long hands them back
+// and its RSS returns to the sessions' and the model's.
+constexpr std::chrono::seconds kPagePoolIdle{30};
+
 }  // namespace
 
 absl::Status Server::Init() {
   const ServerConfig& c = config_;
   ConfigureAllocator();
+  util::PagePool::Global().SetCapacity(c.page_pool_bytes);
   CORTIQ_RETURN_IF_ERROR(model::CheckModelPath(c.model_dir));
   pool_ = std::make_unique<util::ThreadPool>(c.threads);
   model::LoadOptions load;
@@ -258,6 +265,7 @@ void Server::ReaperLoop() {
     lock.unlock();
     store_->ReapIdle();
     TrimFreedMemory();
+    util::PagePool::Global().ReleaseIfIdle(std::chrono::steady_clock::now(), kPagePoolIdle);
     SettleMoves();
     lock.lock();
   }

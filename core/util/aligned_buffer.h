@@ -2,12 +2,16 @@
 // AVX-512 register), move-only. Copies of big state are explicit (Copy()).
 // Not thread-safe; the owner serialises access.
 //
-// Zero-filled and resident from the start. A buffer of kMapBytes or more is
-// its own private anonymous mapping, zero by construction, whose pages are
-// faulted in by one madvise(MADV_POPULATE_WRITE) call rather than one page
-// fault per 4 KiB page as a memset would take them (in a virtual machine a
-// fault costs microseconds: a 500 MB session restored or reserved took ~0.2
-// s of faults alone); a kernel without it (before 5.14) gets the memset.
+// Zero-filled and resident from the start. A buffer of PagePool::kMinBytes
+// (128 KiB) or more is pages of the process's PagePool (page_pool.h): pages
+// a freed buffer left there, zeroed, or a fresh private anonymous mapping
+// whose pages are faulted in by one madvise(MADV_POPULATE_WRITE) call
+// rather than one page fault per 4 KiB page as a memset would take them (in
+// a virtual machine a fault costs microseconds: a 500 MB session restored
+// or reserved took ~0.2 s of faults alone); a kernel without it (before
+// 5.14) gets the memset. Freed, they go back to the pool (unmapped at once
+// while the pool's capacity is 0, its default). Smaller buffers are the
+// heap's.
 #pragma once
 
 #include <sys/mman.h>
@@ -23,6 +27,7 @@
 #include <utility>
 
 #include "core/util/huge_buffer.h"
+#include "core/util/page_pool.h"
 
 namespace cortiq::util {
 
@@ -36,12 +41,15 @@ class AlignedBuffer {
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t n) { Resize(n); }
   AlignedBuffer(AlignedBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        source_(std::exchange(o.source_, Source::kHeap)) {}
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
     if (this != &o) {
       Free();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      source_ = std::exchange(o.source_, Source::kHeap);
     }
     return *this;
   }
@@ -49,6 +57,8 @@ class AlignedBuffer {
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
   ~AlignedBuffer() { Free(); }
 
+  // The smallest buffer ResizeUncommitted maps (KvRows pages its head
+  // blocks from this size on).
   static constexpr size_t kMapBytes = size_t{1} << 20;
 
   // Reallocates to exactly n elements (contents not preserved, zero-filled).
@@ -56,14 +66,30 @@ class AlignedBuffer {
     Free();
     if (n == 0) return;
     const size_t bytes = BytesFor(n);
-    if (bytes >= kMapBytes) {
-      void* p = MapAnonymous(MappedBytes(bytes));
+    // With CORTIQ_HUGE_PAGES=1 and from 2 MiB on: a mapping of its own that
+    // starts on a 2 MiB boundary and is advised for transparent huge pages,
+    // so that its whole 2 MiB extents can be huge pages; the tail past the
+    // last one stays in 4 KiB pages, so the mapping, and the resident set,
+    // is never larger than asked. Off by default, as each way costs
+    // somewhere (docs/PERFORMANCE.md, 2026-12-06): under a hypervisor that
+    // shadows the guest's page tables each first touch of a 4 KiB page is an
+    // exit of microseconds, and a 543 MB session restored 3x faster in huge
+    // pages (0.92-1.34 -> 0.33-0.39 s), but the same VM's kept-session
+    // decode steps were slower (43-52 -> 66-88 ms), and where the kernel
+    // grants huge pages on request only (THP defrag = madvise) a fragmented
+    // machine compacts memory at the first fault (once 1.5 s for 500 MB).
+    if (bytes >= kHugePageBytes && HugePagesRequested()) {
+      void* p = MapHugeAligned(MappedBytes(bytes));
 #ifdef MADV_POPULATE_WRITE
       if (madvise(p, MappedBytes(bytes), MADV_POPULATE_WRITE) != 0) std::memset(p, 0, bytes);
 #else
       std::memset(p, 0, bytes);
 #endif
       data_ = static_cast<T*>(p);
+      source_ = Source::kMapping;
+    } else if (bytes >= PagePool::kMinBytes) {
+      data_ = static_cast<T*>(PagePool::Global().Take(MappedBytes(bytes)));
+      source_ = Source::kPool;
     } else {
       data_ = static_cast<T*>(std::aligned_alloc(kAlignment, bytes));
       if (data_ == nullptr) throw std::bad_alloc();
@@ -91,6 +117,7 @@ class AlignedBuffer {
 #endif
     data_ = static_cast<T*>(p);
     size_ = n;
+    source_ = Source::kMapping;  // not resident: never the pool's
   }
   // Faults in the pages holding elements [first, first + count) of a mapped
   // buffer (first + count <= size(); the owner's invariant): zero where
@@ -146,41 +173,34 @@ class AlignedBuffer {
   }
 
  private:
-  // A private anonymous mapping of `bytes` (a multiple of the page size).
-  // With CORTIQ_HUGE_PAGES=1 and from 2 MiB on, it starts on a 2 MiB
-  // boundary and is advised for transparent huge pages, so that its whole
-  // 2 MiB extents can be huge pages; the tail past the last one stays in
-  // 4 KiB pages, so the mapping, and the resident set, is never larger than
-  // asked. Off by default, as each way costs somewhere (docs/PERFORMANCE.md,
-  // 2026-12-06): under a hypervisor that shadows the guest's page tables
-  // each first touch of a 4 KiB page is an exit of microseconds, and a
-  // 543 MB session restored 3x faster in huge pages (0.92-1.34 -> 0.33-0.39 s),
-  // but the same VM's kept-session decode steps were slower (43-52 -> 66-88 ms),
-  // and where the kernel grants huge pages on request only (THP defrag =
-  // madvise) a fragmented machine compacts memory at the first fault (once
-  // 1.5 s for 500 MB).
-  static void* MapAnonymous(size_t bytes) {
-    if (bytes < kHugePageBytes || !HugePagesRequested()) {
-      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      return p;
-    }
-    return MapHugeAligned(bytes);
-  }
   static size_t MappedBytes(size_t bytes) {
     return (bytes + PageBytes() - 1) / PageBytes() * PageBytes();
   }
   void Free() {
-    if (data_ != nullptr && BytesFor(size_) >= kMapBytes) {
-      munmap(static_cast<void*>(data_), MappedBytes(BytesFor(size_)));
-    } else {
-      std::free(data_);
+    switch (source_) {
+      case Source::kHeap:
+        std::free(data_);
+        break;
+      case Source::kPool:
+        PagePool::Global().Give(data_, MappedBytes(BytesFor(size_)));
+        break;
+      case Source::kMapping:
+        munmap(static_cast<void*>(data_), MappedBytes(BytesFor(size_)));
+        break;
     }
     data_ = nullptr;
     size_ = 0;
+    source_ = Source::kHeap;
   }
+  // Where data_ came from, so that Free hands it back there.
+  enum class Source : uint8_t {
+    kHeap,     // std::aligned_alloc (or nothing)
+    kPool,     // PagePool::Global().Take
+    kMapping,  // a mapping of its own (huge-page aligned, or uncommitted)
+  };
   T* data_ = nullptr;
   size_t size_ = 0;
+  Source source_ = Source::kHeap;
 };
 
 }  // namespace cortiq::util

@@ -5,7 +5,7 @@
 //                       [--streams 1,4,8,16] [--max-tokens 64] [--prompt-tokens 32]
 //                       [--rounds 2] [--threads N] [--max-batch 32] [--step-tokens N[,N...]]
 //                       [--prefill-chunk N] [--aging-steps N] [--tenant-weights T=W,...]
-//                       [--sustained K] [--weights checkpoint|int8]
+//                       [--sustained K] [--weights checkpoint|int8] [--page-pool BYTES]
 //                       [--hop | --cluster 3 | --chat-turns 10 | --long-prompt 2000 | --tenants]
 //
 // The scheduler's settings (--max-batch, --step-tokens, --prefill-chunk,
@@ -173,8 +173,10 @@ constexpr const char* kUsage =
     " [--threads N]\n"
     "         [--max-batch N] [--step-tokens N[,N...]] [--prefill-chunk N] [--aging-steps N]\n"
     "         [--tenant-weights T=W,...] [--sustained K] [--weights checkpoint|int8]\n"
+    "         [--page-pool BYTES]\n"
     "         [--hop | --cluster N | --chat-turns N | --long-prompt N | --tenants]\n"
     "  --weights    the servers' weights, as cortiq-server --weights (not the in-process modes)\n"
+    "  --page-pool  the servers' --page-pool (default 256M; 0 = off)\n"
     "  --sustained K  after the burst table, N clients each sending K requests back to back\n"
     "               (after one unmeasured), their starts spread over one request's time:\n"
     "               time to first token and throughput of a steady load\n"
@@ -947,6 +949,7 @@ int main(int argc, char** argv) {
           IntFlag("threads", &opt.threads),
           IntFlag("sustained", &opt.sustained, {.min = 1, .max = 1000}),
           cortiq::util::ChoiceFlag("weights", &opt.server.weights, {"checkpoint", "int8"}),
+          cortiq::util::BytesFlag("page-pool", &opt.server.page_pool_bytes),
           cortiq::util::SwitchFlag("hop", &hop),
           IntFlag("cluster", &cluster, {.min = 2, .max = 26}),
           IntFlag("chat-turns", &chat_turns, {.min = 1, .max = 1000}),
