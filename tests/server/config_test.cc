@@ -94,6 +94,7 @@ Fields FieldsOf(const ServerConfig& c) {
       {"max-sessions", Text(c.max_sessions)},
       {"memory-budget", Text(c.memory_budget_bytes)},
       {"memory-capacity", Text(c.memory_capacity_bytes)},
+      {"page-pool", Text(c.page_pool_bytes)},
       {"session-ttl", Text(c.session_ttl)},
       {"kv-dtype", Text(c.kv_dtype)},
       {"attention", Text(c.attention)},
@@ -160,6 +161,7 @@ TEST_F(ConfigTest, Defaults) {
       {"max-sessions", "256"},
       {"memory-budget", "0"},
       {"memory-capacity", "0"},
+      {"page-pool", std::to_string(size_t{256} << 20)},
       {"session-ttl", "600000ms"},
       {"kv-dtype", "f32"},
       {"attention", "exact"},
@@ -228,6 +230,7 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"max-sessions", "8", "8"},
       {"memory-budget", "1.5G", std::to_string(size_t{3} << 29)},
       {"memory-capacity", "64G", std::to_string(size_t{64} << 30)},
+      {"page-pool", "0", "0"},
       {"session-ttl", "2.5", "2500ms"},
       {"kv-dtype", "int8", "int8"},
       {"attention", "o1", "o1"},
@@ -334,6 +337,7 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--max-tokens", "0"}, "--max-tokens: must be at least 1 (got \"0\")");
   ExpectUsageError({"--memory-budget", "8GB"}, "--memory-budget: expected a byte size");
   ExpectUsageError({"--memory-capacity", "lots"}, "--memory-capacity: expected a byte size");
+  ExpectUsageError({"--page-pool", "-1"}, "--page-pool: expected a byte size");
   ExpectUsageError({"--session-ttl", "-1"}, "--session-ttl");
   ExpectUsageError({"--grace", "soon"}, "--grace: expected a number");
   ExpectUsageError({"--max-concurrent-imports", "0"},
