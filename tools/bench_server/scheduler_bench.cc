@@ -556,13 +556,19 @@ int RunTenantsBench(const SchedulerBenchOptions& opt) {
   const double flood_ttft = Percentile(TtftMs(light), 0.5);
   const Shares flood_shares = SharesOver(flooded, under);
 
-  // 3. Both tenants backlogged, as long as phase 2 ran.
+  // 3. Both tenants backlogged, as long as phase 2 ran and at least
+  // kMinBacklogged: with a small model phase 2 can be a few steps long
+  // (22 ms once, with the 4M-parameter model under a parallel test run),
+  // a window in which the light tenant's prompts were by chance never
+  // absorbed (0 % of the prompt tokens, a share of nothing).
+  constexpr std::chrono::milliseconds kMinBacklogged{250};
   Clients both;
   flood(both, kFlood, 200);
   flood(both, kLight, 300);
   WaitEachTokens(both, std::vector<size_t>(both.size(), 1));
   const Clock::time_point b0 = Clock::now();
-  std::this_thread::sleep_for(under.end - under.begin);
+  std::this_thread::sleep_for(
+      std::max<Clock::duration>(under.end - under.begin, kMinBacklogged));
   const Window backlogged{b0, Clock::now()};
   StopAll(both);
   engine.Shutdown();
