@@ -58,7 +58,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config
 
 namespace {
 
-// Large blocks always get their own mapping, unmapped when freed. glibc's
+// Large malloc blocks always get their own mapping, unmapped when freed
+// (AlignedBuffer's of 128 KiB and up, K/V rows and an import's layers, are
+// not malloc's but the page pool's: util::PagePool, --page-pool). glibc's
 // default threshold (128 KiB) is dynamic: freeing a mapped block raises it
 // to that block's size (up to 32 MiB), after which blocks that size come
 // from the heap arenas and stay resident after they are freed (only an
@@ -379,8 +381,10 @@ void Server::SettleMoves() {
   }
 }
 
-// Freed session state goes back to glibc's arenas (blocks of 128 KiB or
-// more are unmapped already: ConfigureAllocator), where it stays resident:
+// Freed session state's small blocks go back to glibc's arenas (malloc's
+// blocks of 128 KiB or more are unmapped already: ConfigureAllocator;
+// AlignedBuffer's go to the page pool, which shows and bounds what it
+// keeps), where they stay resident:
 // the small buffers of short sessions (40 short sessions of the embedded
 // model, released, left their 13 MB resident, shown by no gauge), or an
 // import that ended short (the issue measured 682 MB left resident after 100

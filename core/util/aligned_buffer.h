@@ -80,11 +80,7 @@ class AlignedBuffer {
     // machine compacts memory at the first fault (once 1.5 s for 500 MB).
     if (bytes >= kHugePageBytes && HugePagesRequested()) {
       void* p = MapHugeAligned(MappedBytes(bytes));
-#ifdef MADV_POPULATE_WRITE
-      if (madvise(p, MappedBytes(bytes), MADV_POPULATE_WRITE) != 0) std::memset(p, 0, bytes);
-#else
-      std::memset(p, 0, bytes);
-#endif
+      PopulateFresh(p, MappedBytes(bytes));
       data_ = static_cast<T*>(p);
       source_ = Source::kMapping;
     } else if (bytes >= PagePool::kMinBytes) {

@@ -9,6 +9,13 @@
 
 namespace cortiq::util {
 
+void PopulateFresh(void* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  std::memset(p, 0, bytes);
+}
+
 PagePool& PagePool::Global() {
   static auto* pool = new PagePool();  // never destroyed: buffers outlive statics
   return *pool;
@@ -40,11 +47,7 @@ void* PagePool::Take(size_t bytes) {
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
-#ifdef MADV_POPULATE_WRITE
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0) std::memset(p, 0, bytes);
-#else
-  std::memset(p, 0, bytes);
-#endif
+  PopulateFresh(p, bytes);
   return p;
 }
 
