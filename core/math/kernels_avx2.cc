@@ -94,18 +94,22 @@ CORTIQ_INLINE __m256 LoadI8Tail(const int8_t* p, size_t n) {
   return LoadI8(buf);
 }
 
+// Two accumulators, 16 columns a step (not Dot's four): an int8 row costs
+// its widening, and two accumulators per (head, row) leave DotRowsI8 the
+// registers to score two rows at once (kernels.h: the order is each ISA's own).
 float DotI8(const float* a, const int8_t* b, size_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;
   size_t i = 0;
-  for (; i + 4 * kV <= n; i += 4 * kV) {
+  for (; i + 2 * kV <= n; i += 2 * kV) {
     s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LoadI8(b + i), s0);
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LoadI8(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), LoadI8(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), LoadI8(b + i + 24), s3);
   }
-  for (; i + kV <= n; i += kV) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LoadI8(b + i), s0);
+  if (i + kV <= n) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LoadI8(b + i), s0);
+    i += kV;
+  }
   if (i < n) s1 = _mm256_fmadd_ps(LoadTail(a + i, n - i), LoadI8Tail(b + i, n - i), s1);
-  return Sum4(s0, s1, s2, s3);
+  return HSum(_mm256_add_ps(s0, s1));
 }
 
 void AxpyI8(float alpha, const int8_t* x, float* y, size_t n) {
@@ -127,6 +131,11 @@ void AxpyI8(float alpha, const int8_t* x, float* y, size_t n) {
 // same tails), so the results are bit-for-bit the loops'. At 16k positions of
 // int8 K/V (`cortiq-tool bench-context --modes int8`), the loops made a
 // decode step 2.2x the AVX-512 tier's, which has had these blocks.
+// int8 rows go further (on a Zen 1 they are bound by the widening and the
+// pipes, not by memory): scores take two rows at a time, and the outputs
+// stay in registers across a tile of rows, one column chunk at a time. With
+// both, a 16k-position int8 decode step went from 210-211 ms to 178-184 ms
+// there (docs/PERFORMANCE.md, 2026-12-07, fourth session).
 
 // Software prefetch of the cached rows, ~4 KiB ahead along the pass (the
 // hardware streamer restarts on every 4 KiB page; kernels_avx512.cc measured
@@ -167,7 +176,7 @@ CORTIQ_INLINE void HeadBlocks(size_t nq, Block&& block) {
 }
 
 // Scores of NJ heads (NJ <= 2: 4 accumulators each, in registers) against n
-// rows: Dot's / DotI8's accumulation per (head, row).
+// f32 rows: Dot's accumulation per (head, row). (int8 rows: DotRowsI8Block.)
 template <int NJ, typename T>
 void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size_t row_stride,
                   size_t d, float* out, size_t out_stride) {
@@ -224,18 +233,102 @@ void DotRows(const float* q, size_t nq, size_t q_stride, const float* rows, size
   DotRowsAny(q, nq, q_stride, rows, n, row_stride, d, out, out_stride);
 }
 
-void DotRowsI8(const float* q, size_t nq, size_t q_stride, const int8_t* rows, size_t n,
-               size_t row_stride, size_t d, float* out, size_t out_stride) {
-  DotRowsAny(q, nq, q_stride, rows, n, row_stride, d, out, out_stride);
+// Scores of NJ heads (NJ <= 2) against NR rows (NR <= 2) of int8 from r:
+// DotI8's accumulation per (head, row), 2 x 2 x 2 accumulators in registers;
+// out[j * out_stride + k] for head j, row k.
+template <int NJ, int NR>
+CORTIQ_INLINE void DotI8Tile(const float* q, size_t q_stride, const int8_t* r, size_t row_stride,
+                             size_t d, float* out, size_t out_stride) {
+  __m256 s[NR][NJ][2];
+#pragma GCC unroll 2
+  for (int k = 0; k < NR; ++k) {
+#pragma GCC unroll 2
+    for (int j = 0; j < NJ; ++j) s[k][j][0] = s[k][j][1] = _mm256_setzero_ps();
+  }
+  size_t i = 0;
+  for (; i + 2 * kV <= d; i += 2 * kV) {
+    __m256 x[NR][2];
+#pragma GCC unroll 2
+    for (int k = 0; k < NR; ++k) {
+      x[k][0] = LoadI8(r + k * row_stride + i);
+      x[k][1] = LoadI8(r + k * row_stride + i + kV);
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < NJ; ++j) {
+      const __m256 q0 = _mm256_loadu_ps(q + j * q_stride + i);
+      const __m256 q1 = _mm256_loadu_ps(q + j * q_stride + i + kV);
+#pragma GCC unroll 2
+      for (int k = 0; k < NR; ++k) {
+        s[k][j][0] = _mm256_fmadd_ps(q0, x[k][0], s[k][j][0]);
+        s[k][j][1] = _mm256_fmadd_ps(q1, x[k][1], s[k][j][1]);
+      }
+    }
+  }
+  if (i + kV <= d) {
+#pragma GCC unroll 2
+    for (int k = 0; k < NR; ++k) {
+      const __m256 x = LoadI8(r + k * row_stride + i);
+#pragma GCC unroll 2
+      for (int j = 0; j < NJ; ++j) {
+        s[k][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * q_stride + i), x, s[k][j][0]);
+      }
+    }
+    i += kV;
+  }
+  if (i < d) {
+#pragma GCC unroll 2
+    for (int k = 0; k < NR; ++k) {
+      const __m256 x = LoadI8Tail(r + k * row_stride + i, d - i);
+#pragma GCC unroll 2
+      for (int j = 0; j < NJ; ++j) {
+        s[k][j][1] = _mm256_fmadd_ps(LoadTail(q + j * q_stride + i, d - i), x, s[k][j][1]);
+      }
+    }
+  }
+#pragma GCC unroll 2
+  for (int k = 0; k < NR; ++k) {
+#pragma GCC unroll 2
+    for (int j = 0; j < NJ; ++j)
+      out[j * out_stride + k] = HSum(_mm256_add_ps(s[k][j][0], s[k][j][1]));
+  }
 }
 
-// Outputs of NJ heads (NJ <= 4), row by row as the loop, each row loaded
+// Two rows at a time: the two rows' widening and products interleave, where
+// one row's dependent chains and horizontal sums left a Zen 1's pipes idle
+// (a standalone copy: 33.4 -> 26.7 ns per row, 2 heads, d 128, hot).
+template <int NJ>
+void DotRowsI8Block(const float* q, size_t q_stride, const int8_t* rows, size_t n,
+                    size_t row_stride, size_t d, float* out, size_t out_stride) {
+  const size_t ahead = RowsAhead(row_stride) * row_stride;
+  size_t t = 0;
+  for (; t + 2 <= n; t += 2) {
+    const int8_t* r = rows + t * row_stride;
+    PrefetchBytes(r, ahead, d);
+    PrefetchBytes(r + row_stride, ahead, d);
+    DotI8Tile<NJ, 2>(q, q_stride, r, row_stride, d, out + t, out_stride);
+  }
+  if (t < n) {
+    const int8_t* r = rows + t * row_stride;
+    PrefetchBytes(r, ahead, d);
+    DotI8Tile<NJ, 1>(q, q_stride, r, row_stride, d, out + t, out_stride);
+  }
+}
+
+void DotRowsI8(const float* q, size_t nq, size_t q_stride, const int8_t* rows, size_t n,
+               size_t row_stride, size_t d, float* out, size_t out_stride) {
+  HeadBlocks<2>(nq, [&]<int NJ>(size_t j) {
+    DotRowsI8Block<NJ>(q + j * q_stride, q_stride, rows, n, row_stride, d, out + j * out_stride,
+                       out_stride);
+  });
+}
+
+// f32 rows: outputs of NJ heads (NJ <= 4), row by row as the loop, each row loaded
 // 32 columns at a time once for the NJ heads: per element
 // y = fma(alpha_j, row[t], y), t ascending, alpha_j = p[j][t] (f32 rows) or
 // p[j][t] * row_scale[t] (int8 rows): Axpy's / AxpyI8's operations.
 template <int NJ, typename T>
-void AxpyRowsBlock(const float* p, size_t p_stride, const float* row_scale, const T* rows,
-                   size_t n, size_t row_stride, size_t d, float* out, size_t out_stride) {
+void AxpyRowsByRow(const float* p, size_t p_stride, const float* row_scale, const T* rows, size_t n,
+                   size_t row_stride, size_t d, float* out, size_t out_stride) {
   const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride * sizeof(T);
   for (size_t t = 0; t < n; ++t) {
     const T* r = rows + t * row_stride;
@@ -279,13 +372,108 @@ void AxpyRowsBlock(const float* p, size_t p_stride, const float* row_scale, cons
   }
 }
 
+// int8 rows: outputs of NJ heads (NJ <= 4), per element y = fma(alpha_j, row[t], y),
+// t ascending, alpha_j = p[j][t] (f32 rows) or p[j][t] * row_scale[t] (int8
+// rows): Axpy's / AxpyI8's operations, in their order for every element.
+// The rows go in tiles of ~8 KiB; within a tile, one column chunk at a time
+// (CW registers of 8 columns per head) keeps the NJ heads' outputs in
+// registers across the tile's rows, where the loop loaded and stored every
+// output once per row (on a Zen 1, two 128-bit stores per register: the
+// stores bounded the loop). The first chunk's pass reads the rows from
+// memory (with the ~4 KiB row prefetch); the later chunks find them in L1.
+template <int NJ, typename T>
+void AxpyRowsTiled(const float* p, size_t p_stride, const float* row_scale, const T* rows, size_t n,
+                   size_t row_stride, size_t d, float* out, size_t out_stride) {
+  constexpr int CW = NJ <= 2 ? 4 : 2;  // registers per head per chunk: NJ * CW + CW <= 12
+  constexpr size_t kTileBytes = 8 * 1024, kMaxTile = 128;
+  const size_t row_bytes = d * sizeof(T);
+  size_t tile = row_bytes == 0 ? kMaxTile : kTileBytes / row_bytes;
+  tile = tile < 8 ? 8 : tile > kMaxTile ? kMaxTile : tile;
+  const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride * sizeof(T);
+  alignas(32) float alpha[NJ][kMaxTile];
+  for (size_t t0 = 0; t0 < n; t0 += tile) {
+    const size_t tn = n - t0 < tile ? n - t0 : tile;
+    const T* r0 = rows + t0 * row_stride;
+    for (size_t t = 0; t < tn; ++t) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+        alpha[j][t] = row_scale != nullptr ? p[j * p_stride + t0 + t] * row_scale[t0 + t]
+                                           : p[j * p_stride + t0 + t];
+      }
+    }
+    size_t i = 0;
+    for (; i + CW * kV <= d; i += CW * kV) {
+      __m256 acc[NJ][CW];
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+#pragma GCC unroll 4
+        for (int k = 0; k < CW; ++k) acc[j][k] = _mm256_loadu_ps(out + j * out_stride + i + k * kV);
+      }
+      for (size_t t = 0; t < tn; ++t) {
+        const T* r = r0 + t * row_stride;
+        if (i == 0) PrefetchBytes(r, ahead, row_bytes);
+        __m256 x[CW];
+#pragma GCC unroll 4
+        for (int k = 0; k < CW; ++k) x[k] = LoadRow(r + i + size_t(k) * kV);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          const __m256 va = _mm256_broadcast_ss(&alpha[j][t]);
+#pragma GCC unroll 4
+          for (int k = 0; k < CW; ++k) acc[j][k] = _mm256_fmadd_ps(va, x[k], acc[j][k]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+#pragma GCC unroll 4
+        for (int k = 0; k < CW; ++k) _mm256_storeu_ps(out + j * out_stride + i + k * kV, acc[j][k]);
+      }
+    }
+    for (; i + kV <= d; i += kV) {
+      __m256 acc[NJ];
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) acc[j] = _mm256_loadu_ps(out + j * out_stride + i);
+      for (size_t t = 0; t < tn; ++t) {
+        const T* r = r0 + t * row_stride;
+        if (i == 0) PrefetchBytes(r, ahead, row_bytes);
+        const __m256 x = LoadRow(r + i);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&alpha[j][t]), x, acc[j]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) _mm256_storeu_ps(out + j * out_stride + i, acc[j]);
+    }
+    if (i < d) {
+      __m256 acc[NJ];
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) acc[j] = LoadTail(out + j * out_stride + i, d - i);
+      for (size_t t = 0; t < tn; ++t) {
+        const T* r = r0 + t * row_stride;
+        if (i == 0) PrefetchBytes(r, ahead, row_bytes);
+        const __m256 x = LoadRowTail(r + i, d - i);
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; ++j) {
+          acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&alpha[j][t]), x, acc[j]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) StoreTail(out + j * out_stride + i, d - i, acc[j]);
+    }
+  }
+}
+
 template <typename T>
-void AxpyRowsAny(const float* p, size_t nq, size_t p_stride, const float* row_scale,
-                 const T* rows, size_t n, size_t row_stride, size_t d, float* out,
-                 size_t out_stride) {
+void AxpyRowsAny(const float* p, size_t nq, size_t p_stride, const float* row_scale, const T* rows,
+                 size_t n, size_t row_stride, size_t d, float* out, size_t out_stride) {
   HeadBlocks<4>(nq, [&]<int NJ>(size_t j) {
-    AxpyRowsBlock<NJ>(p + j * p_stride, p_stride, row_scale, rows, n, row_stride, d,
-                      out + j * out_stride, out_stride);
+    if constexpr (sizeof(T) == 1) {
+      AxpyRowsTiled<NJ>(p + j * p_stride, p_stride, row_scale, rows, n, row_stride, d,
+                        out + j * out_stride, out_stride);
+    } else {
+      AxpyRowsByRow<NJ>(p + j * p_stride, p_stride, row_scale, rows, n, row_stride, d,
+                        out + j * out_stride, out_stride);
+    }
   });
 }
 

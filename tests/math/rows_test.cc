@@ -62,8 +62,10 @@ TEST(RowsTest, DotRowsI8AndAxpyRowsI8EqualTheLoopsBitForBit) {
   std::uniform_int_distribution<int> id(-127, 127);
   for (Isa isa : SupportedIsas()) {
     ScopedIsa scoped(isa);
-    // n crosses the 16-row groups the AVX-512 kernel reduces together.
-    for (size_t n : {1, 15, 16, 17, 40}) {
+    // n crosses the 16-row groups the AVX-512 kernel reduces together, the
+    // AVX2 scores' row pairs (odd n) and its outputs' row tiles (~8 KiB of
+    // rows: 150 rows span two or more from d = 64 up).
+    for (size_t n : {1, 15, 16, 17, 40, 150}) {
       for (size_t d : {1, 7, 16, 33, 64, 128, 200}) {
         for (size_t nq : {1, 2, 3, 4, 5, 8}) {
           const size_t row_stride = d + 5, q_stride = d + 3, out_stride = n + 2;
