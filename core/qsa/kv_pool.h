@@ -3,19 +3,23 @@
 // The selected-set attention (QsaIndexer::PrefillSelect / AttendSelection)
 // reads K/V through a pool + block table (backend.h: KvPool, BlockTable),
 // the layout a paged device cache has. Our exact cache is head-major: per KV
-// head one contiguous block of [capacity × head_dim] rows (f32, or int8 with
-// one f32 scale per row). Those rows ARE the pool: with block size B the
+// head one contiguous block of rows (f32, or int8 with one f32 scale per
+// row), head h's block S rows after head h-1's, where S is the capacity for
+// a plain buffer and the page-aligned stride for a paged one (kv_rows.h: row
+// buffers of 1 MiB and up). Those rows ARE the pool: with block size B the
 // identity table maps logical block b to physical block b, and
 //   strides.block = B · head_dim, strides.row = head_dim,
-//   strides.head  = capacity · head_dim
-// (scale_strides: B, 1, capacity). So position t of head h is row t of head
-// h's block, exactly the row LayerKvCache::AttendGroup reads. A real paged
-// pool later supplies its own strides and table; the indexer does not change.
+//   strides.head  = S · head_dim
+// (scale_strides: B, 1, the scale buffers' own S). So position t of head h
+// is row t of head h's block, exactly the row LayerKvCache::AttendGroup
+// reads. A real paged pool later supplies its own strides and table; the
+// indexer does not change.
 //
-// Contract: Bind() checks the layout it relies on (each head's rows at
-// head · capacity · head_dim from head 0's, as LayerKvCache documents) and
-// refuses a cache it cannot describe: no storage yet, or a dead head (then
-// positions no longer map 1:1 to rows) → FAILED_PRECONDITION. The view is
+// Contract: Bind() reads S off the cache's views and checks the layout it
+// relies on (every head's rows h · S rows from head 0's, keys and values
+// alike, S at least the capacity), else INTERNAL; it refuses a cache it
+// cannot describe: no storage yet, or a dead head (then positions no longer
+// map 1:1 to rows) → FAILED_PRECONDITION. The view is
 // valid until the cache next reallocates (Reserve growth, Append past
 // capacity, ShrinkToFit, Release): bind after the layer's Appends (the
 // transformer Reserves the whole chunk first, so one Bind per layer call).

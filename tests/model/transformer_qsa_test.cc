@@ -132,6 +132,34 @@ TEST_F(QsaFixture, BudgetCoveringEveryBlockEqualsExact) {
   }
 }
 
+// Caches reserved past 1 MiB of rows, which KvRows pages (head blocks a
+// page-aligned stride apart, not the capacity), select and attend exactly as
+// small ones: the selected set reads the rows through that stride. It
+// refused them with INTERNAL ("KV head 1 is not at head · capacity rows"),
+// so every QSA layer call of a real model failed once a session reserved
+// ~256 positions (Qwen3-0.6B, f32 K/V).
+TEST_F(QsaFixture, PagedCachesSelectAsSmallOnes) {
+  const std::vector<int32_t> ids = TestIds(150, config().vocab_size, 7);
+  for (kv::KvMode mode : {kv::KvMode::kF32, kv::KvMode::kInt8}) {
+    // 2 KV heads × 32 dims: 256 bytes a position (f32), 64 (int8); budget ·
+    // ratio = 32 positions, so the selection is sparse from the start.
+    const size_t reserve = mode == kv::KvMode::kF32 ? 5000 : 17000;
+    SequenceKv paged = NewSeq(Qsa(8, 4), mode), small = NewSeq(Qsa(8, 4), mode);
+    paged.Reserve(reserve);
+    std::vector<float> a, b;
+    const auto p = std::span(ids).first(120);
+    Prefill(paged, p, a);
+    Prefill(small, p, b);
+    ASSERT_TRUE(AllFinite(a));
+    ASSERT_TRUE(Same(a, b));
+    for (size_t i = 120; i < ids.size(); ++i) {
+      Decode(paged, ids[i], a);
+      Decode(small, ids[i], b);
+      ASSERT_TRUE(Same(a, b)) << "decode at position " << i;
+    }
+  }
+}
+
 TEST_F(QsaFixture, ShortPromptInsideTheInertBoundEqualsExact) {
   // ratio 8, budget 4: bound 32. Positions < 32 are exact; later ones are not.
   const std::vector<int32_t> ids = TestIds(80, config().vocab_size, 9);

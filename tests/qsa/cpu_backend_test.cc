@@ -142,6 +142,48 @@ TEST(LayerKvPoolTest, IdentityViewOfTheCache) {
   }
 }
 
+// Row buffers of 1 MiB and up are paged (kv_rows.h): each head's block
+// starts on a page, a stride of rows apart that is not the capacity. Bind
+// describes that stride, so every position of every head is the cache's own
+// row (it refused such a cache with INTERNAL, so a QSA layer of a real model
+// failed every call once a session reserved ~256 positions).
+TEST(LayerKvPoolTest, PagedCacheHeadsAreTheirStrideApart) {
+  std::mt19937 rng(5);
+  for (kv::KvMode mode : {kv::KvMode::kF32, kv::KvMode::kInt8}) {
+    constexpr size_t kHeads = 8, kD = 128;
+    const size_t rows = mode == kv::KvMode::kF32 ? 300 : 1100;  // > 1 MiB of K rows
+    kv::LayerKvCache cache(kHeads, kD, mode);
+    cache.Reserve(rows);
+    for (size_t t = 0; t < 40; ++t) {
+      cache.Append(testing::RandomVec(rng, kHeads * kD), testing::RandomVec(rng, kHeads * kD));
+    }
+    const size_t cap = cache.capacity();
+    LayerKvPool pool;
+    QSA_ASSERT_OK(pool.Bind(cache, 16));
+    const KvPool& p = pool.pool();
+    const auto* ids = pool.table().ids.AsHost<const uint32_t>();
+    for (size_t h = 0; h < kHeads; ++h) {
+      for (size_t t : {size_t{0}, size_t{17}, size_t{39}}) {
+        const size_t off =
+            ids[t / 16] * p.strides.block + (t % 16) * p.strides.row + h * p.strides.head;
+        const size_t soff = ids[t / 16] * p.scale_strides.block + (t % 16) * p.scale_strides.row +
+                            h * p.scale_strides.head;
+        if (mode == kv::KvMode::kF32) {
+          ASSERT_EQ(p.k.AsHost<const float>() + off, cache.HeadKeys(h).data() + t * kD);
+          ASSERT_EQ(p.v.AsHost<const float>() + off, cache.HeadValues(h).data() + t * kD);
+        } else {
+          ASSERT_EQ(p.k.AsHost<const int8_t>() + off, cache.HeadKeysI8(h).data() + t * kD);
+          ASSERT_EQ(p.v.AsHost<const int8_t>() + off, cache.HeadValuesI8(h).data() + t * kD);
+          ASSERT_EQ(p.k_scale.AsHost<const float>() + soff, cache.HeadKeyScales(h).data() + t);
+          ASSERT_EQ(p.v_scale.AsHost<const float>() + soff, cache.HeadValueScales(h).data() + t);
+        }
+      }
+    }
+    // The layout this test is about: the heads are further apart than the capacity.
+    EXPECT_GT(p.strides.head, cap * kD) << "the cache is not paged at " << rows << " rows";
+  }
+}
+
 TEST(LayerKvPoolTest, DeadHeadsAreRefused) {
   kv::LayerKvCache cache(2, 4);
   cache.Reserve(4);
