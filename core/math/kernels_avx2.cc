@@ -153,13 +153,6 @@ CORTIQ_INLINE void PrefetchBytes(const void* p, size_t offset, size_t bytes) {
   }
 }
 
-// What Dot / DotI8 (and Axpy / AxpyI8) load from a row: f32 as it is, int8
-// widened.
-CORTIQ_INLINE __m256 LoadRow(const float* p) { return _mm256_loadu_ps(p); }
-CORTIQ_INLINE __m256 LoadRow(const int8_t* p) { return LoadI8(p); }
-CORTIQ_INLINE __m256 LoadRowTail(const float* p, size_t n) { return LoadTail(p, n); }
-CORTIQ_INLINE __m256 LoadRowTail(const int8_t* p, size_t n) { return LoadI8Tail(p, n); }
-
 // Heads [j, j + NJ) for NJ = kMax, then the rest (kMax = 2 or 4).
 template <int kMax, typename Block>
 CORTIQ_INLINE void HeadBlocks(size_t nq, Block&& block) {
@@ -177,20 +170,20 @@ CORTIQ_INLINE void HeadBlocks(size_t nq, Block&& block) {
 
 // Scores of NJ heads (NJ <= 2: 4 accumulators each, in registers) against n
 // f32 rows: Dot's accumulation per (head, row). (int8 rows: DotRowsI8Block.)
-template <int NJ, typename T>
-void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size_t row_stride,
+template <int NJ>
+void DotRowsBlock(const float* q, size_t q_stride, const float* rows, size_t n, size_t row_stride,
                   size_t d, float* out, size_t out_stride) {
-  const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride * sizeof(T);
+  const size_t ahead = RowsAhead(row_stride * sizeof(float)) * row_stride * sizeof(float);
   for (size_t t = 0; t < n; ++t) {
-    const T* r = rows + t * row_stride;
-    PrefetchBytes(r, ahead, d * sizeof(T));
+    const float* r = rows + t * row_stride;
+    PrefetchBytes(r, ahead, d * sizeof(float));
     __m256 s[NJ][4];
 #pragma GCC unroll 2
     for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 4 * kV <= d; i += 4 * kV) {
-      const __m256 x0 = LoadRow(r + i), x1 = LoadRow(r + i + 8), x2 = LoadRow(r + i + 16),
-                   x3 = LoadRow(r + i + 24);
+      const __m256 x0 = _mm256_loadu_ps(r + i), x1 = _mm256_loadu_ps(r + i + 8),
+                   x2 = _mm256_loadu_ps(r + i + 16), x3 = _mm256_loadu_ps(r + i + 24);
 #pragma GCC unroll 2
       for (int j = 0; j < NJ; ++j) {
         const float* qj = q + j * q_stride + i;
@@ -201,14 +194,14 @@ void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size
       }
     }
     for (; i + kV <= d; i += kV) {
-      const __m256 x = LoadRow(r + i);
+      const __m256 x = _mm256_loadu_ps(r + i);
 #pragma GCC unroll 2
       for (int j = 0; j < NJ; ++j) {
         s[j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * q_stride + i), x, s[j][0]);
       }
     }
     if (i < d) {
-      const __m256 x = LoadRowTail(r + i, d - i);
+      const __m256 x = LoadTail(r + i, d - i);
 #pragma GCC unroll 2
       for (int j = 0; j < NJ; ++j) {
         s[j][1] = _mm256_fmadd_ps(LoadTail(q + j * q_stride + i, d - i), x, s[j][1]);
@@ -219,18 +212,12 @@ void DotRowsBlock(const float* q, size_t q_stride, const T* rows, size_t n, size
   }
 }
 
-template <typename T>
-void DotRowsAny(const float* q, size_t nq, size_t q_stride, const T* rows, size_t n,
-                size_t row_stride, size_t d, float* out, size_t out_stride) {
+void DotRows(const float* q, size_t nq, size_t q_stride, const float* rows, size_t n,
+             size_t row_stride, size_t d, float* out, size_t out_stride) {
   HeadBlocks<2>(nq, [&]<int NJ>(size_t j) {
     DotRowsBlock<NJ>(q + j * q_stride, q_stride, rows, n, row_stride, d, out + j * out_stride,
                      out_stride);
   });
-}
-
-void DotRows(const float* q, size_t nq, size_t q_stride, const float* rows, size_t n,
-             size_t row_stride, size_t d, float* out, size_t out_stride) {
-  DotRowsAny(q, nq, q_stride, rows, n, row_stride, d, out, out_stride);
 }
 
 // Scores of NJ heads (NJ <= 2) against NR rows (NR <= 2) of int8 from r:
@@ -322,28 +309,24 @@ void DotRowsI8(const float* q, size_t nq, size_t q_stride, const int8_t* rows, s
   });
 }
 
-// f32 rows: outputs of NJ heads (NJ <= 4), row by row as the loop, each row loaded
-// 32 columns at a time once for the NJ heads: per element
-// y = fma(alpha_j, row[t], y), t ascending, alpha_j = p[j][t] (f32 rows) or
-// p[j][t] * row_scale[t] (int8 rows): Axpy's / AxpyI8's operations.
-template <int NJ, typename T>
-void AxpyRowsByRow(const float* p, size_t p_stride, const float* row_scale, const T* rows, size_t n,
-                   size_t row_stride, size_t d, float* out, size_t out_stride) {
-  const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride * sizeof(T);
+// f32 rows: outputs of NJ heads (NJ <= 4), row by row as the loop, each row
+// loaded 32 columns at a time once for the NJ heads: per element
+// y = fma(p[j][t], row[t], y), t ascending: Axpy's operations.
+template <int NJ>
+void AxpyRowsByRow(const float* p, size_t p_stride, const float* rows, size_t n, size_t row_stride,
+                   size_t d, float* out, size_t out_stride) {
+  const size_t ahead = RowsAhead(row_stride * sizeof(float)) * row_stride * sizeof(float);
   for (size_t t = 0; t < n; ++t) {
-    const T* r = rows + t * row_stride;
-    PrefetchBytes(r, ahead, d * sizeof(T));
+    const float* r = rows + t * row_stride;
+    PrefetchBytes(r, ahead, d * sizeof(float));
     __m256 va[NJ];
 #pragma GCC unroll 4
-    for (int j = 0; j < NJ; ++j) {
-      va[j] = _mm256_set1_ps(row_scale != nullptr ? p[j * p_stride + t] * row_scale[t]
-                                                  : p[j * p_stride + t]);
-    }
+    for (int j = 0; j < NJ; ++j) va[j] = _mm256_set1_ps(p[j * p_stride + t]);
     size_t i = 0;
     for (; i + 4 * kV <= d; i += 4 * kV) {
       __m256 x[4];
 #pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) x[k] = LoadRow(r + i + size_t(k) * kV);
+      for (int k = 0; k < 4; ++k) x[k] = _mm256_loadu_ps(r + i + size_t(k) * kV);
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) {
         float* y = out + j * out_stride + i;
@@ -354,7 +337,7 @@ void AxpyRowsByRow(const float* p, size_t p_stride, const float* row_scale, cons
       }
     }
     for (; i + kV <= d; i += kV) {
-      const __m256 x = LoadRow(r + i);
+      const __m256 x = _mm256_loadu_ps(r + i);
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) {
         float* y = out + j * out_stride + i;
@@ -362,7 +345,7 @@ void AxpyRowsByRow(const float* p, size_t p_stride, const float* row_scale, cons
       }
     }
     if (i < d) {
-      const __m256 x = LoadRowTail(r + i, d - i);
+      const __m256 x = LoadTail(r + i, d - i);
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) {
         float* y = out + j * out_stride + i;
@@ -372,33 +355,32 @@ void AxpyRowsByRow(const float* p, size_t p_stride, const float* row_scale, cons
   }
 }
 
-// int8 rows: outputs of NJ heads (NJ <= 4), per element y = fma(alpha_j, row[t], y),
-// t ascending, alpha_j = p[j][t] (f32 rows) or p[j][t] * row_scale[t] (int8
-// rows): Axpy's / AxpyI8's operations, in their order for every element.
+// int8 rows: outputs of NJ heads (NJ <= 4), per element
+// y = fma(p[j][t] * row_scale[t], row[t], y), t ascending: AxpyI8's
+// operations, in their order for every element.
 // The rows go in tiles of ~8 KiB; within a tile, one column chunk at a time
 // (CW registers of 8 columns per head) keeps the NJ heads' outputs in
 // registers across the tile's rows, where the loop loaded and stored every
 // output once per row (on a Zen 1, two 128-bit stores per register: the
 // stores bounded the loop). The first chunk's pass reads the rows from
 // memory (with the ~4 KiB row prefetch); the later chunks find them in L1.
-template <int NJ, typename T>
-void AxpyRowsTiled(const float* p, size_t p_stride, const float* row_scale, const T* rows, size_t n,
-                   size_t row_stride, size_t d, float* out, size_t out_stride) {
+template <int NJ>
+void AxpyRowsTiled(const float* p, size_t p_stride, const float* row_scale, const int8_t* rows,
+                   size_t n, size_t row_stride, size_t d, float* out, size_t out_stride) {
   constexpr int CW = NJ <= 2 ? 4 : 2;  // registers per head per chunk: NJ * CW + CW <= 12
   constexpr size_t kTileBytes = 8 * 1024, kMaxTile = 128;
-  const size_t row_bytes = d * sizeof(T);
+  const size_t row_bytes = d;
   size_t tile = row_bytes == 0 ? kMaxTile : kTileBytes / row_bytes;
   tile = tile < 8 ? 8 : tile > kMaxTile ? kMaxTile : tile;
-  const size_t ahead = RowsAhead(row_stride * sizeof(T)) * row_stride * sizeof(T);
+  const size_t ahead = RowsAhead(row_stride) * row_stride;
   alignas(32) float alpha[NJ][kMaxTile];
   for (size_t t0 = 0; t0 < n; t0 += tile) {
     const size_t tn = n - t0 < tile ? n - t0 : tile;
-    const T* r0 = rows + t0 * row_stride;
+    const int8_t* r0 = rows + t0 * row_stride;
     for (size_t t = 0; t < tn; ++t) {
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) {
-        alpha[j][t] = row_scale != nullptr ? p[j * p_stride + t0 + t] * row_scale[t0 + t]
-                                           : p[j * p_stride + t0 + t];
+        alpha[j][t] = p[j * p_stride + t0 + t] * row_scale[t0 + t];
       }
     }
     size_t i = 0;
@@ -410,11 +392,11 @@ void AxpyRowsTiled(const float* p, size_t p_stride, const float* row_scale, cons
         for (int k = 0; k < CW; ++k) acc[j][k] = _mm256_loadu_ps(out + j * out_stride + i + k * kV);
       }
       for (size_t t = 0; t < tn; ++t) {
-        const T* r = r0 + t * row_stride;
+        const int8_t* r = r0 + t * row_stride;
         if (i == 0) PrefetchBytes(r, ahead, row_bytes);
         __m256 x[CW];
 #pragma GCC unroll 4
-        for (int k = 0; k < CW; ++k) x[k] = LoadRow(r + i + size_t(k) * kV);
+        for (int k = 0; k < CW; ++k) x[k] = LoadI8(r + i + size_t(k) * kV);
 #pragma GCC unroll 4
         for (int j = 0; j < NJ; ++j) {
           const __m256 va = _mm256_broadcast_ss(&alpha[j][t]);
@@ -433,9 +415,9 @@ void AxpyRowsTiled(const float* p, size_t p_stride, const float* row_scale, cons
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) acc[j] = _mm256_loadu_ps(out + j * out_stride + i);
       for (size_t t = 0; t < tn; ++t) {
-        const T* r = r0 + t * row_stride;
+        const int8_t* r = r0 + t * row_stride;
         if (i == 0) PrefetchBytes(r, ahead, row_bytes);
-        const __m256 x = LoadRow(r + i);
+        const __m256 x = LoadI8(r + i);
 #pragma GCC unroll 4
         for (int j = 0; j < NJ; ++j) {
           acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&alpha[j][t]), x, acc[j]);
@@ -449,9 +431,9 @@ void AxpyRowsTiled(const float* p, size_t p_stride, const float* row_scale, cons
 #pragma GCC unroll 4
       for (int j = 0; j < NJ; ++j) acc[j] = LoadTail(out + j * out_stride + i, d - i);
       for (size_t t = 0; t < tn; ++t) {
-        const T* r = r0 + t * row_stride;
+        const int8_t* r = r0 + t * row_stride;
         if (i == 0) PrefetchBytes(r, ahead, row_bytes);
-        const __m256 x = LoadRowTail(r + i, d - i);
+        const __m256 x = LoadI8Tail(r + i, d - i);
 #pragma GCC unroll 4
         for (int j = 0; j < NJ; ++j) {
           acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&alpha[j][t]), x, acc[j]);
@@ -463,30 +445,21 @@ void AxpyRowsTiled(const float* p, size_t p_stride, const float* row_scale, cons
   }
 }
 
-template <typename T>
-void AxpyRowsAny(const float* p, size_t nq, size_t p_stride, const float* row_scale, const T* rows,
-                 size_t n, size_t row_stride, size_t d, float* out, size_t out_stride) {
-  HeadBlocks<4>(nq, [&]<int NJ>(size_t j) {
-    if constexpr (sizeof(T) == 1) {
-      AxpyRowsTiled<NJ>(p + j * p_stride, p_stride, row_scale, rows, n, row_stride, d,
-                        out + j * out_stride, out_stride);
-    } else {
-      AxpyRowsByRow<NJ>(p + j * p_stride, p_stride, row_scale, rows, n, row_stride, d,
-                        out + j * out_stride, out_stride);
-    }
-  });
-}
-
 void AxpyRows(const float* p, size_t nq, size_t p_stride, const float* rows, size_t n,
               size_t row_stride, size_t d, float* out, size_t out_stride) {
-  AxpyRowsAny(p, nq, p_stride, static_cast<const float*>(nullptr), rows, n, row_stride, d, out,
-              out_stride);
+  HeadBlocks<4>(nq, [&]<int NJ>(size_t j) {
+    AxpyRowsByRow<NJ>(p + j * p_stride, p_stride, rows, n, row_stride, d, out + j * out_stride,
+                      out_stride);
+  });
 }
 
 void AxpyRowsI8(const float* p, size_t nq, size_t p_stride, const float* row_scale,
                 const int8_t* rows, size_t n, size_t row_stride, size_t d, float* out,
                 size_t out_stride) {
-  AxpyRowsAny(p, nq, p_stride, row_scale, rows, n, row_stride, d, out, out_stride);
+  HeadBlocks<4>(nq, [&]<int NJ>(size_t j) {
+    AxpyRowsTiled<NJ>(p + j * p_stride, p_stride, row_scale, rows, n, row_stride, d,
+                      out + j * out_stride, out_stride);
+  });
 }
 
 float QuantizeRowI8(const float* x, int8_t* q, size_t n) {
