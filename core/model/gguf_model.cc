@@ -118,7 +118,10 @@ class KeyReader {
   absl::StatusOr<double> Float(std::string_view suffix) const {
     const std::string key = Key(suffix);
     CORTIQ_ASSIGN_OR_RETURN(double v, f_.GetFloat(key));
-    if (f_.TypeOf(key) != GgufValueType::kF32 || !std::isfinite(v)) return v;
+    // A NaN or infinity would reach config.json as null, which reads as
+    // "absent": the model would run on the default, never on what it says.
+    if (!std::isfinite(v)) return Invalid(suffix, absl::StrCat("value ", v, " is not finite"));
+    if (f_.TypeOf(key) != GgufValueType::kF32) return v;
     for (int digits = 1; digits <= 9; ++digits) {
       char buf[32];
       std::snprintf(buf, sizeof(buf), "%.*g", digits, v);
@@ -200,11 +203,32 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& f) {
         path, ": metadata key '", r.Key("rope.dimension_count"), "': RoPE over ", *rope_dims,
         " of ", head_dim, " dims per head (partial rotary) is not supported"));
   }
-  if (const std::string key = r.Key("rope.scaling.type"); f.Has(key)) {
-    CORTIQ_ASSIGN_OR_RETURN(const std::string type, f.GetString(key));
-    if (type != "none") {
+  // RoPE scaling as llama.cpp reads it: the type defaults to "linear" and the
+  // factor is rope.scaling.factor, else the older rope.scale_linear (0 or 1:
+  // none). Any scaling that changes the positions is refused, a linear
+  // factor without a type key included.
+  {
+    std::string type = "linear";
+    const std::string type_key = r.Key("rope.scaling.type");
+    if (f.Has(type_key)) {
+      CORTIQ_ASSIGN_OR_RETURN(type, f.GetString(type_key));
+    }
+    std::optional<double> factor;
+    std::string factor_key;
+    for (const char* suffix : {"rope.scaling.factor", "rope.scale_linear"}) {
+      factor_key = r.Key(suffix);
+      CORTIQ_ASSIGN_OR_RETURN(factor, r.OptFloat(suffix));
+      if (factor) break;
+    }
+    const bool scales = factor && *factor != 0.0 && *factor != 1.0;
+    if (type != "none" && type != "linear") {
       return absl::UnimplementedError(absl::StrCat(
-          path, ": metadata key '", key, "': RoPE scaling '", type, "' is not supported"));
+          path, ": metadata key '", type_key, "': RoPE scaling '", type, "' is not supported"));
+    }
+    if (type == "linear" && scales) {
+      return absl::UnimplementedError(absl::StrCat(path, ": metadata key '", factor_key,
+                                                   "': linear RoPE scaling by ", *factor,
+                                                   " is not supported"));
     }
   }
   if (f.HasTensor("rope_freqs.weight")) {
@@ -306,6 +330,14 @@ absl::StatusOr<tokenizer::GgufVocab> ReadGgufVocab(const GgufFile& f) {
                : -1;
   };
   if (f.Has("tokenizer.ggml.token_type")) {
+    // One type per token, checked before the array is widened to int64
+    // (8 bytes of memory per byte of file otherwise).
+    CORTIQ_ASSIGN_OR_RETURN(const uint64_t n_types, f.ArrayLength("tokenizer.ggml.token_type"));
+    if (n_types != v.tokens.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.path(), ": metadata key 'tokenizer.ggml.token_type': ", n_types,
+                       " types for ", v.tokens.size(), " tokens (tokenizer.ggml.tokens)"));
+    }
     CORTIQ_ASSIGN_OR_RETURN(const std::vector<int64_t> types,
                             f.GetIntArray("tokenizer.ggml.token_type"));
     v.token_types.reserve(types.size());
@@ -386,7 +418,15 @@ absl::Status WriteGgufModel(const Checkpoint& ckpt, const std::string& path,
     values.resize(static_cast<size_t>(t.numel()));
     math::ConvertToF32(t.data, t.dtype, values.size(), values.data());
     if (c.arch == ModelConfig::Arch::kLlama && IsRopePermutedTensor(hf)) {
+      // The permutation moves whole rows within each head: the loader's
+      // check (LoadGgufTensor), before any row is written.
       const size_t hd = static_cast<size_t>(c.head_dim);
+      if (t.shape.empty() || t.shape.size() > 2 || t.shape[0] <= 0 ||
+          static_cast<size_t>(t.shape[0]) % hd != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": tensor '", hf, "': shape ", ShapeString(t.shape),
+                         " is not whole heads of head_dim ", hd, " rows"));
+      }
       const size_t rows = static_cast<size_t>(t.shape[0]);
       const size_t cols = values.size() / rows;
       permuted.resize(values.size());

@@ -298,11 +298,20 @@ absl::StatusOr<TensorView> SafetensorsFile::Get(std::string_view name) const {
                                                  "': unsupported dtype ", info.dtype_name,
                                                  " (supported: F32, BF16, F16)"));
   }
+  // The kernels read elements by their type (as the GGUF loader says): data
+  // off that boundary (a header whose length is not padded to 8, as writers
+  // since safetensors 0.3 pad it) is refused rather than read misaligned.
+  const uint64_t at = data_start_ + info.begin;
+  if (const size_t esize = KnownDTypeSize(info.dtype_name); esize > 1 && at % esize != 0) {
+    return absl::DataLossError(absl::StrCat(
+        path_, ": tensor '", Sv(name), "': data at byte ", at, " of the file is not ", esize,
+        "-byte aligned for ", info.dtype_name, " (header of ", data_start_ - 8, " bytes)"));
+  }
   TensorView v;
   v.name = it->first;
   v.dtype = *info.dtype;
   v.shape = info.shape;
-  v.data = map_ + data_start_ + info.begin;
+  v.data = map_ + at;
   v.nbytes = static_cast<size_t>(info.end - info.begin);
   return v;
 }

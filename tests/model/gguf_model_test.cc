@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 #include "core/model/transformer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "tests/common/log_capture.h"
 #include "tests/common/model_test_util.h"
@@ -248,7 +250,8 @@ struct ConvertedPair {
   size_t matrices = 0;
 };
 
-ConvertedPair WriteConvertedPair(ModelConfig::Arch arch, const std::string& tag) {
+// "tiny" widened to 64-dim heads (4 query, 2 KV) of `arch`.
+ModelConfig WideTiny(ModelConfig::Arch arch) {
   ModelConfig c = *NamedShape("tiny");
   c.arch = arch;
   c.qk_norm = arch == ModelConfig::Arch::kQwen3;
@@ -257,6 +260,11 @@ ConvertedPair WriteConvertedPair(ModelConfig::Arch arch, const std::string& tag)
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.head_dim = 64;
+  return c;
+}
+
+ConvertedPair WriteConvertedPair(ModelConfig::Arch arch, const std::string& tag) {
+  const ModelConfig c = WideTiny(arch);
   const std::string dir = absl::StrCat(::testing::TempDir(), "/cortiq_gguf_", getpid(), "_", tag);
   EXPECT_TRUE(WriteRandomCheckpoint(c, dir, {}).ok());
   auto ck = Checkpoint::Open(dir);
@@ -477,6 +485,99 @@ TEST(GgufModelErrorsTest, RopeScalingIsRefused) {
   EXPECT_TRUE(Checkpoint::Open(TinyWith("rope_none", [](GgufWriter& w) {
                 (void)w.AddString("qwen3.rope.scaling.type", "none");
               })).ok());
+}
+
+// llama.cpp reads a linear factor without a type key (the type defaults to
+// "linear"), from rope.scaling.factor or the older rope.scale_linear: one
+// that scales is refused, whatever key it came in; 0 and 1 scale nothing.
+TEST(GgufModelErrorsTest, LinearRopeFactorWithoutTypeIsRefused) {
+  ExpectOpenError(
+      TinyWith("rope_factor",
+               [](GgufWriter& w) { (void)w.AddF32("qwen3.rope.scaling.factor", 8.0f); }),
+      absl::StatusCode::kUnimplemented,
+      "metadata key 'qwen3.rope.scaling.factor': linear RoPE scaling by 8 is not "
+      "supported");
+  ExpectOpenError(
+      TinyWith("rope_linear",
+               [](GgufWriter& w) { (void)w.AddF32("qwen3.rope.scale_linear", 4.0f); }),
+      absl::StatusCode::kUnimplemented,
+      "metadata key 'qwen3.rope.scale_linear': linear RoPE scaling by 4 is not supported");
+  ExpectOpenError(TinyWith("rope_typed",
+                           [](GgufWriter& w) {
+                             (void)w.AddString("qwen3.rope.scaling.type", "linear");
+                             (void)w.AddF32("qwen3.rope.scaling.factor", 2.0f);
+                           }),
+                  absl::StatusCode::kUnimplemented, "linear RoPE scaling by 2 is not supported");
+  for (const float factor : {0.0f, 1.0f}) {
+    EXPECT_TRUE(Checkpoint::Open(TinyWith(absl::StrCat("rope_one_", factor), [&](GgufWriter& w) {
+                  (void)w.AddF32("qwen3.rope.scaling.factor", factor);
+                })).ok());
+  }
+  EXPECT_TRUE(Checkpoint::Open(TinyWith("rope_none_factor", [](GgufWriter& w) {
+                (void)w.AddString("qwen3.rope.scaling.type", "none");
+                (void)w.AddF32("qwen3.rope.scaling.factor", 8.0f);
+              })).ok());
+}
+
+// NaN and infinity reach config.json as null, which reads as "absent": the
+// model ran on the default theta / eps instead of refusing the file.
+TEST(GgufModelErrorsTest, NonFiniteHyperparametersAreRefused) {
+  auto with = [](const std::string& tag, const std::function<void(ModelConfig&)>& edit) {
+    return TinyWith(
+        tag,
+        [&](GgufWriter& w) {
+          ModelConfig c = *NamedShape("tiny");
+          edit(c);
+          EXPECT_TRUE(AddGgufModelKeys(c, w).ok());
+        },
+        nullptr, /*model_keys=*/false);
+  };
+  ExpectOpenError(with("theta_nan", [](ModelConfig& c) { c.rope_theta = std::nan(""); }),
+                  absl::StatusCode::kInvalidArgument,
+                  "metadata key 'qwen3.rope.freq_base': value nan is not finite");
+  ExpectOpenError(with("eps_inf", [](ModelConfig& c) { c.rms_norm_eps = INFINITY; }),
+                  absl::StatusCode::kInvalidArgument,
+                  "metadata key 'qwen3.attention.layer_norm_rms_epsilon': value inf is not finite");
+}
+
+// The token types are counted against the tokens before the array is read
+// (widened to 8 bytes an element).
+TEST(GgufModelErrorsTest, TokenTypesMustMatchTheTokens) {
+  GgufWriter w;
+  const std::vector<std::string> tokens = {"a", "b", "c"};
+  ASSERT_TRUE(w.AddString("tokenizer.ggml.model", "gpt2").ok());
+  ASSERT_TRUE(w.AddStringArray("tokenizer.ggml.tokens", tokens).ok());
+  ASSERT_TRUE(w.AddI32Array("tokenizer.ggml.token_type", std::vector<int32_t>(5, 1)).ok());
+  const std::string p = TempPath("token_types");
+  ASSERT_TRUE(w.Write(p).ok());
+  auto f = GgufFile::Open(p);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto v = ReadGgufVocab(*f);
+  ASSERT_FALSE(v.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(v.status())) << v.status();
+  EXPECT_THAT(std::string(v.status().message()),
+              HasSubstr("metadata key 'tokenizer.ggml.token_type': 5 types for 3 tokens"));
+}
+
+// The llama export permutes q/k rows within each head: rows that are not
+// whole heads were written past the end of the buffer (heap corruption)
+// before the check.
+TEST(GgufModelErrorsTest, ExportRefusesRopeRowsThatAreNotWholeHeads) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/cortiq_gguf_", getpid(), "_export_heads");
+  ASSERT_TRUE(WriteRandomCheckpoint(WideTiny(ModelConfig::Arch::kLlama), dir, {}).ok());
+  // config.json says 48 dims a head; q_proj keeps its 256 rows (not 48s).
+  nlohmann::json j;
+  std::ifstream(dir + "/config.json") >> j;
+  j["head_dim"] = 48;
+  std::ofstream(dir + "/config.json") << j.dump();
+  auto ck = Checkpoint::Open(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  const std::string path = TempPath("export_heads");
+  const absl::Status s = WriteGgufModel(*ck, path, {});
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is not whole heads of head_dim 48 rows"));
 }
 
 TEST(GgufModelErrorsTest, MissingTensorAndWrongShapeNameTheGgufTensor) {

@@ -330,11 +330,12 @@ TEST_F(SafetensorsTest, MetadataNotStrings) {
 
 TEST_F(SafetensorsTest, UnsupportedDtypeFailsOnlyAtGet) {
   const std::string path = Path("mixed.safetensors");
-  WriteFile(path, RawFile(R"({"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},)"
-                          R"("d":{"dtype":"F64","shape":[1],"data_offsets":[4,12]},)"
-                          R"("u":{"dtype":"Q4_K","shape":[7],"data_offsets":[12,16]},)"
-                          R"("f":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}})",
-                          std::string(20, '\0')));
+  std::string header = R"({"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},)"
+                       R"("d":{"dtype":"F64","shape":[1],"data_offsets":[4,12]},)"
+                       R"("u":{"dtype":"Q4_K","shape":[7],"data_offsets":[12,16]},)"
+                       R"("f":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');  // as writers pad it
+  WriteFile(path, RawFile(header, std::string(20, '\0')));
   auto f = SafetensorsFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_TRUE(f->Get("f").ok());
@@ -349,6 +350,34 @@ TEST_F(SafetensorsTest, UnsupportedDtypeFailsOnlyAtGet) {
   EXPECT_EQ(f->Info("q")->dtype_name, "I8");
   EXPECT_FALSE(f->Info("q")->dtype.has_value());
   EXPECT_EQ(f->RawData("d").size(), 8u);
+}
+
+// The kernels read elements by type: a header whose length leaves the data
+// off the element boundary (writers pad it to 8) is refused at Get, naming
+// the tensor and the byte; the same header padded opens.
+TEST_F(SafetensorsTest, MisalignedDataIsRefusedAtGet) {
+  const std::string header = R"({"f":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}})";
+  for (size_t pad = 0; pad < 4; ++pad) {
+    const std::string path = Path("pad.safetensors");
+    WriteFile(path, RawFile(header + std::string(pad, ' '), std::string(12, '\0')));
+    auto f = SafetensorsFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    const uint64_t start = 8 + header.size() + pad;
+    for (const auto& [name, size] : {std::pair{"f", 4u}, std::pair{"b", 2u}}) {
+      auto v = f->Get(name);
+      const uint64_t at = start + (name == std::string("b") ? 8 : 0);
+      if (at % size == 0) {
+        EXPECT_TRUE(v.ok()) << v.status();
+        continue;
+      }
+      ASSERT_FALSE(v.ok()) << name << " at " << at;
+      EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss);
+      EXPECT_THAT(std::string(v.status().message()),
+                  HasSubstr(absl::StrCat("tensor '", name, "': data at byte ", at,
+                                         " of the file is not ", size, "-byte aligned")));
+    }
+  }
 }
 
 TEST_F(SafetensorsTest, KnownUnsupportedDtypeStillSizeChecked) {
