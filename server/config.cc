@@ -203,6 +203,8 @@ std::string ServerUsage() {
   --max-message-bytes B   gRPC receive limit (default 8M)
   --max-import-bytes B    largest session an ImportSession stream may carry (default 8G)
   --max-concurrent-imports N  ImportSession streams at once; more are refused (default 4)
+  --max-concurrent-exports N  ExportSession snapshots held at once (each counted against
+                          --memory-budget until sent); more are refused (default 4)
   --import-idle-timeout SECONDS  an import with no message for this long ends (default 30)
   --max-batch N           decode rows per engine step (default 32)
   --step-tokens N         rows one engine step may hold: decode rows plus prefill chunk rows;
@@ -317,6 +319,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::BytesFlag("max-message-bytes", &c.max_message_bytes),
       util::BytesFlag("max-import-bytes", &c.max_import_bytes),
       IntFlag("max-concurrent-imports", &c.max_concurrent_imports, {.min = 1}),
+      IntFlag("max-concurrent-exports", &c.max_concurrent_exports, {.min = 1}),
       util::SecondsFlag("import-idle-timeout", &c.import_idle_timeout),
       IntFlag("max-batch", &c.max_batch, {.min = 1}),
       IntFlag("step-tokens", &c.step_tokens, {.min = 1}),

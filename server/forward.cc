@@ -6,6 +6,7 @@
 // one state machine.
 #include "server/forward.h"
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -102,6 +103,14 @@ std::shared_ptr<UnaryUpstream> PrepareUnary(
   return up;
 }
 
+// The deadline of a unary relay: the client's, or `limit` from now when
+// that is earlier (limit 0: no limit).
+std::chrono::system_clock::time_point UnaryDeadline(grpc::CallbackServerContext* call,
+                                                    std::chrono::milliseconds limit) {
+  if (limit.count() <= 0) return call->deadline();
+  return std::min(call->deadline(), std::chrono::system_clock::now() + limit);
+}
+
 ForwardCancel CancelOf(const std::shared_ptr<UnaryUpstream>& up) {
   return ForwardCancel(std::shared_ptr<grpc::ClientContext>(up, &up->context));
 }
@@ -133,7 +142,7 @@ class UnaryRelay final : public ForwardPending, public std::enable_shared_from_t
              ForwardOptions options, std::function<void(const grpc::Status&)> done)
       : call_(call),
         reactor_(reactor),
-        deadline_(call->deadline()),
+        deadline_(UnaryDeadline(call, options.unary_limit)),
         method_(std::move(method)),
         request_(reactor->request_bytes()),
         metadata_(std::move(options.metadata)),
@@ -743,8 +752,9 @@ ForwardCancel ForwardUnary(const ForwardTarget& target, std::string method_path,
                            grpc::CallbackServerContext* call, const grpc::ByteBuffer& request,
                            grpc::ByteBuffer* response, ForwardOptions options,
                            std::function<void(const grpc::Status&)> done) {
+  const std::chrono::system_clock::time_point deadline = UnaryDeadline(call, options.unary_limit);
   std::shared_ptr<UnaryUpstream> up =
-      PrepareUnary(std::move(method_path), call->deadline(), request, options.metadata);
+      PrepareUnary(std::move(method_path), deadline, request, options.metadata);
   ForwardCancel cancel = CancelOf(up);
   if (!target.channel) {
     AddOwnMetadata(call, options.forwarded_by);
@@ -753,7 +763,7 @@ ForwardCancel ForwardUnary(const ForwardTarget& target, std::string method_path,
   }
   if (options.stats) options.stats->attempts.fetch_add(1);
   CallUnary(std::move(up), target.channel, response,
-            [call, deadline = call->deadline(), forwarded_by = std::move(options.forwarded_by),
+            [call, deadline, forwarded_by = std::move(options.forwarded_by),
              done = std::move(done)](UnaryUpstream& u, const grpc::Status& status) {
               AddOwnerMetadata(call, OwnerNode(u.context), forwarded_by);
               done(AtDeadline(status, deadline));

@@ -151,6 +151,12 @@ struct ForwardOptions {
   // block. Only the Later forms use it (the others have no handle to call
   // Begin again).
   std::function<bool(const grpc::Status&)> retry{};
+  // Unary relays: the owner's answer is awaited at most this long after the
+  // relay starts (the upstream call's deadline, and the client's answer
+  // DEADLINE_EXCEEDED), when the client's own deadline is later or absent:
+  // an owner that hangs with its connection open (frozen, overloaded) never
+  // holds a relay for ever. 0: the client's deadline alone.
+  std::chrono::milliseconds unary_limit{0};
 };
 
 // The handle on a relay set up before its owner was known (ForwardStreamLater,

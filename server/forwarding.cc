@@ -9,7 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "server/call_util.h"
+#include "server/config.h"
 #include "server/forward.h"
+#include "server/migration.h"
 #include "server/peer_dialer.h"
 #include "server/session_router.h"
 
@@ -57,7 +59,23 @@ class OwnerCall : public std::enable_shared_from_this<OwnerCall> {
     o.retry = [self = shared_from_this()](const grpc::Status& status) {
       return self->Retry(status);
     };
+    o.unary_limit = UnaryLimit();
     return o;
+  }
+
+  // How long a unary relay waits for the owner at most (a client with no
+  // deadline included): the longest the owner's own answer may
+  // legitimately take, plus a connection. A migration streams up to
+  // --max-import-bytes at --peer-min-throughput; a release waits for a
+  // generating session's lease (the store's release_wait); a read waits
+  // --lease-wait for an ending call.
+  std::chrono::milliseconds UnaryLimit() const {
+    const ServerConfig& c = *ctx_->config;
+    if (rpc_ == "MigrateSession") {
+      return c.peer_connect_timeout +
+             PeerStreamBudget(c.peer_connect_timeout, c.peer_min_throughput, c.max_import_bytes);
+    }
+    return c.peer_connect_timeout + ctx_->store->options().release_wait + c.lease_wait;
   }
 
   // Starts: a known owner at once, else a lookup. `pending` is the relay.

@@ -327,6 +327,10 @@ class Metrics::LiveState : public prometheus::Collectable {
                               "Bytes ImportSession streams not yet installed hold (counted against "
                               "the memory budget); 0 when no import runs.",
                               static_cast<double>(store_->import_bytes())));
+    out.push_back(GaugeFamily("cortiq_export_bytes_in_flight",
+                              "Bytes ExportSession snapshots not yet sent hold (counted against "
+                              "the memory budget); 0 when no export runs.",
+                              static_cast<double>(store_->export_bytes())));
     // The autoscaler's "how full": committed over the budget admission
     // enforces, or — with no budget, admission refusing nothing — over the
     // memory the node has (--memory-capacity).

@@ -112,6 +112,7 @@ absl::Status Server::Init() {
   so.ttl = c.session_ttl;
   so.lease_wait = c.lease_wait;
   so.max_imports = c.max_concurrent_imports;
+  so.max_exports = c.max_concurrent_exports;
   so.persister = persister_.get();  // files deleted on release; idle sessions spilled
   so.max_age = c.session_max_age;
   store_ = std::make_unique<session::SessionStore>(so);

@@ -86,6 +86,7 @@ class Server {
   session::SessionPersister* persister() { return persister_.get(); }
   // Where Generate and ExportSession calls on spilled sessions are set up.
   util::TaskRunner& read_back_runner() { return *read_back_; }
+  util::TaskRunner& background_runner() { return *background_; }
   const model::Transformer& model() const { return *model_; }
   // The ISA tier the model's math kernels run on (e.g. "avx512bf16"), for logs.
   const char* kernel_tier() const;

@@ -13,6 +13,7 @@
 // RESOURCE_EXHAUSTED before it is used (the rest of a stream already known
 // to be corrupt is only counted); at the end the new session is installed
 // under the cap and the budget.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/session/session_persister.h"
 #include "core/session/session_wire.h"
 #include "core/util/status_macros.h"
 #include "core/util/tsan_annotations.h"
@@ -29,9 +31,11 @@
 #include "grpcpp/grpcpp.h"
 #include "server/call_util.h"
 #include "server/forwarding.h"
-#include "server/session_router.h"
 #include "server/service.h"
+#include "server/session_router.h"
+#include "server/status_util.h"
 #include "server/wire_chunk.h"
+#include "spdlog/spdlog.h"
 
 namespace cortiq::server {
 
@@ -54,7 +58,6 @@ absl::StatusOr<session::SessionWireSource> ExportSource(
   return src;
 }
 
-
 // A snapshot of a session's stream as chunk slices, read under its lease
 // (which returns before a byte is sent, so a slow client never holds the
 // session). Each chunk is read from the caches into its own buffer, which
@@ -62,14 +65,17 @@ absl::StatusOr<session::SessionWireSource> ExportSource(
 // sees (Caller::sessions): another tenant's is NOT_FOUND.
 // A spilled session is read back first, or refused (session::
 // SpilledRefusal) with `read_back` kRefuse.
-absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(ServiceContext& ctx, const std::string& id,
-                                                      const session::TenantFilter& tenant,
-                                                      const session::SessionWireOptions& options,
-                                                      session::ReadBack read_back) {
+// The snapshot's bytes are `held`'s (an export reservation) before one is
+// copied: RESOURCE_EXHAUSTED naming --memory-budget when they do not fit.
+absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(
+    ServiceContext& ctx, const std::string& id, const session::TenantFilter& tenant,
+    const session::SessionWireOptions& options, session::ReadBack read_back,
+    session::SessionStore::ImportReservation& held) {
   CORTIQ_ASSIGN_OR_RETURN(
       session::SessionStore::Lease lease,
       ctx.store->Acquire(id, session::Clock::time_point::max(), tenant, read_back));
   CORTIQ_ASSIGN_OR_RETURN(session::SessionWireSource src, ExportSource(ctx, *lease, options));
+  CORTIQ_RETURN_IF_ERROR(held.Update(static_cast<size_t>(src.size())));
   std::vector<grpc::Slice> chunks;
   chunks.reserve((src.size() + kChunkBytes - 1) / kChunkBytes);
   while (src.left() > 0) {
@@ -86,6 +92,9 @@ absl::StatusOr<std::vector<grpc::Slice>> ExportChunks(ServiceContext& ctx, const
 // ctx->read_back worker, not on the gRPC thread: until it is done there,
 // OnCancel only marks the call (setting_up_) and Ready finishes it, and the
 // worker holds a reference (refs_) so that OnDone leaves `this` to it.
+// The snapshot is memory a client makes the node hold for as long as it
+// takes to read it: one of --max-concurrent-exports slots, and its bytes
+// count against --memory-budget (cortiq_export_bytes_in_flight) until sent.
 class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ExportReactor(ServiceContext* ctx, grpc::CallbackServerContext* call,
@@ -99,13 +108,21 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     absl::Status st = caller.status();
     if (st.ok()) st = CheckSessionId(req->session_id());
     if (st.ok()) st = CheckWireRequest(req->version(), req->dtype());
+    if (st.ok()) {
+      absl::StatusOr<session::SessionStore::ImportReservation> r = ctx->store->BeginExport();
+      if (r.ok()) {
+        held_ = *std::move(r);
+      } else {
+        st = r.status();
+      }
+    }
     if (!st.ok()) {
       Done(ToGrpcStatus(st));
       return;
     }
     const session::SessionWireOptions options = WireOptionsFrom(req->version(), req->dtype());
     absl::StatusOr<std::vector<grpc::Slice>> chunks = ExportChunks(
-        *ctx, req->session_id(), caller->sessions(), options, session::ReadBack::kRefuse);
+        *ctx, req->session_id(), caller->sessions(), options, session::ReadBack::kRefuse, held_);
     if (session::IsSpilledRefusal(chunks.status()) && ctx->read_back != nullptr) {
       {
         std::lock_guard lock(mu_);
@@ -115,7 +132,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       st = SubmitReadBack(
           *ctx, req->session_id(),
           [this, ctx, id = req->session_id(), tenant = caller->sessions(), options] {
-            Ready(ExportChunks(*ctx, id, tenant, options, session::ReadBack::kInline));
+            Ready(ExportChunks(*ctx, id, tenant, options, session::ReadBack::kInline, held_));
             Unref();
           });
       if (st.ok()) return;
@@ -146,6 +163,11 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
   void OnDone() override {
     util::TsanAcquire(this);
+    {
+      std::lock_guard lock(mu_);
+      chunks_.clear();  // what was not sent
+      held_.Release();
+    }
     log_.Done(status_.error_code(), status_.error_message(),
               {{"bytes", static_cast<int64_t>(bytes_)}});
     Unref();
@@ -176,6 +198,10 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void NextWrite() {
     std::lock_guard lock(mu_);
     if (finished_) return;
+    // The chunk just written is freed: the snapshot holds what is queued
+    // and the chunk about to be written (gRPC's until then).
+    (void)held_.Update(held_.bytes() - std::min(held_.bytes(), writing_bytes_));
+    writing_bytes_ = 0;
     if (next_ == chunks_.size()) {
       finished_ = true;
       status_ = grpc::Status::OK;
@@ -183,6 +209,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(status_);
       return;
     }
+    writing_bytes_ = chunks_[next_].size();
     bytes_ += chunks_[next_].size();
     message_ = ChunkMessage(std::move(chunks_[next_++]));
     util::TsanRelease(this);
@@ -202,12 +229,15 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::vector<grpc::Slice> chunks_;  // the stream, at most kChunkBytes each
   size_t next_ = 0;                  // the next chunk to send
   size_t bytes_ = 0;                 // sent so far
+  size_t writing_bytes_ = 0;         // the chunk being written
   bool finished_ = false;
   bool setting_up_ = false;  // a read_back worker exports (the constructor)
   bool cancelled_ = false;   // OnCancel came meanwhile
   std::atomic<int> refs_{1};  // gRPC's until OnDone, plus a read_back worker's
   grpc::Status status_;
   grpc::ByteBuffer message_;  // the chunk being written
+  // The snapshot's bytes against --memory-budget (--max-concurrent-exports).
+  session::SessionStore::ImportReservation held_;
 };
 
 // Ends an import that goes quiet: fires on_idle (once) when no Touch came
@@ -347,14 +377,34 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // The stream is whole: no timeout may answer for an installed session.
       if (watch_) watch_->Stop();
       if (finished()) return;
-      const absl::Status installed = Install();
-      if (installed.ok() && record_) {
-        // The session's file is written on this node before the import
-        // answers: a migration's source deletes its own only after that.
-        ctx_->persister->Submit(*std::move(record_), [this] { Done(grpc::Status::OK); });
+      absl::StatusOr<session::SessionStore::Lease> lease = Install();
+      if (!lease.ok()) {
+        Done(ToGrpcStatus(lease.status()));
         return;
       }
-      Done(ToGrpcStatus(installed));
+      {
+        std::lock_guard lock(mu_);
+        installed_ = true;
+      }
+      std::optional<session::SessionPersister::Pending> record;
+      if (ctx_->persister != nullptr) record = ctx_->persister->Prepare(**lease);
+      if (record) {
+        // The session's file is written on this node before the import
+        // answers: a migration's source deletes its own only after that.
+        // Queued before the lease returns, as the engine's records are, so
+        // a release that comes next deletes the file after this write. The
+        // writer's callback holds a reference: the call may end (cancelled,
+        // its deadline) and OnDone run before the write is done.
+        refs_.fetch_add(1, std::memory_order_relaxed);
+        ctx_->persister->Submit(*std::move(record), [this] {
+          Answer();
+          Unref();
+        });
+        lease->Return();
+        return;
+      }
+      lease->Return();
+      Answer();
       return;
     }
     if (finished()) return;  // ended (timed out, cancelled): read no more
@@ -413,18 +463,56 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnDone() override {
     util::TsanAcquire(this);
     if (watch_) watch_->Stop();  // no timer reaches this reactor from here on
-    if (!status_.ok()) ReturnFreedMemory();
+    if (!status_.ok()) {
+      ReturnFreedMemory();
+      TakeBackInstalled();
+    }
     if (ctx_->metrics) {
       ctx_->metrics->CountMigration(MigrationDirection::kIn,
                                     status_.ok() ? MigrationResult::kOk : MigrationResult::kFailed);
     }
     log_.Done(status_.error_code(), status_.error_message(),
               {{"bytes", static_cast<int64_t>(received_)}, {"session", id_}});
-    delete this;
+    Unref();
   }
 
  private:
-  absl::Status Install() {
+  // Drops one reference: gRPC's (OnDone) or the persister's callback's.
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  // The installed session's file is written (or there is none): the import
+  // answers OK, unless the call ended first.
+  void Answer() {
+    std::lock_guard lock(mu_);
+    if (finished_) return;  // cancelled meanwhile: OnDone takes the session back
+    finished_ = true;
+    status_ = grpc::Status::OK;
+    util::TsanRelease(this);
+    Finish(status_);
+  }
+  // A call that ended without answering OK (cancelled, its deadline passed
+  // while the file was written) after its session was installed: the
+  // source was told the import failed and keeps its session, so this copy
+  // goes (released, its file deleted after the write queued for it). On a
+  // background worker: the release waits for that write, which a gRPC
+  // thread must not.
+  void TakeBackInstalled() {
+    {
+      std::lock_guard lock(mu_);
+      if (!installed_) return;
+    }
+    auto release = [store = ctx_->store, id = id_] {
+      store->Release(id, session::ReleaseReason::kCancelled);
+    };
+    if (ctx_->background == nullptr || !ctx_->background->Submit(release).ok()) release();
+    spdlog::warn(
+        "ImportSession: session {} was installed, but the call ended {} before it "
+        "answered: released again (its source keeps it)",
+        id_, GrpcCodeName(status_.error_code()));
+  }
+
+  absl::StatusOr<session::SessionStore::Lease> Install() {
     if (received_ == 0) return absl::DataLossError("import: empty stream");
     if (!refused_.ok()) return refused_;
     CORTIQ_ASSIGN_OR_RETURN(std::unique_ptr<session::Session> s, sink_->Finish());
@@ -434,8 +522,6 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (installed.status().code() == absl::StatusCode::kAlreadyExists) return AlreadyHeld(id_);
     CORTIQ_ASSIGN_OR_RETURN(session::SessionStore::Lease lease, std::move(installed));
     if (ctx_->router) ctx_->router->Forget(id_);  // it lives here again
-    if (ctx_->persister != nullptr) record_ = ctx_->persister->Prepare(*lease);
-    lease.Return();
     v1::ImportSessionResponse reply;
     auto snap = ctx_->store->Get(id_);
     if (snap) ToProto(*snap, ctx_->node_name, reply.mutable_session());
@@ -443,7 +529,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     const grpc::Status st =
         grpc::SerializationTraits<v1::ImportSessionResponse>::Serialize(reply, response_, &own);
     if (!st.ok()) return absl::InternalError(st.error_message());
-    return absl::OkStatus();
+    return lease;
   }
   void Done(const grpc::Status& s) {
     std::lock_guard lock(mu_);
@@ -490,9 +576,8 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::string id_;
   grpc::ByteBuffer message_;
   ChunkView chunk_;
-  // --state-dir: the installed session's whole file, written before the
-  // import answers.
-  std::optional<session::SessionPersister::Pending> record_;
+  bool installed_ = false;    // under mu_: Install succeeded
+  std::atomic<int> refs_{1};  // gRPC's until OnDone, plus the persister callback's
 };
 
 }  // namespace

@@ -438,7 +438,10 @@ void SessionPersister::Loop() {
     }
     Op op = std::move(queue_.front());
     queue_.pop_front();
+    const std::function<void(const std::string&)> hook =
+        op.kind == Op::kWrite ? write_hook_ : nullptr;
     lock.unlock();
+    if (hook) hook(op.id);
     if (op.kind == Op::kWrite) {
       Write(op.id, op.record);
     } else {
@@ -586,6 +589,11 @@ void SessionPersister::Quarantine(const std::string& path, const std::string& wh
 void SessionPersister::set_load_hook(std::function<void(const std::string& id)> hook) {
   std::lock_guard lock(mu_);
   load_hook_ = std::move(hook);
+}
+
+void SessionPersister::set_write_hook(std::function<void(const std::string& id)> hook) {
+  std::lock_guard lock(mu_);
+  write_hook_ = std::move(hook);
 }
 
 absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::string& id) {

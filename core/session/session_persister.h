@@ -141,6 +141,9 @@ class SessionPersister {
   // Tests: called with the id on Load's thread before it reads (to see
   // which thread reads a session back, or to hold it there). Thread-safe.
   void set_load_hook(std::function<void(const std::string& id)> hook);
+  // Tests: called with the id on the writer thread before each record is
+  // written (to hold a write there). Thread-safe.
+  void set_write_hook(std::function<void(const std::string& id)> hook);
 
   struct Stats {
     uint64_t records = 0;      // records written (appends and rewrites)
@@ -202,6 +205,7 @@ class SessionPersister {
   Stats stats_;
   RestoreReport last_restore_;
   std::function<void(const std::string&)> load_hook_;
+  std::function<void(const std::string&)> write_hook_;
   // Spent record buffers (turn-sized), reused by Prepare: the engine thread
   // then copies the new rows into pages already mapped.
   std::vector<std::string> spare_;

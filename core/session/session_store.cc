@@ -129,7 +129,18 @@ absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginImport() {
                      options_.max_imports, "; retry later"));
   }
   ++num_imports_;
-  return ImportReservation(this);
+  return ImportReservation(this, /*is_export=*/false);
+}
+
+absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginExport() {
+  std::unique_lock lock(mu_);
+  if (options_.max_exports > 0 && num_exports_ >= options_.max_exports) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("export: ", num_exports_, " exports being sent, --max-concurrent-exports ",
+                     options_.max_exports, "; retry later"));
+  }
+  ++num_exports_;
+  return ImportReservation(this, /*is_export=*/true);
 }
 
 absl::Status SessionStore::DrainingRefusal() {
@@ -142,7 +153,7 @@ void SessionStore::CloseToNewSessions() {
 }
 
 size_t SessionStore::CommittedLocked() const {
-  size_t total = import_bytes_;
+  size_t total = import_bytes_ + export_bytes_;
   for (const auto& [id, e] : sessions_) {
     total += std::max(e.session->Memory().total(), e.reservation);
   }
@@ -752,6 +763,16 @@ size_t SessionStore::num_imports() const {
   return num_imports_;
 }
 
+size_t SessionStore::export_bytes() const {
+  std::unique_lock lock(mu_);
+  return export_bytes_;
+}
+
+size_t SessionStore::num_exports() const {
+  std::unique_lock lock(mu_);
+  return num_exports_;
+}
+
 std::array<uint64_t, kNumReleaseReasons> SessionStore::releases() const {
   std::unique_lock lock(mu_);
   return releases_;
@@ -880,6 +901,7 @@ SessionStore::ImportReservation& SessionStore::ImportReservation::operator=(
   if (this != &o) {
     Release();
     store_ = std::exchange(o.store_, nullptr);
+    export_ = o.export_;
     bytes_ = std::exchange(o.bytes_, 0);
   }
   return *this;
@@ -895,12 +917,14 @@ absl::Status SessionStore::ImportReservation::Update(size_t bytes) {
     const size_t others = store_->CommittedLocked() - bytes_;
     if (others + bytes > budget) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "import: the stream would hold ", bytes, " bytes, ", others, " of the --memory-budget ",
-          budget, " bytes are committed to sessions and other imports (",
+          export_ ? "export: the session's snapshot would hold " : "import: the stream would hold ",
+          bytes, " bytes, ", others, " of the --memory-budget ", budget,
+          " bytes are committed to sessions and other imports and exports (",
           budget - std::min(others, budget), " free); refused"));
     }
   }
-  store_->import_bytes_ = store_->import_bytes_ - bytes_ + bytes;
+  size_t& held = export_ ? store_->export_bytes_ : store_->import_bytes_;
+  held = held - bytes_ + bytes;
   bytes_ = bytes;
   return absl::OkStatus();
 }
@@ -908,8 +932,8 @@ absl::Status SessionStore::ImportReservation::Update(size_t bytes) {
 void SessionStore::ImportReservation::Release() {
   if (store_ == nullptr) return;
   std::unique_lock lock(store_->mu_);
-  store_->import_bytes_ -= bytes_;
-  --store_->num_imports_;
+  (export_ ? store_->export_bytes_ : store_->import_bytes_) -= bytes_;
+  --(export_ ? store_->num_exports_ : store_->num_imports_);
   store_ = nullptr;
   bytes_ = 0;
 }

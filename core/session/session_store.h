@@ -97,6 +97,9 @@ struct StoreOptions {
   std::chrono::milliseconds cancel_settle{20};
   // Imports in flight at once (--max-concurrent-imports); 0 = unlimited.
   size_t max_imports = 4;
+  // ExportSession snapshots held at once (--max-concurrent-exports); 0 =
+  // unlimited.
+  size_t max_exports = 4;
   // --state-dir (not owned; may be null). With it:
   //   * a session the store lets go of has its file deleted (after it is
   //     erased, outside the lock, before the release is reported done: a
@@ -217,6 +220,12 @@ class SessionStore {
   // naming --max-concurrent-imports when options.max_imports are in flight;
   // UNAVAILABLE once CloseToNewSessions ran.
   absl::StatusOr<ImportReservation> BeginImport();
+  // Starts accounting one export's snapshot (ExportSession: a copy of the
+  // session's stream, held until a possibly slow client has read it),
+  // holding 0 bytes until Update: the same budget as an import's, its own
+  // cap. RESOURCE_EXHAUSTED naming --max-concurrent-exports when
+  // options.max_exports are held.
+  absl::StatusOr<ImportReservation> BeginExport();
   // From now on no session comes in (UNAVAILABLE): BeginImport, Install
   // and Create / CreateMany / CreateNamed refuse. A draining node calls
   // this before it lists the sessions it moves, and each of those decides
@@ -343,6 +352,9 @@ class SessionStore {
   // Bytes the imports in flight hold (their reservations' sum); 0 when none runs.
   size_t import_bytes() const;
   size_t num_imports() const;
+  // Bytes the export snapshots being sent hold (BeginExport); 0 when none.
+  size_t export_bytes() const;
+  size_t num_exports() const;
   std::array<uint64_t, kNumReleaseReasons> releases() const;  // cumulative, by reason
   const StoreOptions& options() const { return options_; }
 
@@ -418,7 +430,8 @@ class SessionStore {
   // The bytes one import in flight holds, counted against the budget from
   // its first byte (committed_bytes() includes them, so a Generate is
   // refused while imports fill the budget). Move-only; gives its bytes back
-  // when destroyed, unless Install made them the session's.
+  // when destroyed, unless Install made them the session's. An export's
+  // snapshot (BeginExport) is held the same way, counted apart.
   class ImportReservation {
    public:
     ImportReservation() = default;
@@ -432,7 +445,8 @@ class SessionStore {
     // shrink). RESOURCE_EXHAUSTED naming --memory-budget with the numbers
     // when a growth does not fit the budget; the bytes held stay as they
     // were then, and the caller stops the import (and drops this).
-    // Requires a reservation from BeginImport, not yet released. O(sessions).
+    // Requires a reservation from BeginImport / BeginExport, not yet
+    // released. O(sessions).
     absl::Status Update(size_t bytes);
     size_t bytes() const { return bytes_; }
     // Gives the bytes back and stops counting this import (idempotent).
@@ -440,8 +454,9 @@ class SessionStore {
 
    private:
     friend class SessionStore;
-    explicit ImportReservation(SessionStore* store) : store_(store) {}
+    ImportReservation(SessionStore* store, bool is_export) : store_(store), export_(is_export) {}
     SessionStore* store_ = nullptr;
+    bool export_ = false;  // BeginExport's: counted in export_bytes_ / num_exports_
     size_t bytes_ = 0;
   };
 
@@ -531,6 +546,8 @@ class SessionStore {
   uint64_t spills_ = 0, unspills_ = 0;
   size_t import_bytes_ = 0;  // Σ the ImportReservations' bytes
   size_t num_imports_ = 0;   // ImportReservations alive
+  size_t export_bytes_ = 0;  // Σ the export snapshots' reservations
+  size_t num_exports_ = 0;   // export reservations alive
   bool closed_ = false;      // CloseToNewSessions ran: no session comes in
 };
 

@@ -88,6 +88,23 @@ inline StreamOut RunGenerate(v1::Inference::Stub& stub, const v1::GenerateReques
   return o;
 }
 
+// ExportSession of `id` through `stub`, read to the end.
+struct Exported {
+  std::string wire;  // the chunks' data, in order
+  grpc::Status status;
+};
+inline Exported ExportWire(v1::Inference::Stub& stub, const std::string& id) {
+  grpc::ClientContext ctx;
+  v1::ExportSessionRequest req;
+  req.set_session_id(id);
+  auto reader = stub.ExportSession(&ctx, req);
+  Exported out;
+  v1::WireChunk chunk;
+  while (reader->Read(&chunk)) out.wire += chunk.data();
+  out.status = reader->Finish();
+  return out;
+}
+
 // A greedy turn of 8 tokens (EOS ignored) on the kept session `session`
 // ("" opens one): the request, and the call read whole.
 inline v1::GenerateRequest KeptTurnRequest(const std::string& session, const std::string& prompt) {

@@ -116,6 +116,7 @@ Fields FieldsOf(const ServerConfig& c) {
       {"max-message-bytes", Text(c.max_message_bytes)},
       {"max-import-bytes", Text(c.max_import_bytes)},
       {"max-concurrent-imports", Text(c.max_concurrent_imports)},
+      {"max-concurrent-exports", Text(c.max_concurrent_exports)},
       {"import-idle-timeout", Text(c.import_idle_timeout)},
       {"max-batch", Text(c.max_batch)},
       {"step-tokens", Text(c.step_tokens)},
@@ -183,6 +184,7 @@ TEST_F(ConfigTest, Defaults) {
       {"max-message-bytes", std::to_string(size_t{8} << 20)},
       {"max-import-bytes", std::to_string(size_t{8} << 30)},
       {"max-concurrent-imports", "4"},
+      {"max-concurrent-exports", "4"},
       {"import-idle-timeout", "30000ms"},
       {"max-batch", "32"},
       {"step-tokens", "128"},
@@ -251,6 +253,7 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"max-message-bytes", "4M", std::to_string(size_t{4} << 20)},
       {"max-import-bytes", "256M", std::to_string(size_t{256} << 20)},
       {"max-concurrent-imports", "9", "9"},
+      {"max-concurrent-exports", "3", "3"},
       {"import-idle-timeout", "0.5", "500ms"},
       {"max-batch", "4", "4"},
       {"max-n", "3", "3"},
@@ -342,6 +345,8 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
   ExpectUsageError({"--grace", "soon"}, "--grace: expected a number");
   ExpectUsageError({"--max-concurrent-imports", "0"},
                    "--max-concurrent-imports: must be at least 1");
+  ExpectUsageError({"--max-concurrent-exports", "0"},
+                   "--max-concurrent-exports: must be at least 1");
   ExpectUsageError({"--import-idle-timeout", "0"}, "--import-idle-timeout: must be positive");
   ExpectUsageError({"--kv-dtype", "f16"}, "--kv-dtype: expected f32 or int8");
   ExpectUsageError({"--attention", "sparse"}, "--attention: expected exact, o1, qsa or window");

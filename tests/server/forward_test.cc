@@ -230,6 +230,7 @@ class RelayService final : public RelayBase {
   }
 
   const std::shared_ptr<ForwardStats>& stats() const { return stats_; }
+  void set_unary_limit(milliseconds limit) { unary_limit_ = limit; }
 
   // Waits until `n` relayed calls have ended; their statuses and message
   // counts, in order of ending.
@@ -286,6 +287,7 @@ class RelayService final : public RelayBase {
     ForwardOptions o{.metadata = {{"x-cortiq-hops", "1"}, {"traceparent", kTraceparent}},
                      .forwarded_by = kRelayName,
                      .stats = stats_};
+    o.unary_limit = unary_limit_.load();
     if (mode_ == Mode::kLater) {
       o.retry = [this, handle](const grpc::Status& s) {
         std::optional<ForwardTarget> next;
@@ -343,6 +345,7 @@ class RelayService final : public RelayBase {
   const ForwardTarget target_;
   const Mode mode_;
   const std::shared_ptr<ForwardStats> stats_ = std::make_shared<ForwardStats>();
+  std::atomic<milliseconds> unary_limit_{milliseconds(0)};
   std::atomic<bool> retry_answer_{false};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -901,6 +904,37 @@ TEST(ForwardTest, AClientCancelReachesAnOwnerThatHasNotAnswered) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
     EXPECT_EQ(messages, 0u);
   }
+}
+
+// A client without a deadline: the relay's unary limit bounds the wait for
+// an owner that never answers (it used to wait for ever), upstream and
+// down; the owner's call is cancelled at that deadline.
+TEST(ForwardTest, AUnaryRelayWaitsForAHangingOwnerAtMostItsLimit) {
+  HangingPeer peer;
+  Relay a(peer.addr());
+  a.service().set_unary_limit(milliseconds(300));
+  auto via_a = a.Stub();
+  grpc::ClientContext ctx;  // no deadline
+  v1::GetSessionRequest req;
+  req.set_session_id("s");
+  v1::SessionInfo info;
+  const auto before = std::chrono::system_clock::now();
+  EXPECT_EQ(via_a->GetSession(&ctx, req, &info).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(peer.WaitCalls(1, milliseconds(10'000)));
+  EXPECT_LE(peer.seen(0).deadline, std::chrono::system_clock::now());
+  EXPECT_GT(peer.seen(0).deadline, before);
+  EXPECT_TRUE(peer.WaitCancels(1, milliseconds(10'000)));
+  ASSERT_TRUE(a.service().WaitEnded(1, milliseconds(10'000)));
+  EXPECT_EQ(a.service().ended()[0].first.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // A client deadline earlier than the limit is the one that goes upstream.
+  a.service().set_unary_limit(milliseconds(600'000));
+  grpc::ClientContext short_ctx;
+  const auto deadline = In(milliseconds(300));
+  short_ctx.set_deadline(deadline);
+  EXPECT_EQ(via_a->GetSession(&short_ctx, req, &info).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(peer.WaitCalls(2, milliseconds(10'000)));
+  EXPECT_LE(peer.seen(1).deadline, deadline + milliseconds(50));
 }
 
 // ---- deferred start and retry ----

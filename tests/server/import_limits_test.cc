@@ -6,11 +6,13 @@
 // refuses imports and Generate calls while they fill it; a quiet stream ends
 // with DEADLINE_EXCEEDED after --import-idle-timeout; afterwards the gauge
 // is 0 and the process's resident memory is back near its baseline.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/util/page_pool.h"
@@ -58,15 +60,9 @@ std::string ExportedSession(const std::string& model, size_t prompt_chars) {
   Node src = StartNode(model, 0, 4);
   testing::StreamOut o = testing::RunGenerate(*src.stub, Prompt(prompt_chars, 20, true));
   EXPECT_TRUE(o.status.ok()) << o.status.error_message();
-  grpc::ClientContext ctx;
-  v1::ExportSessionRequest req;
-  req.set_session_id(o.session);
-  auto reader = src.stub->ExportSession(&ctx, req);
-  std::string wire;
-  v1::WireChunk chunk;
-  while (reader->Read(&chunk)) wire += chunk.data();
-  EXPECT_TRUE(reader->Finish().ok());
-  return wire;
+  testing::Exported e = testing::ExportWire(*src.stub, o.session);
+  EXPECT_TRUE(e.status.ok()) << e.status.error_message();
+  return std::move(e.wire);
 }
 
 // One stalled import: sends all of `wire` but its last kWithheld bytes (or
@@ -297,6 +293,46 @@ TEST_F(ImportLimitsTest, ACancelledImportGivesBackWhatItHeld) {
   EXPECT_TRUE(WaitForNoImport(n));
   EXPECT_EQ(n.server->store().num_sessions(), 0u);
   EXPECT_TRUE(ImportWhole(n, *wire_).ok());  // the slot is free again
+}
+
+// An export's snapshot is memory a client makes the node hold until it has
+// read it: reserved against --memory-budget before a byte is copied out of
+// the session (RESOURCE_EXHAUSTED when it does not fit beside the session),
+// given back once sent. It used to be held uncounted, one whole copy per
+// call.
+TEST_F(ImportLimitsTest, AnExportSnapshotCountsAgainstTheBudget) {
+  const size_t held = HeldPerStream(*model_, *long_wire_);
+  size_t committed = 0;
+  {
+    Node probe = StartNode(*model_, 0, 1);
+    ASSERT_TRUE(ImportWhole(probe, *long_wire_).ok());
+    committed = probe.server->store().committed_bytes();
+  }
+  const size_t room = std::max(held, committed) + (768 << 10);
+  ASSERT_LT(room, committed + long_wire_->size());  // no room for a copy beside the session
+  Node n = StartNode(*model_, room, 1);
+  ASSERT_TRUE(ImportWhole(n, *long_wire_).ok());
+  const std::string id = n.server->store().List().at(0).id;
+  auto [none, refused] = testing::ExportWire(*n.stub, id);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("export: the session's snapshot would hold"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("--memory-budget"), std::string::npos);
+  EXPECT_TRUE(none.empty());
+  EXPECT_TRUE(WaitFor([&] { return n.server->store().num_exports() == 0; }));
+  EXPECT_EQ(n.server->store().export_bytes(), 0u);
+  EXPECT_EQ(n.server->store().num_sessions(), 1u);  // the session stays, untouched
+
+  // With room for the copy the same session exports whole, and gives it back.
+  Node m = StartNode(*model_, committed + long_wire_->size() + (768 << 10), 1);
+  ASSERT_TRUE(ImportWhole(m, *long_wire_).ok());
+  auto [wire, ok] = testing::ExportWire(*m.stub, id);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(wire, *long_wire_);
+  EXPECT_TRUE(WaitFor([&] { return m.server->store().num_exports() == 0; }));
+  EXPECT_EQ(m.server->store().export_bytes(), 0u);
+  EXPECT_EQ(m.server->store().committed_bytes(), m.server->store().MemoryByKindTotal().total());
 }
 
 TEST_F(ImportLimitsTest, ACompleteImportMovesItsReservationToTheSession) {

@@ -429,6 +429,26 @@ TEST_F(MetricsTest, ImportBytesInFlightIsWhatImportsHold) {
   EXPECT_EQ(Scrape().Value("cortiq_import_bytes_in_flight"), 0);
 }
 
+// Export snapshots have their own gauge and count as committed too.
+TEST_F(MetricsTest, ExportBytesInFlightIsWhatExportSnapshotsHold) {
+  EXPECT_EQ(Scrape().Value("cortiq_export_bytes_in_flight"), 0);
+  auto a = store_->BeginExport();
+  auto i = store_->BeginImport();
+  ASSERT_TRUE(a.ok() && i.ok());
+  ASSERT_TRUE(a->Update(4000).ok());
+  ASSERT_TRUE(i->Update(10).ok());
+  Exposition e = Scrape();
+  EXPECT_EQ(e.Value("cortiq_export_bytes_in_flight"), 4000);
+  EXPECT_EQ(e.Value("cortiq_import_bytes_in_flight"), 10);
+  EXPECT_EQ(e.Value("cortiq_memory_committed_bytes"), 4010);
+  ASSERT_TRUE(a->Update(1000).ok());  // chunks sent
+  EXPECT_EQ(Scrape().Value("cortiq_export_bytes_in_flight"), 1000);
+  a->Release();
+  EXPECT_EQ(Scrape().Value("cortiq_export_bytes_in_flight"), 0);
+  EXPECT_EQ(store_->num_exports(), 0u);
+  EXPECT_EQ(store_->num_imports(), 1u);
+}
+
 // Every family carries HELP and TYPE; no label is a session id.
 TEST_F(MetricsTest, EveryFamilyHasHelpAndLowCardinalityLabels) {
   SessionStore::Lease l = NewSession(F32(), 4);
@@ -448,7 +468,7 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndLowCardinalityLabels) {
     ++families;
     EXPECT_EQ(family.rfind("cortiq_", 0), 0u) << family;
   }
-  EXPECT_EQ(families, 42u);  // docs/METRICS.md lists 62; no engine here (7), no --state-dir (13)
+  EXPECT_EQ(families, 43u);  // docs/METRICS.md lists 63; no engine here (7), no --state-dir (13)
   const std::set<std::string> allowed = {"kind",  "reason",    "rpc",      "code",
                                          "le",    "direction", "result",   "version",
                                          "model", "copy",      "frontend", "finished_reason",

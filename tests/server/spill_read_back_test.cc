@@ -54,6 +54,7 @@ class SpillReadBackTest : public ::testing::Test {
   void TearDown() override {
     if (node_.server) {
       node_.server->persister()->set_load_hook(nullptr);
+      node_.server->persister()->set_write_hook(nullptr);
       node_.server->Shutdown(milliseconds(0));
     }
     if (ref_.server) ref_.server->Shutdown(milliseconds(0));
@@ -182,6 +183,85 @@ TEST_F(SpillReadBackTest, ACallCancelledDuringTheReadBackEndsAndLeavesTheSession
   node_.server->persister()->set_load_hook(nullptr);
   node_.server->Shutdown(milliseconds(0));
   EXPECT_EQ(node_.server->read_back_runner().in_flight(), 0u);
+}
+
+}  // namespace
+}  // namespace cortiq::server
+
+namespace cortiq::server {
+namespace {
+
+// An import whose call ends while its installed session's file is written
+// (a migration's deadline passing during the peer's fsync): its source was
+// told the import failed and keeps the session, so the copy here goes
+// (released, its file deleted), and the reactor outlives the write (the
+// writer's callback used to reach it freed). The write is held on the
+// persister's thread until the server has seen the cancellation.
+TEST_F(SpillReadBackTest, ImportEndedWhileItsFileIsWrittenLeavesNothing) {
+  StreamOut r = KeptTurn(ref_, "", "Call me Ishmael.");
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const testing::Exported exported = testing::ExportWire(*ref_.stub, r.session);
+  ASSERT_TRUE(exported.status.ok()) << exported.status.error_message();
+  const std::string& wire = exported.wire;
+  const fs::path file = fs::path(dir_) / (r.session + ".cqsj");
+
+  std::promise<void> entered, go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::atomic<bool> first{true};
+  node_.server->persister()->set_write_hook([&, go_f](const std::string&) {
+    if (!first.exchange(false)) return;
+    entered.set_value();
+    go_f.wait();
+  });
+  struct Go {  // never leaves the writer held (TearDown's Shutdown waits for it)
+    std::promise<void>& p;
+    bool set = false;
+    void Set() {
+      if (!std::exchange(set, true)) p.set_value();
+    }
+    ~Go() { Set(); }
+  } release{go};
+
+  grpc::ClientContext ctx;
+  v1::ImportSessionResponse resp;
+  auto writer = node_.stub->ImportSession(&ctx, &resp);
+  v1::WireChunk chunk;
+  chunk.set_data(wire);
+  ASSERT_TRUE(writer->Write(chunk));
+  ASSERT_TRUE(writer->WritesDone());
+  ASSERT_EQ(entered.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(node_.server->store().Get(r.session).has_value());  // installed, not answered
+  ctx.TryCancel();
+  EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The server has ended the call (OnDone counts it) before the write goes on.
+  auto migrations_in = [&](const std::string& result) {
+    return testing::Scrape(node_.server->metrics_port())
+        .Get("cortiq_migrations_total", {{"direction", "in"}, {"result", result}})
+        .value_or(0);
+  };
+  for (int i = 0; i < 3000 && migrations_in("failed") < 1; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(migrations_in("failed"), 1.0);
+  release.Set();
+  for (int i = 0; i < 3000 && node_.server->store().Get(r.session).has_value(); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(node_.server->store().Get(r.session).has_value());
+  ASSERT_TRUE(node_.server->background_runner().WaitIdleUntil(std::chrono::steady_clock::now() +
+                                                              std::chrono::seconds(30)));
+  EXPECT_FALSE(fs::exists(file));
+  EXPECT_EQ(migrations_in("ok"), 0.0);
+
+  // The same stream imported whole afterwards installs, answers and persists.
+  node_.server->persister()->set_write_hook(nullptr);
+  grpc::ClientContext again;
+  auto w2 = node_.stub->ImportSession(&again, &resp);
+  ASSERT_TRUE(w2->Write(chunk));
+  ASSERT_TRUE(w2->WritesDone());
+  ASSERT_TRUE(w2->Finish().ok());
+  EXPECT_TRUE(node_.server->store().Get(r.session).has_value());
+  EXPECT_TRUE(fs::exists(file));
 }
 
 }  // namespace

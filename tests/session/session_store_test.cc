@@ -302,6 +302,43 @@ TEST_F(StoreTest, AClosedStoreTakesNoSessionIn) {
   EXPECT_EQ(store.num_sessions(), 1u);  // the one made before; it stays
 }
 
+// Export snapshots share the budget with imports and sessions, under a cap
+// of their own.
+TEST_F(StoreTest, ExportReservationsAreBudgetedAndCappedApart) {
+  StoreOptions o;
+  o.memory_budget_bytes = 1000;
+  o.max_imports = 1;
+  o.max_exports = 1;
+  SessionStore store(o);
+  auto e = store.BeginExport();
+  ASSERT_TRUE(e.ok());
+  const absl::StatusOr<SessionStore::ImportReservation> e2 = store.BeginExport();
+  EXPECT_EQ(e2.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(e2.status().message().find("--max-concurrent-exports 1"), std::string_view::npos)
+      << e2.status();
+  auto i = store.BeginImport();  // an import slot is still free
+  ASSERT_TRUE(i.ok());
+  EXPECT_TRUE(e->Update(700).ok());
+  EXPECT_EQ(store.export_bytes(), 700u);
+  EXPECT_EQ(store.import_bytes(), 0u);
+  EXPECT_EQ(store.committed_bytes(), 700u);
+  const absl::Status grown = i->Update(400);
+  EXPECT_EQ(grown.code(), absl::StatusCode::kResourceExhausted) << grown;
+  const absl::Status big = e->Update(1001);
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.message().find("export: the session's snapshot would hold 1001 bytes"),
+            std::string_view::npos)
+      << big;
+  EXPECT_EQ(store.export_bytes(), 700u);  // as it was
+  EXPECT_TRUE(e->Update(100).ok());       // chunks sent
+  EXPECT_TRUE(i->Update(400).ok());
+  e->Release();
+  EXPECT_EQ(store.export_bytes(), 0u);
+  EXPECT_EQ(store.num_exports(), 0u);
+  EXPECT_EQ(store.num_imports(), 1u);
+  EXPECT_TRUE(store.BeginExport().ok());  // the slot is free again
+}
+
 TEST_F(StoreTest, ImportReservationsAreBudgetedCappedAndBecomeTheSessions) {
   StoreOptions o;
   o.memory_budget_bytes = 1000;
