@@ -483,9 +483,17 @@ void Engine::FinishJob(Job& job, FinishReason reason, absl::Status status) {
   // once it is written (under --persist-sync turn, on disk).
   // It is queued before the lease returns, so a release that the return
   // carries out deletes the file after this write, never before it.
+  // A call past its deadline ends between steps, as a cancelled one does:
+  // its state (a prompt absorbed, tokens sampled) is whole and is written.
+  // A failed step may leave the layers partly extended: no record, and the
+  // session is counted as unpersisted when it moved past its file.
   std::optional<SessionPersister::Pending> record;
-  if (options_.persister != nullptr && !job.request_.release_at_end && status.ok()) {
-    record = options_.persister->Prepare(s);
+  if (options_.persister != nullptr && !job.request_.release_at_end) {
+    if (status.ok() || absl::IsDeadlineExceeded(status)) {
+      record = options_.persister->Prepare(s);
+    } else {
+      options_.persister->CountUnpersisted(s, status);
+    }
   }
   if (!record) {
     // The session is no longer the engine's: return the lease before the

@@ -153,9 +153,10 @@ struct EngineOptions {
   size_t max_context = 0;         // positions per session (0 = the model's max_position_embeddings)
   EngineObserver* observer = nullptr;  // not owned; may be null
   // --state-dir (not owned; may be null): at the end of each call on a kept
-  // session the engine prepares the session's journal record (a copy of
-  // its new rows, with the lease) and the job's consumer learns the call
-  // is over once the persister has written it.
+  // session (completed, cancelled or past its deadline; not a failed step)
+  // the engine prepares the session's journal record (a copy of its new
+  // rows, with the lease) and the job's consumer learns the call is over
+  // once the persister has written it.
   SessionPersister* persister = nullptr;
 };
 

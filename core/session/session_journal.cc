@@ -1,10 +1,12 @@
 #include "core/session/session_journal.h"
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -256,37 +258,80 @@ struct Record {
   uint64_t offset;
 };
 
-// Reads exactly `n` bytes at `offset`; false on an error or a short file.
-bool PreadAll(int fd, void* dst, size_t n, uint64_t offset) {
+// A read of the file that failed: an I/O error (EIO) or a file shorter
+// than its mapping. The file's bytes cannot be had, so the file is treated
+// as corrupt (DATA_LOSS: quarantined) rather than read through the mapping,
+// where the same error is a SIGBUS.
+absl::Status ReadFailed(uint64_t offset, size_t n, int err) {
+  return Corrupt(absl::StrCat("reading ", n, " bytes at byte ", offset, ": ",
+                              err != 0 ? std::strerror(err) : "the file ends before them"));
+}
+
+// Reads exactly `n` bytes at `offset`.
+absl::Status PreadAll(int fd, void* dst, size_t n, uint64_t offset) {
   char* out = static_cast<char*>(dst);
+  const uint64_t start = offset;
+  const size_t total = n;
   while (n > 0) {
     const ssize_t got = ::pread(fd, out, n, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
+    if (got <= 0) return ReadFailed(start, total, got < 0 ? errno : 0);
     out += got;
     n -= static_cast<size_t>(got);
     offset += static_cast<uint64_t>(got);
   }
-  return true;
+  return absl::OkStatus();
+}
+
+// Reads exactly the bytes `iov` names, in order, from `offset`: one
+// preadv for a layer's rows (every head's keys and values, contiguous in
+// the file) instead of one pread per head. Consumes `iov`.
+absl::Status PreadvAll(int fd, std::vector<iovec>& iov, uint64_t offset) {
+  size_t total = 0;
+  for (const iovec& v : iov) total += v.iov_len;
+  const uint64_t start = offset;
+  size_t i = 0;
+  while (i < iov.size()) {
+    if (iov[i].iov_len == 0) {
+      ++i;
+      continue;
+    }
+    const int k = static_cast<int>(std::min<size_t>(iov.size() - i, IOV_MAX));
+    const ssize_t got = ::preadv(fd, iov.data() + i, k, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return ReadFailed(start, total, got < 0 ? errno : 0);
+    offset += static_cast<uint64_t>(got);
+    for (size_t left = static_cast<size_t>(got); left > 0;) {
+      const size_t step = std::min(left, iov[i].iov_len);
+      iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + step;
+      iov[i].iov_len -= step;
+      left -= step;
+      if (iov[i].iov_len == 0) ++i;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `n` bytes of the file at `offset` into `dst`: with pread when fd is open
+// (an I/O error is then a status, not a SIGBUS), else from the mapping.
+absl::Status ReadAt(std::string_view file, int fd, uint64_t offset, size_t n, void* dst) {
+  if (fd >= 0) return PreadAll(fd, dst, n, offset);
+  std::memcpy(dst, file.data() + offset, n);
+  return absl::OkStatus();
 }
 
 // CRC-32C of file[offset, offset + n): read with pread into `buf` (reused
 // across calls) when fd is open, else from the mapping.
-uint32_t FileCrc32c(std::string_view file, int fd, uint64_t offset, size_t n,
-                    std::vector<char>& buf) {
-  if (fd < 0 || n < internal::restore_pread_min_bytes.load()) {
-    return util::Crc32c(file.substr(offset, n));
-  }
+absl::StatusOr<uint32_t> FileCrc32c(std::string_view file, int fd, uint64_t offset, size_t n,
+                                    std::vector<char>& buf) {
+  if (fd < 0) return util::Crc32c(file.substr(offset, n));
   constexpr size_t kChunk = size_t{4} << 20;
-  if (buf.size() < kChunk) buf.resize(kChunk);
+  if (buf.size() < std::min(kChunk, n)) buf.resize(std::min(kChunk, n));
   uint32_t crc = 0;  // Crc32c(A) == Crc32cExtend(0, A)
   for (size_t at = 0; at < n;) {
     const size_t k = std::min(kChunk, n - at);
-    if (PreadAll(fd, buf.data(), k, offset + at)) {
-      crc = util::Crc32cExtend(crc, buf.data(), k);
-    } else {
-      crc = util::Crc32cExtend(crc, file.data() + offset + at, k);
-    }
+    CORTIQ_RETURN_IF_ERROR(PreadAll(fd, buf.data(), k, offset + at));
+    crc = util::Crc32cExtend(crc, buf.data(), k);
     at += k;
   }
   return crc;
@@ -458,19 +503,15 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
   }
   if (!r.done()) return Corrupt("trailing bytes in a turn");
   // The copies, layer by layer in file order: each reserves its layer's rows
-  // (faulting its pages in) and copies the record's rows into them.
+  // (faulting its pages in) and copies the record's rows into them. With a
+  // descriptor every row is read with pread, never through the mapping: a
+  // failed read is DATA_LOSS, where the mapping would raise SIGBUS.
   const size_t reserve_to = std::max(reserve, new_cached);
-  auto copy_layer = [&](const Copy& c) {
+  auto copy_layer = [&](const Copy& c, std::vector<iovec>& iov) -> absl::Status {
     kv::LayerKvCache& cache = *c.cache;
     cache.Reserve(reserve_to);
-    const char* src = c.rows.data();
-    auto take = [&](void* dst, size_t bytes) {
-      if (fd < 0 || bytes < internal::restore_pread_min_bytes.load() ||
-          !PreadAll(fd, dst, bytes, static_cast<uint64_t>(src - file_base))) {
-        std::memcpy(dst, src, bytes);
-      }
-      src += bytes;
-    };
+    iov.clear();
+    auto take = [&](void* dst, size_t bytes) { iov.push_back({dst, bytes}); };
     for (size_t h = 0; h < H; ++h) {
       const kv::HeadRowsFill f = cache.FillNext(h, count);
       if (cache.mode() == kv::KvMode::kF32) {
@@ -483,7 +524,17 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
         take(f.value_scales.data(), f.value_scales.size_bytes());
       }
     }
+    if (fd >= 0) {
+      CORTIQ_RETURN_IF_ERROR(PreadvAll(fd, iov, static_cast<uint64_t>(c.rows.data() - file_base)));
+    } else {
+      const char* src = c.rows.data();
+      for (const iovec& v : iov) {
+        std::memcpy(v.iov_base, src, v.iov_len);
+        src += v.iov_len;
+      }
+    }
     cache.AppendDenseRows(count);
+    return absl::OkStatus();
   };
   // Parallel when the copies, or the rows the layers reserve now (the first
   // record reserves every turn's positions), are large.
@@ -494,8 +545,10 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
       total += (reserve_to - c.cache->capacity()) * H * RowBytesPerHead(c.cache->mode(), D);
     }
   }
+  std::vector<iovec> iov;
+  iov.reserve(4 * H);
   if (total < internal::restore_parallel_bytes.load() || copies.size() < 2) {
-    for (const Copy& c : copies) copy_layer(c);
+    for (const Copy& c : copies) CORTIQ_RETURN_IF_ERROR(copy_layer(c, iov));
   } else {
     // A large record: a second thread reserves the layers ahead of the
     // copies. Faulting fresh pages in is the kernel's page allocator, about
@@ -514,14 +567,16 @@ absl::Status Restorer::ApplyTurn(std::string_view payload, model::SequenceKv& kv
         cv.notify_one();
       }
     });
-    for (size_t i = 0; i < copies.size(); ++i) {
+    absl::Status copied;
+    for (size_t i = 0; i < copies.size() && copied.ok(); ++i) {
       {
         std::unique_lock lock(mu);
         cv.wait(lock, [&] { return reserved > i; });
       }
-      copy_layer(copies[i]);
+      copied = copy_layer(copies[i], iov);
     }
     reserver.join();
+    CORTIQ_RETURN_IF_ERROR(copied);
   }
   cached = new_cached;
   return absl::OkStatus();
@@ -560,10 +615,20 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
                                                const model::Transformer& model,
                                                uint64_t fingerprint,
                                                const std::function<void()>& start_reading, int fd) {
-  if (file.size() < kJournalHeaderBytes || std::memcmp(file.data(), kMagic, 4) != 0) {
+  // With a descriptor, the file header and the records' frames are read
+  // with pread like the rows and checksums (an I/O error a status, not a
+  // SIGBUS). The records' payloads other than rows (the session header, a
+  // turn's tokens, sampler and layer headers, whole-layer blobs, QSA keys)
+  // are parsed in place, through the mapping: reading them with pread would
+  // copy each into a buffer first, for bytes that are a small part of a
+  // session next to its rows.
+  char head[kJournalHeaderBytes];
+  if (file.size() < kJournalHeaderBytes) return Corrupt("bad magic (not a Cortiq session journal)");
+  CORTIQ_RETURN_IF_ERROR(ReadAt(file, fd, 0, sizeof(head), head));
+  if (std::memcmp(head, kMagic, 4) != 0) {
     return Corrupt("bad magic (not a Cortiq session journal)");
   }
-  ByteReader hr(file.substr(4, kJournalHeaderBytes - 4));
+  ByteReader hr(std::string_view(head + 4, kJournalHeaderBytes - 4));
   uint32_t version, flags, reserved;
   uint64_t fp;
   hr.U32(&version);
@@ -587,17 +652,33 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
   std::vector<Record> records;
   uint64_t pos = kJournalHeaderBytes;
   RestoredJournal out;
+  // Whether file[from, end) is all zeros (a torn tail).
+  auto zeros_from = [&](uint64_t from) -> absl::StatusOr<bool> {
+    if (fd < 0) return file.substr(from).find_first_not_of('\0') == std::string_view::npos;
+    char buf[64 << 10];
+    for (uint64_t at = from; at < file.size();) {
+      const size_t k = std::min<uint64_t>(sizeof(buf), file.size() - at);
+      CORTIQ_RETURN_IF_ERROR(PreadAll(fd, buf, k, at));
+      if (std::string_view(buf, k).find_first_not_of('\0') != std::string_view::npos) {
+        return false;
+      }
+      at += k;
+    }
+    return true;
+  };
   while (pos < file.size()) {
     const uint64_t left = file.size() - pos;
     if (left < kFrameBytes) break;
     uint32_t type, frame;
     uint64_t len;
-    std::memcpy(&type, file.data() + pos, 4);
-    std::memcpy(&frame, file.data() + pos + 4, 4);
-    std::memcpy(&len, file.data() + pos + 8, 8);
+    char fr[16];
+    CORTIQ_RETURN_IF_ERROR(ReadAt(file, fd, pos, sizeof(fr), fr));
+    std::memcpy(&type, fr, 4);
+    std::memcpy(&frame, fr + 4, 4);
+    std::memcpy(&len, fr + 8, 8);
     if (frame != FrameCrc(type, len)) {
-      const std::string_view rest = file.substr(pos);
-      if (rest.find_first_not_of('\0') == std::string_view::npos) break;
+      CORTIQ_ASSIGN_OR_RETURN(const bool zeros, zeros_from(pos));
+      if (zeros) break;
       return Corrupt(
           absl::StrCat("record ", records.size(), " at byte ", pos, ": its frame check fails"));
     }
@@ -655,18 +736,20 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
   std::condition_variable verify_cv;
   size_t verified = 0;              // records whose checksum is known
   std::optional<size_t> first_bad;  // the first that failed
+  absl::Status unreadable;          // its bytes could not be read (first_bad's)
   std::atomic<bool> verify_stop{false};
   std::thread verifier([&] {
     std::vector<char> buf;
     for (size_t i = 0; i < records.size() && !verify_stop.load(); ++i) {
       const Record& rec = records[i];
       const uint64_t len = rec.payload.size();
-      uint32_t crc;
-      if (fd < 0 || !PreadAll(fd, &crc, 4, rec.offset + 16 + len)) {
-        std::memcpy(&crc, file.data() + rec.offset + 16 + len, 4);
-      }
-      const bool ok = FileCrc32c(file, fd, rec.offset, 16 + len, buf) == crc;
+      uint32_t crc = 0;
+      absl::Status read = ReadAt(file, fd, rec.offset + 16 + len, 4, &crc);
+      absl::StatusOr<uint32_t> sum = FileCrc32c(file, fd, rec.offset, 16 + len, buf);
+      if (read.ok() && !sum.ok()) read = sum.status();
+      const bool ok = read.ok() && *sum == crc;
       std::lock_guard lock(verify_mu);
+      if (!read.ok() && !first_bad) unreadable = read;
       if (!ok && !first_bad) first_bad = i;
       verified = i + 1;
       verify_cv.notify_all();
@@ -691,7 +774,10 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
     verify_cv.wait(lock, [&] { return verified > i; });
     return !first_bad || *first_bad > i;
   };
+  // A record that could not be read is never a torn tail: the failure
+  // names the read. (verified_ok has returned, so the verifier has set it.)
   auto corrupt_at = [&](size_t i) {
+    if (!unreadable.ok()) return unreadable;
     const Record& rec = records[i];
     return Corrupt(absl::StrCat("record ", i, " at byte ", rec.offset, ": checksum mismatch, ",
                                 file.size() - (rec.offset + 16 + rec.payload.size() + 4),
@@ -714,7 +800,7 @@ absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
   rs.fd = fd;
   for (size_t i = 1; i < records.size(); ++i) {
     if (i + 1 == records.size() && !verified_ok(i)) {
-      if (*first_bad != i) return corrupt_at(*first_bad);
+      if (*first_bad != i || !unreadable.ok()) return corrupt_at(*first_bad);
       // The last record, torn: dropped.
       if (i == 1) return Corrupt("no complete turn");
       pos = records[i].offset;

@@ -92,13 +92,17 @@ struct RestoredJournal {
 // state's rows are reserved on a second thread, in file order, while this
 // one copies behind it.
 //
-// `fd`, when not -1, is an open descriptor of the same file: the rows and
-// the checksums then read it with pread (the kernel's copy from the page
-// cache) instead of through the mapping. Under a hypervisor that shadows
+// `fd`, when not -1, is an open descriptor of the same file: the file
+// header, the records' frames, the rows and the checksums then read it with
+// pread (the kernel's copy from the page cache; a layer's rows in one
+// preadv) instead of through the mapping. Under a hypervisor that shadows
 // page tables each first touch of a mapped 4 KiB page costs microseconds,
 // and copying a 500 MB file's rows out of its mapping ran at 0.4-0.5 GB/s
-// (docs/PERFORMANCE.md, 2026-12-06). A failed pread falls back to the
-// mapping.
+// (docs/PERFORMANCE.md, 2026-12-06). A failed read (EIO, a file shorter
+// than `file`) is DATA_LOSS naming it, never a read of the mapping, where
+// the same error raises SIGBUS. The rest of each record (its header
+// fields, tokens, sampler, whole-layer blobs, QSA keys) is parsed in place
+// through the mapping.
 absl::StatusOr<RestoredJournal> RestoreJournal(std::string_view file,
                                                const model::Transformer& model,
                                                uint64_t fingerprint,
@@ -109,9 +113,6 @@ namespace internal {
 // The record size from which a restore reserves on a second thread (tests
 // lower it to run that path on small sessions).
 inline std::atomic<size_t> restore_parallel_bytes{size_t{8} << 20};
-// With a descriptor, the copies and checksums of at least this many bytes
-// read the file with pread (tests lower it to 0 to read everything so).
-inline std::atomic<size_t> restore_pread_min_bytes{size_t{64} << 10};
 }  // namespace internal
 
 }  // namespace cortiq::session

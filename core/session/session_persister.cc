@@ -56,7 +56,13 @@ class MappedFile {
  public:
   static absl::StatusOr<MappedFile> Open(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return absl::UnavailableError(absl::StrCat("open: ", Errno(errno)));
+    if (fd < 0) {
+      const int err = errno;
+      // A missing file is gone for good; any other failure here (EMFILE,
+      // ENFILE, ENOMEM, ...) says nothing about the file's bytes.
+      return err == ENOENT ? absl::NotFoundError(absl::StrCat("open: ", Errno(err)))
+                           : absl::UnavailableError(absl::StrCat("open: ", Errno(err)));
+    }
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
@@ -79,6 +85,9 @@ class MappedFile {
       // few dozen layer headers cost 0.2 s that way). StreamAhead turns
       // readahead on for the stream.
       ::madvise(p, f.size_, MADV_RANDOM);
+      // The same for the descriptor: the file header and the records'
+      // frames are read with pread (an I/O error a status, not a SIGBUS).
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
       f.data_ = static_cast<const char*>(p);
     }
     f.fd_ = fd;  // kept open for the restore's preads
@@ -98,26 +107,31 @@ class MappedFile {
   // the restore's checksums and copies then find their pages mapped (no
   // fault per page) and the disk streams at its sequential speed.
   // MADV_POPULATE_READ (Linux 5.14) reads and maps without copying; on an
-  // older kernel a byte of each page is read instead.
+  // older kernel readahead(2) reads the chunks into the page cache instead.
+  // Never a touch of the mapping: an I/O error under a touched page is a
+  // SIGBUS, where MADV_POPULATE_READ and readahead return it (the stream
+  // stops there, and the restore's own pread reports the error).
   class StreamAhead {
    public:
     explicit StreamAhead(const MappedFile& file) {
       if (file.size_ == 0) return;
       ::madvise(const_cast<char*>(file.data_), file.size_, MADV_SEQUENTIAL);
-      thread_ = std::thread([this, data = file.data_, size = file.size_] {
+      ::posix_fadvise(file.fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+      thread_ = std::thread([this, data = file.data_, size = file.size_, fd = file.fd_] {
         constexpr size_t kChunk = size_t{8} << 20;
         bool populate = true;
         for (size_t at = 0; at < size && !stop_.load(std::memory_order_relaxed); at += kChunk) {
           const size_t n = std::min(kChunk, size - at);
 #ifdef MADV_POPULATE_READ
-          if (populate && ::madvise(const_cast<char*>(data) + at, n, MADV_POPULATE_READ) == 0) {
-            continue;
+          if (populate) {
+            if (::madvise(const_cast<char*>(data) + at, n, MADV_POPULATE_READ) == 0) continue;
+            if (errno != EINVAL) return;  // EFAULT (an I/O error), ENOMEM, ...
           }
+#else
+          (void)data;
 #endif
-          // An older kernel: a read of a byte per page.
-          populate = false;
-          volatile char sink = 0;
-          for (size_t o = 0; o < n; o += 4096) sink = sink + data[at + o];
+          populate = false;  // not supported: an older kernel
+          if (::readahead(fd, static_cast<off64_t>(at), n) != 0) return;
         }
       });
     }
@@ -276,16 +290,26 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& inst
       continue;
     }
     file->Reset();
+    uint64_t size = back->valid_bytes;
+    bool cut = true;
     if (back->torn_bytes > 0) {
       // The next append lands right after the last complete record.
-      ::truncate(path.c_str(), static_cast<off_t>(back->valid_bytes));
+      if (internal::truncate_file.load()(path.c_str(), static_cast<off_t>(back->valid_bytes)) !=
+          0) {
+        // The torn bytes stay: an append would follow them, and the file
+        // would be corrupt after them. The session's next record rewrites
+        // the file whole instead.
+        spdlog::error("state: session {}: cutting its torn last record off failed: {}", stem,
+                      Errno(errno));
+        size += back->torn_bytes;
+        cut = false;
+      }
       spdlog::warn(
           "state: session {}: a torn last record ({} bytes) dropped; restored at its "
           "last complete turn",
           stem, back->torn_bytes);
       ++report.torn;
     }
-    const uint64_t size = back->valid_bytes;
     const std::pair<size_t, size_t> restored_mark = {back->session->journal_mark().tokens,
                                                      back->session->journal_mark().cached};
     const auto mark = moving.find(stem);
@@ -306,6 +330,7 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& inst
     std::unique_lock lock(mu_);
     sizes_[stem] = size;
     written_[stem] = restored_mark;
+    if (!cut) broken_.insert(stem);
     ++report.restored;
     if (!moving_to.empty()) {
       ++report.in_doubt;
@@ -487,9 +512,28 @@ bool SessionPersister::Write(const std::string& id, const JournalRecord& record)
     }
   } else {
     uint64_t before = 0;
+    bool stale = false;
     {
       std::unique_lock lock(mu_);
       before = sizes_[id];
+      // The record continues the file as it was when the record was
+      // prepared. An earlier write that failed after that (its append cut
+      // back off) or a torn tail left in place (RestoreAll) means the file
+      // is not there: appended, the record would follow the wrong state.
+      stale = broken_.count(id) > 0 || before + record.bytes.size() != record.mark.file_bytes;
+    }
+    if (stale) {
+      const double seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+      std::unique_lock lock(mu_);
+      stats_.write_seconds += seconds;
+      ++stats_.failures;
+      broken_.insert(id);
+      lock.unlock();
+      spdlog::error(
+          "state: session {}: a record prepared before a failed write is not appended; the "
+          "session runs on, its next call rewrites the file",
+          id);
+      return false;
     }
     const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
     int err = fd < 0 ? errno : WriteAll(fd, record.bytes);
@@ -569,11 +613,28 @@ void SessionPersister::WaitIdle(const std::string& id) {
   idle_cv_.wait(lock, [&] { return queued_.count(id) == 0; });
 }
 
-bool SessionPersister::IsCurrent(const std::string& id, const Session::JournalMark& mark) const {
+bool SessionPersister::IsCurrent(const Session& session) const {
+  const Session::JournalMark& mark = session.journal_mark();
+  // The mark says what the file holds; the session may have moved past it
+  // since without a record (a call no record could describe, a failed
+  // step): then its file is behind its RAM.
+  if (!mark.written || mark.tokens != session.tokens().size() ||
+      mark.cached != session.kv().position()) {
+    return false;
+  }
   std::unique_lock lock(mu_);
-  auto it = written_.find(id);
-  return mark.written && it != written_.end() && queued_.count(id) == 0 && broken_.count(id) == 0 &&
-         it->second == std::make_pair(mark.tokens, mark.cached);
+  auto it = written_.find(session.id());
+  return it != written_.end() && queued_.count(session.id()) == 0 &&
+         broken_.count(session.id()) == 0 && it->second == std::make_pair(mark.tokens, mark.cached);
+}
+
+void SessionPersister::CountUnpersisted(const Session& session, const absl::Status& why) {
+  const Session::JournalMark& mark = session.journal_mark();
+  if (mark.tokens == session.tokens().size() && mark.cached == session.kv().position()) return;
+  spdlog::warn("state: session {}: this call's state is not persisted (the call failed: {})",
+               session.id(), util::EscapeForLog(std::string(why.message())));
+  std::unique_lock lock(mu_);
+  ++stats_.unpersisted;
 }
 
 void SessionPersister::Quarantine(const std::string& path, const std::string& why) {
@@ -608,10 +669,20 @@ absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::strin
   absl::StatusOr<RestoredJournal> back;
   {
     absl::StatusOr<MappedFile> file = MappedFile::Open(path);
-    if (!file.ok()) {
+    if (absl::IsNotFound(file.status())) {
+      std::unique_lock lock(mu_);
+      sizes_.erase(id);
+      written_.erase(id);
       return absl::DataLossError(absl::StrCat(
           "session ", id,
-          ": its spilled state cannot be read back: its file: ", file.status().message()));
+          ": its spilled state cannot be read back: its file is gone: ", file.status().message()));
+    }
+    if (!file.ok()) {
+      // Out of descriptors or memory, for now: the file is left as it is,
+      // and the session spilled, for the caller to retry.
+      return absl::UnavailableError(
+          absl::StrCat("session ", id, ": its spilled state cannot be read back now (its file: ",
+                       file.status().message(), "); it stays on disk: retry"));
     }
     back = RestoreMapped(*file, model_, options_.fingerprint);
   }

@@ -19,13 +19,18 @@
 // and renaming it over it: a crash leaves the old file or the new, never a
 // mix. An append that fails (disk full, I/O error) is cut back off the file,
 // logged and counted, and the session's next record rewrites its file
-// whole; the call itself succeeds (durability is lost, not the session).
+// whole; the call itself succeeds (durability is lost, not the session). A
+// record prepared as an append before that failure was known is not
+// appended (it would follow the wrong state): counted as failed too.
 //
 // Threads: every method is thread-safe. Prepare reads the session, so it
 // needs the session's lease (the engine thread at the end of a call, an
 // importer before it installs).
 #pragma once
 
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -82,7 +87,8 @@ class SessionPersister {
   // Reads every session file in the directory back, hands each session to
   // `install` (the store), and quarantines each file that fails its checks
   // (a corrupt file, another model's, a name that is not its session's id):
-  // the others still load. A torn last record is cut off the file. Left-over
+  // the others still load. A torn last record is cut off the file (when
+  // that fails, the session's next record rewrites the file). Left-over
   // temporary files of an interrupted rewrite are deleted (the file they
   // were to replace is whole). A session whose move to a peer was cut by a
   // crash (its MarkMoving mark is still there) is handed over with that
@@ -128,14 +134,26 @@ class SessionPersister {
   // with the file.
   void ClearMoving(const std::string& id);
 
+  // A call on `session` that ended in an error leaving its state
+  // undescribed (a failed step: the engine writes no record): counted as
+  // unpersisted, and logged, when the session has moved past its file's
+  // mark. The lease holder.
+  void CountUnpersisted(const Session& session, const absl::Status& why);
+
   // ---- spilling (SessionStore, under --state-dir) ----
-  // True when `id`'s file holds exactly its session's state at `mark`
-  // (written whole up to it, nothing queued, its last write not failed):
-  // the session's RAM may be freed (spilled) and read back with Load.
-  bool IsCurrent(const std::string& id, const Session::JournalMark& mark) const;
+  // True when `session`'s file holds exactly its state now: its mark is the
+  // session's token count and positions (no call moved it past the file
+  // without a record), the file is written whole up to that mark, nothing
+  // is queued and its last write did not fail. Then the session's RAM may
+  // be freed (spilled) and read back with Load. The lease holder, or the
+  // store with the session unleased under its lock.
+  bool IsCurrent(const Session& session) const;
   // Reads a spilled session back from its file, after the writes queued for
-  // it: the session (installed nowhere), or DATA_LOSS (a missing file; or
-  // a corrupt one, then moved to quarantine/). Runs on the calling thread:
+  // it: the session (installed nowhere); DATA_LOSS for a missing file, or a
+  // corrupt one (its bytes fail the restore's checks, or cannot be read:
+  // EIO), which is moved to quarantine/; UNAVAILABLE when the file cannot
+  // be opened or mapped now (EMFILE, ENFILE, ENOMEM: nothing said about its
+  // bytes), the file left as it is for a retry. Runs on the calling thread:
   // O(file).
   absl::StatusOr<std::unique_ptr<Session>> Load(const std::string& id);
   // Tests: called with the id on Load's thread before it reads (to see
@@ -212,5 +230,10 @@ class SessionPersister {
   uint64_t held_bytes_ = 0;  // capacity of the records queued or being written
   std::thread thread_;
 };
+
+namespace internal {
+// RestoreAll cuts a torn last record off with this (tests make it fail).
+inline std::atomic<int (*)(const char*, off_t)> truncate_file{&::truncate};
+}  // namespace internal
 
 }  // namespace cortiq::session

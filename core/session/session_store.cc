@@ -453,6 +453,7 @@ void SessionStore::Forget(std::unique_ptr<Session> session) {
 
 size_t SessionStore::ReapIdle(Clock::time_point now) {
   std::vector<std::unique_ptr<Session>> dead;
+  std::vector<Session*> behind;  // leased here until their files are written
   size_t spilled = 0;
   {
     std::unique_lock lock(mu_);
@@ -468,12 +469,19 @@ size_t SessionStore::ReapIdle(Clock::time_point now) {
                      Seconds(now - e.session->created()));
         dead.push_back(EraseLocked(it, ReleaseReason::kMaxAge, nullptr));
       } else if (!e.spilled && now - e.last_used >= options_.ttl) {
-        if (options_.persister != nullptr &&
-            options_.persister->IsCurrent(it->first, e.session->journal_mark())) {
+        if (options_.persister != nullptr && options_.persister->IsCurrent(*e.session)) {
           spdlog::info("session {} idle for {:.0f} s: spilled to disk (ttl)", it->first,
                        Seconds(now - e.last_used));
           SpillLocked(e);
           ++spilled;
+        } else if (options_.persister != nullptr) {
+          // Its RAM is ahead of its file (a call no record described, a
+          // failed write): spilled as it is, it would come back at its file's
+          // turn. Its file is brought up to date first (SpillBehind).
+          e.leased = true;
+          e.lease_serial = ++next_serial_;
+          e.ending_at = Clock::time_point::min();  // a call waits (lease_wait) for the write
+          behind.push_back(e.session.get());
         } else {
           spdlog::info("session {} idle for {:.0f} s: released (ttl)", it->first,
                        Seconds(now - e.last_used));
@@ -485,6 +493,73 @@ size_t SessionStore::ReapIdle(Clock::time_point now) {
   }
   const size_t n = dead.size() + spilled;
   for (auto& s : dead) Forget(std::move(s));
+  return n + (behind.empty() ? 0 : SpillBehind(behind));
+}
+
+size_t SessionStore::SpillBehind(const std::vector<Session*>& behind) {
+  // Each file gets the record a call's end would have written (the whole
+  // file after a failed write), with the store's lease; this waits for the
+  // writes (the reaper's thread, not a call's).
+  std::mutex m;
+  std::condition_variable cv;
+  size_t writing = 0;
+  for (Session* s : behind) {
+    std::optional<SessionPersister::Pending> record = options_.persister->Prepare(*s);
+    if (!record) continue;
+    {
+      std::lock_guard l(m);
+      ++writing;
+    }
+    options_.persister->Submit(*std::move(record), [&] {
+      std::lock_guard l(m);
+      --writing;
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock l(m);
+    cv.wait(l, [&] { return writing == 0; });
+  }
+  std::vector<std::unique_ptr<Session>> dead;
+  std::vector<std::shared_ptr<PendingRelease>> pendings;
+  size_t n = 0;
+  {
+    std::unique_lock lock(mu_);
+    for (Session* s : behind) {
+      auto it = sessions_.find(s->id());  // leased: never erased meanwhile
+      if (it == sessions_.end()) continue;
+      Entry& e = it->second;
+      std::shared_ptr<PendingRelease> pending;
+      // Still idle since its last call: last_used is left as it was.
+      if (std::unique_ptr<Session> released = EndLeaseLocked(it, &pending)) {
+        dead.push_back(std::move(released));  // a Release arrived meanwhile
+        if (pending) pendings.push_back(std::move(pending));
+        continue;
+      }
+      if (options_.persister->IsCurrent(*e.session)) {
+        spdlog::info(
+            "session {} idle for {:.0f} s: its file brought up to date, spilled to "
+            "disk (ttl)",
+            it->first, Seconds(Clock::now() - e.last_used));
+        SpillLocked(e);
+      } else {
+        // No record describes its state, or the write failed: as without
+        // a state dir (and the file goes with it).
+        spdlog::warn(
+            "session {} idle for {:.0f} s: its file cannot be brought up to date; "
+            "released (ttl)",
+            it->first, Seconds(Clock::now() - e.last_used));
+        dead.push_back(EraseLocked(it, ReleaseReason::kTtl, nullptr));
+      }
+      ++n;
+    }
+  }
+  for (auto& s : dead) Forget(std::move(s));
+  if (!pendings.empty()) {
+    std::unique_lock lock(mu_);
+    for (auto& p : pendings) p->done = true;
+  }
+  returned_cv_.notify_all();
   return n;
 }
 
@@ -604,8 +679,9 @@ void SessionStore::MakeRoomLocked(size_t bytes, const Entry* except) {
   if (committed + bytes <= budget) return;
   std::vector<std::pair<Clock::time_point, Entry*>> idle;
   for (auto& [id, e] : sessions_) {
+    // A session whose file is behind its RAM stays (the TTL writes it).
     if (&e != except && !e.leased && !e.spilled && e.session->Memory().total() > 0 &&
-        options_.persister->IsCurrent(id, e.session->journal_mark())) {
+        options_.persister->IsCurrent(*e.session)) {
       idle.emplace_back(e.last_used, &e);
     }
   }
@@ -652,7 +728,12 @@ absl::Status SessionStore::UnspillLocked(std::unique_lock<std::mutex>& lock,
   lock.lock();
   Entry& f = sessions_.at(id);  // a leased entry is never erased
   absl::Status st;
-  if (!back.ok()) {
+  if (absl::IsUnavailable(back.status())) {
+    // The file could not be opened or mapped now (out of descriptors or
+    // memory): it is intact, and the session stays spilled for a retry.
+    st = back.status();
+    spdlog::warn("{}", util::EscapeForLog(std::string(st.message())));
+  } else if (!back.ok()) {
     st = back.status();
     spdlog::error("{}: released", util::EscapeForLog(std::string(st.message())));
     if (!f.release_on_return) f.release_on_return = ReleaseReason::kLost;
@@ -778,6 +859,18 @@ std::array<uint64_t, kNumReleaseReasons> SessionStore::releases() const {
   return releases_;
 }
 
+std::unique_ptr<Session> SessionStore::EndLeaseLocked(std::map<std::string, Entry>::iterator it,
+                                                      std::shared_ptr<PendingRelease>* pending) {
+  Entry& e = it->second;
+  e.leased = false;
+  e.ending_at = Clock::time_point::max();
+  e.reservation = 0;
+  e.canceller = nullptr;
+  if (!e.release_on_return) return nullptr;
+  *pending = std::move(e.pending_release);
+  return EraseLocked(it, *e.release_on_return, *pending ? &(*pending)->freed_bytes : nullptr);
+}
+
 void SessionStore::ReturnLease(Session* session) {
   std::unique_ptr<Session> dead;
   std::shared_ptr<PendingRelease> pending;
@@ -785,16 +878,8 @@ void SessionStore::ReturnLease(Session* session) {
     std::unique_lock lock(mu_);
     auto it = sessions_.find(session->id());
     if (it == sessions_.end()) return;  // cannot happen: leased sessions are never erased
-    Entry& e = it->second;
-    e.leased = false;
-    e.ending_at = Clock::time_point::max();
-    e.reservation = 0;
-    e.canceller = nullptr;
-    e.last_used = Clock::now();
-    if (e.release_on_return) {
-      pending = std::move(e.pending_release);
-      dead = EraseLocked(it, *e.release_on_return, pending ? &pending->freed_bytes : nullptr);
-    }
+    it->second.last_used = Clock::now();
+    dead = EndLeaseLocked(it, &pending);
   }
   if (dead) Forget(std::move(dead));
   if (pending) {

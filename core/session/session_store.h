@@ -108,10 +108,14 @@ struct StoreOptions {
   //     RAM is freed, the session stays listed (SessionSnapshot::spilled),
   //     and the next call that names it reads it back (Peek / Acquire, on
   //     the caller's thread, or refused with ReadBack::kRefuse so that the
-  //     caller reads it back on another); a session whose file is not current is
-  //     released as without a state dir;
+  //     caller reads it back on another); a session whose file is behind
+  //     its RAM (a call no record described, a failed write) has its file
+  //     brought up to date first, and is released as without a state dir
+  //     only when that fails;
   //   * admission under the memory budget spills the least recently used
-  //     idle sessions before it refuses.
+  //     idle sessions whose files are current before it refuses;
+  //   * a read-back that cannot open or map the file now (EMFILE, ENOMEM)
+  //     is UNAVAILABLE and leaves the session spilled, its file intact.
   SessionPersister* persister = nullptr;
   // Releases for good (reason max_age) an unleased session this old,
   // spilled or not (--session-max-age); 0 = never.
@@ -319,8 +323,10 @@ class SessionStore {
   bool ReleaseIfIdle(const std::string& id, ReleaseReason reason);
 
   // Every idle, unleased session whose last use is older than the TTL is
-  // released (reason ttl), or with a persister spilled when its file is
-  // current; every unleased session older than max_age is released (reason
+  // released (reason ttl), or with a persister spilled: at once when its
+  // file is current, else once this has written its file up to date
+  // (leased meanwhile; this waits for the writes), released when that
+  // fails. Every unleased session older than max_age is released (reason
   // max_age). Returns how many were released or spilled. Called by the
   // server's reaper.
   size_t ReapIdle(Clock::time_point now = Clock::now());
@@ -517,6 +523,17 @@ class SessionStore {
   // Spilling (options_.persister). Frees an unleased session's state, which
   // its file holds; mu_ held.
   void SpillLocked(Entry& e);
+  // ReapIdle's sessions past the TTL whose files are behind their RAM,
+  // leased by it: each file written up to date (Prepare, Submit, waited
+  // for, mu_ not held), then each session spilled, or released (reason ttl)
+  // when its file is still not current; a release asked meanwhile is
+  // carried out. Returns how many were spilled or released.
+  size_t SpillBehind(const std::vector<Session*>& behind);
+  // Ends the lease of *it (last_used untouched); when a release was asked
+  // meanwhile, erases the entry and returns the session to forget outside
+  // the lock (and *pending, the waiting Release's, to mark done). mu_ held.
+  std::unique_ptr<Session> EndLeaseLocked(std::map<std::string, Entry>::iterator it,
+                                          std::shared_ptr<PendingRelease>* pending);
   // Spills the least recently used idle sessions whose files are current
   // until `bytes` more fit the memory budget, or none is left; mu_ held.
   void MakeRoomLocked(size_t bytes, const Entry* except = nullptr);

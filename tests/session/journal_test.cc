@@ -4,10 +4,12 @@
 // mode, across reuse_prefix rollbacks and start-overs; a turn costs its new
 // rows only; compaction bounds the file; a torn last record is dropped and
 // the session comes back at its last complete turn; corruption anywhere
-// else is DATA_LOSS, another model's file FAILED_PRECONDITION.
+// else is DATA_LOSS, another model's file FAILED_PRECONDITION; so is a read
+// of the file that fails (never a read of the mapping instead).
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -127,9 +129,7 @@ class JournalTest : public ::testing::Test {
     }
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     EXPECT_GE(fd, 0);
-    const size_t pread_min = internal::restore_pread_min_bytes.exchange(0);
     auto back = RestoreJournal(view, *model_, kFingerprint, {}, fd);
-    internal::restore_pread_min_bytes = pread_min;
     ::close(fd);
     std::remove(path.c_str());
     return back;
@@ -420,6 +420,40 @@ TEST_F(JournalTest, TheFileIsStreamedOnceAfterItsLayoutIsRead) {
   bad[0] ^= 1;
   EXPECT_FALSE(RestoreJournal(bad, *model_, kFingerprint, [&] { ++calls; }).ok());
   EXPECT_EQ(calls, 0);
+}
+
+// A file the restore cannot read is DATA_LOSS naming the read (the
+// persister quarantines it), never read through the mapping instead, where
+// an I/O error is a SIGBUS: a descriptor pread refuses (a pipe: ESPIPE),
+// and a file on disk shorter than its mapping (its last checksum missing
+// too: not mistaken for a torn tail).
+TEST_F(JournalTest, AReadThatFailsIsDataLossNeverAReadOfTheMapping) {
+  SessionStore store({});
+  const std::string id = NewSession(store, 0);
+  ASSERT_FALSE(id.empty());
+  std::string file;
+  Run(store, id, Req(testing::TestIds(40, 259, 5), 4, false));
+  Journal(store, id, file);
+  Run(store, id, Req(testing::TestIds(6, 259, 6), 4, false));
+  Journal(store, id, file);
+  ASSERT_TRUE(RestoreJournal(file, *model_, kFingerprint).ok());
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  auto piped = RestoreJournal(file, *model_, kFingerprint, {}, pipe_fds[0]);
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  ASSERT_FALSE(piped.ok());
+  EXPECT_EQ(piped.status().code(), absl::StatusCode::kDataLoss) << piped.status();
+  EXPECT_NE(piped.status().message().find(std::strerror(ESPIPE)), std::string_view::npos)
+      << piped.status();
+  for (size_t cut : {file.size() - 4, file.size() / 2, size_t{100}}) {
+    SCOPED_TRACE(::testing::Message() << "the file on disk cut at " << cut);
+    auto shorter = RestoreViaFile(file, file.substr(0, cut));
+    ASSERT_FALSE(shorter.ok());
+    EXPECT_EQ(shorter.status().code(), absl::StatusCode::kDataLoss) << shorter.status();
+    EXPECT_NE(shorter.status().message().find("the file ends before them"), std::string_view::npos)
+        << shorter.status();
+  }
 }
 
 }  // namespace

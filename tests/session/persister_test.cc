@@ -4,15 +4,19 @@
 // budget spill sessions (RAM freed, file kept) and the next call reads them
 // back and continues exactly; --session-max-age releases for good; a failed
 // write (the file size limit) leaves the call successful and the next
-// record rewrites the file.
+// record rewrites the file; a session whose file is behind its RAM is
+// written before it spills; a read-back that cannot open the file now
+// leaves it spilled.
 #include "core/session/session_persister.h"
 
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 
 #include "core/session/engine.h"
 #include "core/session/session_store.h"
@@ -37,6 +41,8 @@ class PersisterTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
   void TearDown() override {
+    ref_engine_.reset();
+    ref_store_.reset();
     engine_.reset();
     store_.reset();
     persister_.reset();
@@ -103,12 +109,30 @@ class PersisterTest : public ::testing::Test {
 
   fs::path FileOf(const std::string& id) const { return dir_ / (id + ".cqsj"); }
 
+  // A node whose idle TTL spills at once (ttl 0) and, beside it, the
+  // reference: a store and an engine without a state dir. A session on
+  // each (*id here, *ref there) has taken the same sampled call.
+  void StartSpillingBesideAReference(std::string* id, std::string* ref) {
+    StoreOptions so;
+    so.ttl = std::chrono::milliseconds(0);
+    ASSERT_NO_FATAL_FAILURE(Start(so));
+    ref_store_ = std::make_unique<SessionStore>(StoreOptions{});
+    ref_engine_ = std::make_unique<Engine>(*model_, *tok_, EngineOptions{});
+    *id = NewSession(*store_);
+    *ref = NewSession(*ref_store_);
+    const auto p1 = testing::TestIds(30, 259, 1);
+    Run(*id, Req(p1, 6, true));
+    Run(*ref_engine_, *ref_store_, *ref, Req(p1, 6, true));
+  }
+
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<tokenizer::Tokenizer> tok_;
   fs::path dir_;
   std::unique_ptr<SessionPersister> persister_;
   std::unique_ptr<SessionStore> store_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<SessionStore> ref_store_;  // StartSpillingBesideAReference
+  std::unique_ptr<Engine> ref_engine_;
 };
 
 // Files follow the calls; a release deletes the file before it returns; a
@@ -216,15 +240,8 @@ TEST_F(PersisterTest, RecordBuffersHeldInRamAreCounted) {
 // it stays listed as spilled, and the next call reads it back and
 // continues exactly. --session-max-age releases for good.
 TEST_F(PersisterTest, TheTtlSpillsAndTheNextCallReadsBack) {
-  StoreOptions so;
-  so.ttl = std::chrono::milliseconds(0);
-  ASSERT_NO_FATAL_FAILURE(Start(so));
-  SessionStore ref_store({});
-  Engine ref_engine(*model_, *tok_, {});
-  const std::string id = NewSession(*store_), ref = NewSession(ref_store);
-  const auto p1 = testing::TestIds(30, 259, 1);
-  Run(id, Req(p1, 6, true));
-  Run(ref_engine, ref_store, ref, Req(p1, 6, true));
+  std::string id, ref;
+  ASSERT_NO_FATAL_FAILURE(StartSpillingBesideAReference(&id, &ref));
   ASSERT_GT(store_->MemoryByKindTotal().total(), 0u);
   EXPECT_EQ(store_->ReapIdle(), 1u);
   auto snap = store_->Get(id);
@@ -251,10 +268,10 @@ TEST_F(PersisterTest, TheTtlSpillsAndTheNextCallReadsBack) {
   EXPECT_EQ(store_->unspills(), 0u);
   // The next call reads it back (the sampler's RNG too).
   const auto p2 = testing::TestIds(4, 259, 2);
-  EXPECT_EQ(Run(id, Req(p2, 6, true)), Run(ref_engine, ref_store, ref, Req(p2, 6, true)));
+  EXPECT_EQ(Run(id, Req(p2, 6, true)), Run(*ref_engine_, *ref_store_, ref, Req(p2, 6, true)));
   EXPECT_FALSE(store_->Get(id)->spilled);
   EXPECT_EQ(store_->unspills(), 1u);
-  EXPECT_EQ(store_->Get(id)->memory.total(), ref_store.Get(ref)->memory.total());
+  EXPECT_EQ(store_->Get(id)->memory.total(), ref_store_->Get(ref)->memory.total());
 
   // max_age: released for good, the file deleted.
   StoreOptions aged;
@@ -396,19 +413,231 @@ TEST_F(PersisterTest, AFailedWriteKeepsTheCallAndTheNextRecordRewrites) {
   EXPECT_EQ(got.size(), 4u) << "the call succeeded";
   EXPECT_EQ(persister_->stats().failures, 1u);
   EXPECT_EQ(fs::file_size(FileOf(id)), size) << "the partial record was cut off";
-  EXPECT_FALSE(persister_->IsCurrent(id, store_->Acquire(id).value()->journal_mark()));
+  EXPECT_FALSE(persister_->IsCurrent(*store_->Acquire(id).value()));
   // Writes work again: the next record is the whole file.
   const uint64_t rewrites = persister_->stats().rewrites;
   Run(id, Req(testing::TestIds(3, 259, 3), 4));
   EXPECT_EQ(persister_->stats().rewrites, rewrites + 1);
   auto lease = store_->Acquire(id);
   ASSERT_TRUE(lease.ok());
-  EXPECT_TRUE(persister_->IsCurrent(id, (*lease)->journal_mark()));
+  EXPECT_TRUE(persister_->IsCurrent(**lease));
   lease->Return();
   // And it restores at that call.
   const size_t tokens = store_->Get(id)->tokens;
   ASSERT_NO_FATAL_FAILURE(Start());
   Restore();
+  EXPECT_EQ(store_->Get(id)->tokens, tokens);
+}
+
+// A session whose RAM is ahead of its file (here a prompt appended with no
+// record, as a call no record describes leaves it) is not spilled as if
+// its file held it: the TTL writes the file up to date first, and the
+// read-back continues exactly as the session that stayed in RAM. A file
+// that cannot be brought up to date (the file size limit) is released, as
+// without a state dir, never spilled behind.
+TEST_F(PersisterTest, TheTtlWritesAFileBehindItsSessionBeforeItSpills) {
+  std::string id, ref;
+  ASSERT_NO_FATAL_FAILURE(StartSpillingBesideAReference(&id, &ref));
+  const auto absorbed = testing::TestIds(9, 259, 2);
+  for (SessionStore* store : {store_.get(), ref_store_.get()}) {
+    auto lease = store->Acquire(store == ref_store_.get() ? ref : id);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    (*lease)->AppendPrompt(absorbed);
+  }
+  {
+    auto lease = store_->Acquire(id);
+    ASSERT_TRUE(lease.ok());
+    EXPECT_FALSE(persister_->IsCurrent(**lease)) << "36 tokens in the file, 45 in RAM";
+  }
+  const uint64_t records = persister_->stats().records;
+  EXPECT_EQ(store_->ReapIdle(), 1u);
+  EXPECT_TRUE(store_->Get(id)->spilled);
+  EXPECT_EQ(persister_->stats().records, records + 1) << "the file was written before the spill";
+  const auto p2 = testing::TestIds(4, 259, 3);
+  EXPECT_EQ(Run(id, Req(p2, 5, true)), Run(*ref_engine_, *ref_store_, ref, Req(p2, 5, true)));
+  EXPECT_EQ(store_->Get(id)->tokens, ref_store_->Get(ref)->tokens);
+  EXPECT_EQ(store_->unspills(), 1u);
+
+  // Behind again, and the file cannot grow: released (ttl), file deleted.
+  {
+    auto lease = store_->Acquire(id);
+    ASSERT_TRUE(lease.ok());
+    (*lease)->AppendPrompt(absorbed);
+  }
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = fs::file_size(FileOf(id));
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const size_t reaped = store_->ReapIdle();
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(reaped, 1u);
+  EXPECT_FALSE(store_->Get(id).has_value());
+  EXPECT_EQ(store_->releases()[static_cast<size_t>(ReleaseReason::kTtl)], 1u);
+  EXPECT_FALSE(fs::exists(FileOf(id)));
+}
+
+// A call that ends past its deadline ends between steps: its state (here
+// its prompt, taken into the history before the deadline was seen) is
+// written like a completed call's, and a restart restores it.
+TEST_F(PersisterTest, ACallPastItsDeadlineIsWritten) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const std::string id = NewSession(*store_);
+  Run(id, Req(testing::TestIds(20, 259, 1), 4));
+  GenerationRequest late = Req(testing::TestIds(9, 259, 2), 4);
+  late.deadline = Clock::now() - std::chrono::seconds(1);
+  {
+    auto lease = store_->Acquire(id);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    auto job = engine_->Submit(*std::move(lease), std::move(late));
+    ASSERT_TRUE(job.ok()) << job.status();
+    const testing::JobOutput out = testing::DrainJob(**job);
+    EXPECT_TRUE(absl::IsDeadlineExceeded(out.result.status)) << out.result.status;
+  }
+  size_t tokens = 0;
+  {
+    auto lease = store_->Acquire(id);
+    ASSERT_TRUE(lease.ok());
+    tokens = (*lease)->tokens().size();
+    EXPECT_EQ(tokens, 24u + 9u);
+    EXPECT_TRUE(persister_->IsCurrent(**lease));
+  }
+  EXPECT_EQ(persister_->stats().unpersisted, 0u);
+  ASSERT_NO_FATAL_FAILURE(Start());
+  EXPECT_EQ(Restore().restored, 1u);
+  auto lease = store_->Acquire(id);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ((*lease)->tokens().size(), tokens);
+}
+
+// A read-back that cannot open the file now (out of descriptors: EMFILE)
+// is UNAVAILABLE: the session stays spilled, its file where it was, and
+// the retry reads it back and continues exactly.
+TEST_F(PersisterTest, AReadBackThatCannotOpenTheFileLeavesTheSessionSpilled) {
+  std::string id, ref;
+  ASSERT_NO_FATAL_FAILURE(StartSpillingBesideAReference(&id, &ref));
+  ASSERT_EQ(store_->ReapIdle(), 1u);
+  ASSERT_TRUE(store_->Get(id)->spilled);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  persister_->set_load_hook([&](const std::string&) {
+    rlimit none = old;
+    none.rlim_cur = 0;  // the read-back's open fails with EMFILE
+    ::setrlimit(RLIMIT_NOFILE, &none);
+  });
+  absl::StatusOr<SessionStore::Lease> failed = store_->Acquire(id);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  persister_->set_load_hook({});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  EXPECT_TRUE(store_->Get(id)->spilled);
+  EXPECT_TRUE(fs::exists(FileOf(id)));
+  EXPECT_EQ(store_->releases()[static_cast<size_t>(ReleaseReason::kLost)], 0u);
+  const auto p2 = testing::TestIds(4, 259, 2);
+  EXPECT_EQ(Run(id, Req(p2, 6, true)), Run(*ref_engine_, *ref_store_, ref, Req(p2, 6, true)));
+  EXPECT_EQ(store_->unspills(), 1u);
+}
+
+// A record prepared as an append before an earlier append failed (the
+// engine prepares call N+1 while call N is still being written) is not
+// appended after the cut: it continues N's state, which the file does not
+// hold. It counts as failed; the file keeps its last whole turn and
+// restores; the next record rewrites it.
+TEST_F(PersisterTest, ARecordPreparedBeforeAFailedAppendIsNotAppended) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const std::string id = NewSession(*store_);
+  Run(id, Req(testing::TestIds(20, 259, 1), 4));
+  const uint64_t size = fs::file_size(FileOf(id));
+  auto lease = store_->Acquire(id);
+  ASSERT_TRUE(lease.ok());
+  Session& s = **lease;
+  const size_t file_tokens = s.tokens().size();
+  s.AppendPrompt(testing::TestIds(5, 259, 2));
+  auto n = persister_->Prepare(s);
+  s.AppendPrompt(testing::TestIds(6, 259, 3));
+  auto n1 = persister_->Prepare(s);
+  ASSERT_TRUE(n && n1);
+  EXPECT_FALSE(n->record.rewrite);
+  EXPECT_FALSE(n1->record.rewrite);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = size;  // N's append fails (EFBIG)
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::promise<void> written;
+  // N's callback runs on the writer thread before N+1 is written: N+1's
+  // append would fit.
+  persister_->Submit(*std::move(n), [&] { ::setrlimit(RLIMIT_FSIZE, &old); });
+  persister_->Submit(*std::move(n1), [&] { written.set_value(); });
+  written.get_future().wait();
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(persister_->stats().failures, 2u);
+  EXPECT_EQ(fs::file_size(FileOf(id)), size) << "N+1 was appended after the cut";
+  EXPECT_FALSE(persister_->IsCurrent(s));
+  {  // The file holds the first call, whole.
+    std::ifstream f(FileOf(id), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto back = RestoreJournal(bytes, *model_, kFingerprint);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->session->tokens().size(), file_tokens);
+  }
+  // The next record rewrites it whole, and it restores the session as it is.
+  auto whole = persister_->Prepare(s);
+  ASSERT_TRUE(whole);
+  EXPECT_TRUE(whole->record.rewrite);
+  std::promise<void> rewritten;
+  persister_->Submit(*std::move(whole), [&] { rewritten.set_value(); });
+  rewritten.get_future().wait();
+  EXPECT_TRUE(persister_->IsCurrent(s));
+  const size_t tokens = s.tokens().size();
+  EXPECT_EQ(tokens, file_tokens + 11);
+  lease->Return();
+  ASSERT_NO_FATAL_FAILURE(Start());
+  auto report = Restore();
+  EXPECT_EQ(report.quarantined, 0u);
+  EXPECT_EQ(store_->Get(id)->tokens, tokens);
+}
+
+// A torn last record that RestoreAll cannot cut off (truncate fails) stays
+// in the file: the session's next record rewrites the file whole instead of
+// appending after the torn bytes, and the file restores.
+TEST_F(PersisterTest, ATornTailThatCannotBeCutOffMakesTheNextRecordARewrite) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const std::string id = NewSession(*store_);
+  Run(id, Req(testing::TestIds(20, 259, 1), 4));
+  Run(id, Req(testing::TestIds(5, 259, 2), 4));
+  const uint64_t size = fs::file_size(FileOf(id));
+  engine_.reset();
+  store_.reset();
+  persister_.reset();
+  std::ofstream(FileOf(id), std::ios::app | std::ios::binary) << "torn!!!";  // < a frame
+  ASSERT_NO_FATAL_FAILURE(Start());
+  auto* cut = internal::truncate_file.exchange(+[](const char*, off_t) {
+    errno = EIO;
+    return -1;
+  });
+  auto report = Restore();
+  internal::truncate_file = cut;
+  EXPECT_EQ(report.restored, 1u);
+  EXPECT_EQ(report.torn, 1u);
+  EXPECT_EQ(fs::file_size(FileOf(id)), size + 7);
+  EXPECT_EQ(persister_->FileBytes(id), size + 7);
+  {
+    auto lease = store_->Acquire(id);
+    ASSERT_TRUE(lease.ok());
+    EXPECT_FALSE(persister_->IsCurrent(**lease));
+  }
+  Run(id, Req(testing::TestIds(3, 259, 3), 4));
+  EXPECT_EQ(persister_->stats().rewrites, 1u);
+  const size_t tokens = store_->Get(id)->tokens;
+  ASSERT_NO_FATAL_FAILURE(Start());
+  report = Restore();
+  EXPECT_EQ(report.quarantined, 0u);
+  EXPECT_EQ(report.torn, 0u);
+  ASSERT_TRUE(store_->Get(id).has_value());
   EXPECT_EQ(store_->Get(id)->tokens, tokens);
 }
 
