@@ -89,8 +89,10 @@ void ConfigureLogging(LogFormat format) {
 LogFormat CurrentLogFormat() { return g_format.load(); }
 
 std::string RequestText(const RequestRecord& r) {
-  std::string s =
-      absl::StrCat("req=", r.request_id, " rpc=", util::Sv(r.rpc), " code=", util::Sv(r.code));
+  // rpc is escaped too: the HTTP front's is "METHOD /path" with the client's
+  // URL-decoded path, which may hold a newline (a forged line) or ESC.
+  std::string s = absl::StrCat("req=", r.request_id, " rpc=", util::EscapeForLog(r.rpc),
+                               " code=", util::Sv(r.code));
   for (const LogField& f : r.fields) {
     if (const auto* v = std::get_if<std::string>(&f.value)) {
       absl::StrAppend(&s, " ", f.key, "=", v->empty() ? "-" : util::EscapeForLog(*v));

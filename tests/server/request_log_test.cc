@@ -5,6 +5,8 @@
 // line and is forwarded by ForwardTraceContext; an invalid one is dropped.
 // Prompt text never reaches the log. Lines are captured with an in-memory
 // spdlog sink, from the functions and from a real server on 127.0.0.1.
+#include <httplib.h>
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -162,6 +164,26 @@ TEST_F(LogTest, TextRequestLineIsOneLineWithEveryStringEscaped) {
       << l;
 }
 
+// The HTTP front's rpc is "METHOD /path" with the client's URL-decoded path:
+// a newline in it must not start a forged line, nor ESC reach the terminal.
+TEST_F(LogTest, TextRequestLineEscapesTheRpc) {
+  Capture(LogFormat::kText);
+  RequestRecord r = Record({});
+  const std::string rpc =
+      "GET /x\n[2026-12-07 10:00:00.000] [request] [info] req=1 rpc=Forged\x1b[31m";
+  r.rpc = rpc;
+  LogRequest(r);
+  const std::vector<std::string> lines = sink_->Lines();
+  ASSERT_EQ(lines.size(), 1u);
+  const std::string& l = lines[0];
+  EXPECT_EQ(l.find('\n'), l.size() - 1) << l;
+  EXPECT_EQ(l.find('\x1b'), std::string::npos) << l;
+  EXPECT_NE(l.find(" rpc=GET /x\\n[2026-12-07 10:00:00.000] [request] [info] req=1 "
+                   "rpc=Forged\\x1b[31m code=INVALID_ARGUMENT"),
+            std::string::npos)
+      << l;
+}
+
 TEST(TraceparentTest, OnlyTheW3cVersion00ShapeIsValid) {
   EXPECT_TRUE(IsValidTraceparent(kTrace));
   EXPECT_TRUE(IsValidTraceparent("00-00000000000000000000000000000001-0000000000000001-00"));
@@ -285,6 +307,32 @@ TEST_F(LogTest, ServerLinesAreJsonWithPeerTraceparentAndNoPromptText) {
   EXPECT_EQ(all.find("THE-PROMPT-TEXT"), std::string::npos);
   EXPECT_EQ(all.find("THE-STOP-TEXT"), std::string::npos);
   EXPECT_EQ(all.find(std::string(32, 'A')), std::string::npos);
+}
+
+// A real HTTP request whose URL-decoded path holds a newline and ESC: its
+// line stays one line, escaped, and nothing else is written as if a second
+// request had been logged.
+TEST_F(LogTest, HttpPathCannotForgeALine) {
+  Capture(LogFormat::kText);
+  ServerConfig c;
+  c.model_dir = DefaultModelDir();
+  c.http_listen = "127.0.0.1:0";
+  c.grace = std::chrono::milliseconds(0);
+  testing::TestNode n = testing::StartTestNode(c);
+  ASSERT_NE(n.server, nullptr);
+  httplib::Client http("127.0.0.1", n.server->http_port());
+  auto r = http.Get("/x%0Aforged-line%1B[31m");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  n.server->Shutdown(std::chrono::milliseconds(0));
+  size_t found = 0;
+  for (const std::string& l : sink_->Lines()) {
+    EXPECT_EQ(l.find('\n'), l.size() - 1) << l;
+    EXPECT_EQ(l.find('\x1b'), std::string::npos) << l;
+    EXPECT_FALSE(l.starts_with("forged-line")) << l;
+    if (l.find("rpc=GET /x\\nforged-line\\x1b[31m code=NOT_FOUND") != std::string::npos) ++found;
+  }
+  EXPECT_EQ(found, 1u) << sink_->All();
 }
 
 }  // namespace
