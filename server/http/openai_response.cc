@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/tokenizer/unicode.h"
 
 namespace cortiq::server::http {
 
@@ -25,6 +26,17 @@ int64_t UnixSeconds() {
 }
 
 std::string Dump(const OJson& j) { return j.dump(-1, ' ', false, OJson::error_handler_t::replace); }
+
+// A token in the legacy completions logprobs (`tokens`, the `top_logprobs`
+// keys): its bytes when they are UTF-8, else "bytes:\xNN..." as OpenAI
+// writes a piece of a character. Dump would turn every such piece into the
+// same U+FFFD, and as keys of one object they would overwrite each other.
+std::string LegacyToken(std::string_view bytes) {
+  if (tokenizer::IsValidUtf8(bytes)) return std::string(bytes);
+  std::string s = "bytes:";
+  for (unsigned char c : bytes) absl::StrAppendFormat(&s, "\\x%02x", c);
+  return s;
+}
 
 }  // namespace
 
@@ -102,10 +114,14 @@ OJson ResponseBuilder::Logprobs(const Choice& c, size_t from, size_t to) const {
         offsets = OJson::array();
   for (size_t i = from; i < to; ++i) {
     const LogprobEntry& e = c.logprobs[i];
-    tokens.push_back(std::string(tokenizer_.TokenBytes(e.id)));
+    tokens.push_back(LegacyToken(tokenizer_.TokenBytes(e.id)));
     lps.push_back(e.logprob);
     OJson top = OJson::object();
-    for (const auto& alt : e.top) top[std::string(tokenizer_.TokenBytes(alt.id))] = alt.logprob;
+    for (const auto& alt : e.top) {
+      // Two tokens with the same bytes share a key: the likelier (first) one's.
+      const std::string key = LegacyToken(tokenizer_.TokenBytes(alt.id));
+      if (!top.contains(key)) top[key] = alt.logprob;
+    }
     tops.push_back(std::move(top));
     offsets.push_back(c.text_offset[i]);
   }

@@ -4,6 +4,7 @@
 //   completions: {"id":"cmpl-…","object":"text_completion","created","model",
 //                 "choices":[{"index","text","logprobs","finish_reason"}],"usage"}
 //     logprobs (legacy): {"tokens","token_logprobs","top_logprobs","text_offset"}
+//       (a token that is not UTF-8 alone, in tokens and as a key: "bytes:\xNN...")
 //   chat:        {"id":"chatcmpl-…","object":"chat.completion","created","model",
 //                 "choices":[{"index","message":{"role","content",
 //                   "reasoning_content"?,"tool_calls"?},"logprobs","finish_reason"}],"usage"}

@@ -166,6 +166,36 @@ TEST(OpenAiResponseTest, ChoicesByIndex) {
   EXPECT_EQ(body["choices"][1]["finish_reason"], "stop");
 }
 
+// Legacy completions logprobs: a token whose bytes are a piece of a
+// character is written "bytes:\xNN" (OpenAI's form), in `tokens` and as a
+// top_logprobs key, so that pieces stay apart; U+FFFD made them one key,
+// each overwriting the last.
+TEST(OpenAiResponseTest, LegacyLogprobsKeepPiecesOfCharactersApart) {
+  ResponseBuilder b(ResponseBuilder::Kind::kCompletion, Tok(), "m",
+                    OutputOptions{.logprobs = true, .top_logprobs = 4}, {});
+  auto event = [](int32_t id, std::string text, std::vector<model::TokenLogprob> top) {
+    session::GenerationEvent ev;
+    ev.token_id = id;
+    ev.text = std::move(text);
+    ev.logprobs = model::Logprobs{.chosen = top[0], .top = std::move(top)};
+    return ev;
+  };
+  // "é" is C3 A9: its first byte alone is no text yet.
+  b.Add(event(0xC3, "", {{0xC3, -0.5f}, {0xE2, -1.5f}, {0xF0, -2.5f}, {'a', -3.5f}}));
+  b.Add(event(0xA9, "\xc3\xa9", {{0xA9, -0.25f}, {0xA8, -1.25f}, {0xAA, -2.25f}, {'b', -3.25f}}));
+  const std::string text = b.Body(Result(2, session::FinishReason::kLength));
+  const OJson lp = OJson::parse(text)["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], OJson::array({"bytes:\\xc3", "bytes:\\xa9"}));
+  EXPECT_EQ(lp["top_logprobs"][0],
+            OJson::parse(R"({"bytes:\\xc3":-0.5,"bytes:\\xe2":-1.5,"bytes:\\xf0":-2.5,"a":-3.5})"));
+  EXPECT_EQ(
+      lp["top_logprobs"][1],
+      OJson::parse(R"({"bytes:\\xa9":-0.25,"bytes:\\xa8":-1.25,"bytes:\\xaa":-2.25,"b":-3.25})"));
+  EXPECT_EQ(lp["text_offset"], OJson::array({0, 1}));  // bytes of the text before each token
+  EXPECT_EQ(OJson::parse(text)["choices"][0]["text"], "\xc3\xa9");
+  EXPECT_EQ(text.find("\xef\xbf\xbd"), std::string::npos) << text;  // no U+FFFD anywhere
+}
+
 TEST(OpenAiResponseTest, StreamErrorIsOneChunkThenDone) {
   ApiError e;
   e.status = 504;
