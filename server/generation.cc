@@ -22,6 +22,12 @@ absl::Status CheckPromptIds(const ServiceContext& ctx, std::string_view field, s
                                                  limit, " (--max-prompt-bytes / 4)"));
 }
 
+session::PlanLimits PlanLimitsOf(const ServiceContext& ctx) {
+  return {.max_tokens = ctx.config->max_tokens_limit,
+          .max_context = ctx.engine->max_context(),
+          .max_n = ctx.config->max_n};
+}
+
 namespace {
 
 // Plans `g` on the existing session `id` and leases it (Peek → PlanRequest
@@ -77,9 +83,7 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
   // One plan, made before anything is leased or created: a bad request
   // changes nothing. Admission reserves the plan's bytes; the engine
   // trusts it.
-  const session::PlanLimits limits{.max_tokens = ctx.config->max_tokens_limit,
-                                   .max_context = ctx.engine->max_context(),
-                                   .max_n = ctx.config->max_n};
+  const session::PlanLimits limits = PlanLimitsOf(ctx);
   const auto& mcfg = ctx.model->config();
   session::RequestPlan plan;
   session::SessionStore::Lease lease;

@@ -63,6 +63,10 @@ absl::Status CheckPromptBytes(const ServiceContext& ctx, std::string_view field,
 // --max-prompt-bytes / 4.
 absl::Status CheckPromptIds(const ServiceContext& ctx, std::string_view field, size_t ids);
 
+// The limits a generation is planned against here: --max-tokens, the
+// engine's context, --max-n.
+session::PlanLimits PlanLimitsOf(const ServiceContext& ctx);
+
 // UNAVAILABLE while draining; then plans `g` (session::PlanRequest against
 // --max-tokens, --max-n and the engine's context), leases the session
 // `target` names (Peek — PeekForReuse for reuse_prefix — → plan → Acquire,

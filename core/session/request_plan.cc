@@ -9,12 +9,9 @@
 #include "core/util/strings.h"
 
 namespace cortiq::session {
-namespace {
 
-// The request's own fields: everything that needs neither the session nor
-// its config but the context check.
-absl::Status CheckFields(const GenerationRequest& r, const PlanLimits& limits,
-                         const model::ModelConfig& model) {
+absl::Status CheckRequestFields(const GenerationRequest& r, const PlanLimits& limits,
+                                const model::ModelConfig& model) {
   const int64_t vocab = model.vocab_size;
   if (r.prompt.empty()) {
     return absl::InvalidArgumentError("prompt: empty; give prompt text or prompt_tokens");
@@ -75,13 +72,15 @@ absl::Status CheckFields(const GenerationRequest& r, const PlanLimits& limits,
   return absl::OkStatus();
 }
 
+namespace {
+
 // Checks the fields and the context, then projects: the part both overloads
 // share. `history` tokens of the session stay; the prompt's first
 // `prompt_kept` tokens are among them (reuse_prefix), the rest is appended.
 absl::StatusOr<RequestPlan> Plan(const GenerationRequest& r, const PlanLimits& limits,
                                  const model::ModelConfig& model, const SessionConfig& config,
                                  size_t history, size_t prompt_kept = 0) {
-  CORTIQ_RETURN_IF_ERROR(CheckFields(r, limits, model));
+  CORTIQ_RETURN_IF_ERROR(CheckRequestFields(r, limits, model));
   RequestPlan plan;
   plan.config = config;
   plan.history = history;
@@ -147,7 +146,7 @@ absl::StatusOr<RequestPlan> PlanRequest(const GenerationRequest& request, const 
         "PeekForReuse)");
   }
   const PrefixReuse& reuse = *session.reuse;
-  // An empty prompt fails CheckFields first; kept < prompt.size() otherwise.
+  // An empty prompt fails CheckRequestFields first; kept < prompt.size() otherwise.
   const size_t kept = std::min(reuse.kept, request.prompt.size());
   CORTIQ_ASSIGN_OR_RETURN(RequestPlan plan,
                           Plan(request, limits, model, session.config, kept, kept));

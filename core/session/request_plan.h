@@ -164,6 +164,15 @@ absl::StatusOr<RequestPlan> PlanRequest(const GenerationRequest& request, const 
                                         const model::ModelConfig& model,
                                         const ExistingSession& session);
 
+// The checks of the banner that need neither a session nor a session config:
+// every one but the session config's and the context's, in the banner's
+// order, with the same errors. PlanRequest runs them first; a caller that
+// passes the request on rather than planning it (the HTTP front relaying a
+// conversation to the node that holds it) runs them before it does.
+// O(prompt + stop bytes); allocates only an error's message.
+absl::Status CheckRequestFields(const GenerationRequest& request, const PlanLimits& limits,
+                                const model::ModelConfig& model);
+
 // The checks of a new session's resolved config (see the banner): the O(1)
 // minimums (kv::CheckO1Minimums) and no mode size above `max_context`, so a
 // request cannot make a session allocate more than a context's worth (the

@@ -2,11 +2,15 @@
 
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/session/request_plan.h"
+#include "core/util/status_macros.h"
+#include "core/util/strings.h"
 #include "core/util/tsan_annotations.h"
 #include "cortiq/v1/inference.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -54,11 +58,26 @@ session::FinishReason FromProto(v1::FinishReason r) {
   }
 }
 
-// The prepared request as the owner's Generate takes it.
-v1::GenerateRequest ToRequest(const session::GenerationRequest& g, const GenerationTarget& t) {
+// `value` as the wire's uint32 field `field`; INVALID_ARGUMENT above it
+// (a cast would send another number: 2^32 + 5 as 5).
+absl::StatusOr<uint32_t> Uint32Field(std::string_view field, size_t value) {
+  if (value > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(util::Sv(field), ": ", value, " is above ",
+                                                   std::numeric_limits<uint32_t>::max()));
+  }
+  return static_cast<uint32_t>(value);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::GenerateRequest> ToRelayedRequest(const session::GenerationRequest& g,
+                                                     const GenerationTarget& t) {
   v1::GenerateRequest r;
+  CORTIQ_ASSIGN_OR_RETURN(const uint32_t max_tokens, Uint32Field("max_tokens", g.max_tokens));
+  CORTIQ_ASSIGN_OR_RETURN(const uint32_t min_tokens, Uint32Field("min_tokens", g.min_tokens));
+  CORTIQ_ASSIGN_OR_RETURN(const uint32_t n, Uint32Field("n", g.n));
   r.mutable_prompt_tokens()->Assign(g.prompt.begin(), g.prompt.end());
-  r.set_max_tokens(static_cast<uint32_t>(g.max_tokens));
+  r.set_max_tokens(max_tokens);
   for (const std::string& s : g.stop) r.add_stop(s);
   v1::SamplingParams* s = r.mutable_sampling();
   s->set_temperature(g.sampling.temperature);
@@ -75,8 +94,8 @@ v1::GenerateRequest ToRequest(const session::GenerationRequest& g, const Generat
   r.set_top_logprobs(g.top_logprobs);
   r.set_ignore_eos(g.ignore_eos);
   r.mutable_stop_token_ids()->Assign(g.stop_token_ids.begin(), g.stop_token_ids.end());
-  r.set_min_tokens(static_cast<uint32_t>(g.min_tokens));
-  r.set_n(static_cast<uint32_t>(g.n));
+  r.set_min_tokens(min_tokens);
+  r.set_n(n);
   r.set_reuse_prefix(g.reuse_prefix);
   r.set_priority(ToProto(g.priority));
   r.set_session_id(t.session_id);
@@ -85,6 +104,8 @@ v1::GenerateRequest ToRequest(const session::GenerationRequest& g, const Generat
   *r.mutable_session_config() = t.session_config;
   return r;
 }
+
+namespace {
 
 // One Generate call on the owner, read as a GenerationStream: every message
 // is read as it comes (a token is a few bytes; a call holds at most its
@@ -292,12 +313,16 @@ absl::StatusOr<std::optional<Relayed>> RelayToOwner(ServiceContext* ctx, const C
                                                     const session::GenerationRequest& g,
                                                     const GenerationTarget& target,
                                                     std::string_view traceparent) {
+  // Checked here first, as a request run here is (PlanRequest's checks but
+  // the context's, which needs the owner's session): the response is built
+  // here for g.n choices, and the owner gets only what the wire can carry.
+  CORTIQ_RETURN_IF_ERROR(session::CheckRequestFields(g, PlanLimitsOf(*ctx), ctx->model->config()));
+  CORTIQ_ASSIGN_OR_RETURN(const v1::GenerateRequest request, ToRelayedRequest(g, target));
   const std::string& id = target.session_id;
   const Metadata on_behalf = OnBehalfMetadata(*ctx, caller, traceparent);
   Metadata call_metadata = on_behalf;
   call_metadata.emplace_back(kHopsHeader, "1");  // an HTTP request is a client's own call
   const SystemTime deadline = ToSystem(g.deadline);
-  const v1::GenerateRequest request = ToRequest(g, target);
   std::optional<std::string> owner = ctx->router->Known(id);
   bool known = owner.has_value();  // a record or the cache: may be stale, worth one retry
   bool retried = false;

@@ -42,6 +42,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "cortiq/v1/inference.pb.h"
 #include "server/auth.h"
 #include "server/generation.h"
 #include "server/http/generation_stream.h"
@@ -61,12 +62,20 @@ bool ShouldRelay(const ServiceContext& ctx, const GenerationTarget& target, cons
 
 // Runs `g` on the owner of target.session_id (see the banner): the relayed
 // stream; nullopt when no node holds the session (serve it here); or the
-// error that ended it before anything was generated (the lookup's
-// UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED, the owner's answer:
-// INVALID_ARGUMENT, ABORTED, ...). Call only when ShouldRelay.
+// error that ended it before anything was generated: INVALID_ARGUMENT from
+// session::CheckRequestFields against this node's limits (every check of a
+// request run here but the context's, made before any peer is asked), the
+// lookup's UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED, the owner's
+// answer (INVALID_ARGUMENT, ABORTED, ...). Call only when ShouldRelay.
 absl::StatusOr<std::optional<Relayed>> RelayToOwner(ServiceContext* ctx, const Caller& caller,
                                                     const session::GenerationRequest& g,
                                                     const GenerationTarget& target,
                                                     std::string_view traceparent);
+
+// `g` and `t` as the owner's GenerateRequest; INVALID_ARGUMENT naming
+// max_tokens, min_tokens or n when one is above what the wire's uint32
+// holds (RelayToOwner's checks refuse those first). Pure.
+absl::StatusOr<v1::GenerateRequest> ToRelayedRequest(const session::GenerationRequest& g,
+                                                     const GenerationTarget& t);
 
 }  // namespace cortiq::server::http

@@ -13,12 +13,14 @@
 // A node that shuts down cancels the generations it relays. A cached owner
 // that stopped is forgotten and the owner looked up again.
 #include <httplib.h>
+
 #include <map>
 #include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "server/http/owner_relay.h"
 #include "server/server.h"
 #include "tests/common/server_test_util.h"
 
@@ -200,6 +202,37 @@ TEST_F(HttpClusterTest, AConversationIsAnsweredByItsOwnerThroughAnyNode) {
   EXPECT_EQ(fresh.node, "b");
   EXPECT_EQ(fresh.forwarded_by, "");
   EXPECT_EQ(b.server->store().num_sessions(), 1u);
+}
+
+// A turn relayed to its owner is checked here first, as one run here would
+// be: a count above 2^32 was cast to the wire's uint32 (max_tokens 2^32 + 5
+// ran as 5) and n sized this node's answer (2^32 + 2 choices: bad_alloc).
+TEST_F(HttpClusterTest, ARelayedTurnIsCheckedHereFirst) {
+  Node &a = nodes["a"], &b = nodes["b"];
+  const std::string convo = kTurn1 + first.text + kTurn2;
+  const int64_t above = int64_t{1} << 32;
+  for (const auto& [field, value] : std::vector<std::pair<std::string, int64_t>>{
+           {"max_tokens", above + 5}, {"min_tokens", above + 1}, {"n", above + 2}}) {
+    SCOPED_TRACE(field);
+    Json body = {
+        {"model", "cortiq-byte-4m"}, {"prompt", convo}, {"max_tokens", 8}, {"temperature", 0}};
+    body[field] = value;
+    auto r = b.http->Post("/v1/completions", {{"x-cortiq-session", "moby"}}, body.dump(),
+                          "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    const Json e = Json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object() && e.contains("error")) << r->body;
+    EXPECT_EQ(e["error"]["param"], field) << r->body;
+    EXPECT_EQ(HeaderOf(r->headers, "x-cortiq-node"), "b");  // refused here, not relayed
+  }
+  EXPECT_EQ(b.server->store().num_sessions(), 0u);
+  EXPECT_EQ(a.server->store().num_sessions(), 1u);
+  // The conversation goes on through B as before.
+  const Answer next = Turn(b, "moby", convo);
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(next.node, "a");
+  EXPECT_GT(next.cached, 0) << next.body;
 }
 
 TEST_F(HttpClusterTest, AClosedRelayedStreamEndsTheOwnersJobAndKeepsItsSession) {
@@ -401,6 +434,32 @@ TEST(HttpClusterSilentPeerTest, ACopyNoPeerHoldsStays) {
   std::this_thread::sleep_for(milliseconds(1500));
   EXPECT_TRUE(a.server->store().Get(t1.session).has_value());
   EXPECT_EQ(a.server->store().releases()[size_t(session::ReleaseReason::kDuplicate)], 0u);
+}
+
+// What the wire's uint32 fields cannot carry is refused, never cast.
+TEST(ToRelayedRequestTest, RefusesCountsAboveTheWiresUint32) {
+  session::GenerationRequest g;
+  g.prompt = {1, 2, 3};
+  g.max_tokens = 7;
+  g.min_tokens = 2;
+  g.n = 3;
+  GenerationTarget target;
+  target.session_id = "s";
+  absl::StatusOr<v1::GenerateRequest> ok = http::ToRelayedRequest(g, target);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->max_tokens(), 7u);
+  EXPECT_EQ(ok->min_tokens(), 2u);
+  EXPECT_EQ(ok->n(), 3u);
+  const size_t above = size_t{1} << 32;
+  for (size_t session::GenerationRequest::*field :
+       {&session::GenerationRequest::max_tokens, &session::GenerationRequest::min_tokens,
+        &session::GenerationRequest::n}) {
+    session::GenerationRequest bad = g;
+    bad.*field = above + 5;
+    const absl::Status st = http::ToRelayedRequest(bad, target).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("4294967301 is above 4294967295"), std::string::npos) << st;
+  }
 }
 
 }  // namespace
