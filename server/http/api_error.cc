@@ -86,6 +86,14 @@ ApiError ErrorFromStatus(const absl::Status& status, const ParamRenames& renames
   return e;
 }
 
+ApiError ErrorOfHttpStatus(int status) {
+  ApiError e;
+  e.status = status;
+  e.message = absl::StrCat("HTTP ", status);
+  if (status >= 500) e.type = "server_error";
+  return e;
+}
+
 ApiError InvalidField(std::string_view param, std::string_view what) {
   ApiError e;
   e.param = std::string(param);

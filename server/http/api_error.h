@@ -46,6 +46,11 @@ std::string ParamOfMessage(std::string_view message);
 // See the banner. `status` must not be OK.
 ApiError ErrorFromStatus(const absl::Status& status, const ParamRenames& renames = {});
 
+// The answer to a status httplib set itself (a malformed request, 414 for a
+// long URI): message "HTTP <status>", type server_error from 500 up (the
+// server failed, not the request), invalid_request_error below.
+ApiError ErrorOfHttpStatus(int status);
+
 // 400 invalid_request_error naming `param`: "<param>: <what>".
 ApiError InvalidField(std::string_view param, std::string_view what);
 

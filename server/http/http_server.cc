@@ -517,21 +517,42 @@ void HttpServer::Impl::Routes() {
         }
         HttpCall call(ctx_, req, absl::StrCat(req.method, " ", req.path));
         ApiError e;
-        e.status = res.status;
         if (res.status == 404) {
+          e.status = 404;
           e.type = "not_found_error";
           e.message = absl::StrCat(req.method, " ", req.path, ": no such route");
         } else if (res.status == 413) {
+          e.status = 413;
           e.param = "body";
           e.message = absl::StrCat("body: more than ", BodyLimit(*ctx_->config),
                                    " bytes (4 x --max-prompt-bytes + 64 KiB)");
         } else {
-          e.message = absl::StrCat("HTTP ", res.status);
+          e = ErrorOfHttpStatus(res.status);
         }
         SetError(res, e);
         call.Done(e.status, e.message);
         return httplib::Server::HandlerResponse::Handled;
       }));
+  // A handler that throws (a bug, std::bad_alloc) would get httplib's bare
+  // 500, which the error handler above cannot tell from its own, and no log
+  // line (the handler's HttpCall is gone): answered and logged here. What
+  // was thrown goes to the log, not to the client.
+  s.set_exception_handler(
+      [this](const httplib::Request& req, httplib::Response& res, std::exception_ptr thrown) {
+        std::string what = "an exception that is not a std::exception";
+        try {
+          std::rethrow_exception(thrown);
+        } catch (const std::exception& ex) {
+          what = ex.what();
+        } catch (...) {
+        }
+        HttpCall call(ctx_, req, absl::StrCat(req.method, " ", req.path));
+        ApiError e = ErrorOfHttpStatus(500);
+        e.message = "internal error: the server failed on this request (its log says why)";
+        res.headers.clear();  // what the handler set before it threw
+        SetError(res, e);
+        call.Done(e.status, absl::StrCat("internal error: ", what));
+      });
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     Generate(req, res, ResponseBuilder::Kind::kCompletion);
   });

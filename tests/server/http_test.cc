@@ -21,7 +21,11 @@
 #include "core/model/model_files.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "server/http/http_server.h"
+#include "server/log_format.h"
 #include "server/server.h"
+#include "spdlog/spdlog.h"
+#include "tests/common/log_capture.h"
 #include "tests/common/prom_text.h"
 #include "tests/common/server_test_util.h"
 
@@ -534,6 +538,50 @@ TEST(HttpTest, ClientGoneMidStreamReleasesTheSession) {
   EXPECT_EQ(s.store().releases()[static_cast<size_t>(session::ReleaseReason::kCancelled)], 1u);
   // And the server serves the next request.
   EXPECT_EQ(Post(n, "/v1/completions", Greedy("again", 3)).status, 200);
+}
+
+// A handler that throws is answered 500 server_error in the OpenAI shape,
+// without what it threw, and logged with it. Here the chat template throws
+// (an HttpServer on the node's context with a renderer that does).
+TEST(HttpTest, AHandlerThatThrowsIsAServerErrorAndLogged) {
+  auto sink = std::make_shared<testing::CaptureSink>();
+  const std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("", sink));
+  ConfigureLogging(LogFormat::kText);
+  {
+    HttpNode n = StartHttpNode();
+    ASSERT_TRUE(n.http);
+    http::ChatRenderer throws;
+    throws.render = [](const http::ChatRequest&) -> absl::StatusOr<std::string> {
+      throw std::runtime_error("template bug 12345");
+    };
+    absl::StatusOr<std::unique_ptr<http::HttpServer>> s =
+        http::HttpServer::Start(&n.server().context(), std::move(throws));
+    ASSERT_TRUE(s.ok()) << s.status();
+    httplib::Client client("127.0.0.1", (*s)->port());
+    client.set_read_timeout(60, 0);
+    const Json chat = {{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})},
+                       {"max_tokens", 2}};
+    auto r = client.Post("/v1/chat/completions", chat.dump(), "application/json");
+    ASSERT_TRUE(r);
+    const Json e =
+        ExpectError({.status = r->status, .body = r->body, .headers = r->headers}, 500, "");
+    EXPECT_EQ(e["type"], "server_error");
+    EXPECT_EQ(r->body.find("template bug"), std::string::npos) << r->body;
+    (*s)->Stop();
+    EXPECT_EQ(n.server().store().num_sessions(), 0u);
+  }
+  std::vector<std::string> lines;
+  for (const std::string& l : sink->Lines()) {
+    if (l.find("rpc=POST /v1/chat/completions") != std::string::npos) lines.push_back(l);
+  }
+  spdlog::set_default_logger(saved);
+  ConfigureLogging(LogFormat::kText);
+  ASSERT_EQ(lines.size(), 1u) << sink->All();
+  EXPECT_NE(lines[0].find("code=INTERNAL"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("http_status=500"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("error=\"internal error: template bug 12345\""), std::string::npos)
+      << lines[0];
 }
 
 Json Chat(const std::string& user, int max_tokens) {

@@ -196,6 +196,16 @@ TEST(OpenAiResponseTest, LegacyLogprobsKeepPiecesOfCharactersApart) {
   EXPECT_EQ(text.find("\xef\xbf\xbd"), std::string::npos) << text;  // no U+FFFD anywhere
 }
 
+// httplib's own statuses: 500 and up are the server's failures.
+TEST(ApiErrorTest, HttpStatusOfTheServerIsAServerError) {
+  EXPECT_EQ(ErrorOfHttpStatus(500).type, "server_error");
+  EXPECT_EQ(ErrorOfHttpStatus(503).type, "server_error");
+  EXPECT_EQ(ErrorOfHttpStatus(500).message, "HTTP 500");
+  EXPECT_EQ(ErrorOfHttpStatus(500).status, 500);
+  EXPECT_EQ(ErrorOfHttpStatus(400).type, "invalid_request_error");
+  EXPECT_EQ(ErrorOfHttpStatus(414).type, "invalid_request_error");
+}
+
 TEST(OpenAiResponseTest, StreamErrorIsOneChunkThenDone) {
   ApiError e;
   e.status = 504;
