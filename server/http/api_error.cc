@@ -128,7 +128,9 @@ std::string_view CodeNameOfHttpStatus(int status) {
       return "UNIMPLEMENTED";
     case 409:
       return "ABORTED";
+    case 411:
     case 413:
+    case 415:
       return "INVALID_ARGUMENT";
     case 429:
       return "RESOURCE_EXHAUSTED";

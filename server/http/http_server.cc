@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/chat/chat_template.h"
@@ -105,6 +106,70 @@ void SetError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
   res.set_content(ErrorJson(e), kJsonType);
+}
+
+bool ReadsBody(std::string_view method) {
+  // The methods whose body httplib 0.11.4 reads (detail::expect_content).
+  return method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE" ||
+         method == "PRI";
+}
+
+// Why a request's body may not be read, from its headers alone; nullopt
+// when it may. httplib 0.11.4 bounds a body by set_payload_max_length only
+// when it has a Content-Length: a chunked body, one without a length (read
+// until the client closes) and a compressed one (inflated as it is read)
+// would reach a handler whole, whatever their size, before any route or
+// token is checked. So the body must come as it is sent, with its length.
+// A Content-Length above `limit` is left to httplib: its 413 skips the body
+// and keeps the connection.
+std::optional<ApiError> BodyFramingError(const httplib::Request& req, size_t limit) {
+  // `status` with `what`, then the limit: every refusal names its header first.
+  auto refuse = [limit](int status, std::string_view what) {
+    ApiError e;
+    e.status = status;
+    e.message = absl::StrCat(util::Sv(what), ", at most ", limit,
+                             " bytes (4 x --max-prompt-bytes + 64 KiB)");
+    return e;
+  };
+  if (req.has_header("Transfer-Encoding")) {
+    return refuse(411,
+                  "Transfer-Encoding: not accepted (chunked bodies are refused); send the body "
+                  "with Content-Length");
+  }
+  if (auto v = Header(req, "Content-Encoding");
+      v && !absl::EqualsIgnoreCase(util::Sv(*v), "identity")) {
+    return refuse(415,
+                  "Content-Encoding: not accepted (compressed bodies are refused); send the body "
+                  "uncompressed");
+  }
+  const size_t lengths = req.get_header_value_count("Content-Length");
+  uint64_t length = 0;
+  if (lengths > 1 ||
+      (lengths == 1 && !absl::SimpleAtoi(util::Sv(*Header(req, "Content-Length")), &length))) {
+    return refuse(400, "Content-Length: must be one decimal byte count");
+  }
+  if (lengths == 0 && ReadsBody(req.method)) {
+    return refuse(411, absl::StrCat("Content-Length: required for a ", req.method, " body"));
+  }
+  return std::nullopt;
+}
+
+// Answers `e` and closes the connection after it: the body of a refused
+// request is still unread, and httplib 0.11.4 would read it as the next
+// request on a kept connection. It keeps a connection unless writing the
+// answer fails, so the answer is written by a content provider that then
+// reports failure (the whole answer is on the wire by then).
+void RefuseAndClose(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_header("Connection", "close");
+  std::string body = ErrorJson(e);
+  const size_t size = body.size();
+  res.set_content_provider(
+      size, kJsonType,
+      [body = std::move(body)](size_t offset, size_t length, httplib::DataSink& sink) {
+        sink.write(body.data() + offset, length);
+        return false;
+      });
 }
 
 // Wakes a consumer when its job has news (the job's notify, engine thread).
@@ -475,10 +540,18 @@ absl::Status HttpServer::Impl::CheckModel(const std::string& model) const {
 
 void HttpServer::Impl::Routes() {
   httplib::Server& s = *svr_;
-  // Wrong method on a known path → 405 (httplib would answer 404), before
-  // the body is read.
+  // After the headers, before the body is read (httplib 0.11.4's routing
+  // runs this first): a body that could not be bounded is refused
+  // (BodyFramingError), and a wrong method on a known path gets 405
+  // (httplib would answer 404); both close the connection.
   s.set_pre_routing_handler([this](const httplib::Request& req,
                                    httplib::Response& res) -> httplib::Server::HandlerResponse {
+    if (std::optional<ApiError> e = BodyFramingError(req, BodyLimit(*ctx_->config))) {
+      HttpCall call(ctx_, req, absl::StrCat(req.method, " ", req.path));
+      RefuseAndClose(res, *e);
+      call.Done(e->status, e->message);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     struct Route {
       const char* path;
       const char* method;
@@ -500,7 +573,9 @@ void HttpServer::Impl::Routes() {
       e.message =
           absl::StrCat(req.method, " ", req.path, ": method not allowed (use ", r.method, ")");
       e.code = "method_not_allowed";
-      SetError(res, e);
+      // Answered before its body is read (a POST to /v1/models): closed,
+      // or the body would be read as the next request.
+      RefuseAndClose(res, e);
       res.set_header("Allow", r.method);
       call.Done(405, e.message);
       return httplib::Server::HandlerResponse::Handled;
@@ -512,7 +587,7 @@ void HttpServer::Impl::Routes() {
   // log line. Answers the handlers wrote pass untouched.
   s.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty() || res.is_chunked_content_provider_) {
+        if (!res.body.empty() || res.content_provider_) {
           return httplib::Server::HandlerResponse::Unhandled;
         }
         HttpCall call(ctx_, req, absl::StrCat(req.method, " ", req.path));

@@ -6,7 +6,11 @@
 // GET /v1/models, GET /v1/models/{model}, GET /health. Request and answer
 // shapes: server/http/openai_request.h, openai_response.h; errors:
 // api_error.h (401 without a valid bearer token, 404 unknown model or route,
-// 405 wrong method, 413 oversize body, 429 admission, 503 draining).
+// 405 wrong method, 411 a chunked body or a POST without Content-Length,
+// 413 oversize body, 415 a compressed body, 429 admission, 503 draining,
+// 500 a handler that threw). A body is read only with its Content-Length
+// and uncompressed, as httplib bounds nothing else: the rest is refused
+// from its headers, unread, and the connection closed.
 //
 // Threads: httplib's accept thread and a pool of --http-threads workers,
 // one per connection being served; a connection beyond them waits in
@@ -24,7 +28,10 @@
 // write, or a closed socket seen while a stream waits, cancels the job (its
 // one-shot session is released when the engine lets go of it). A request
 // that is not streamed notices a vanished client only when its answer is
-// written; --http-timeout bounds it.
+// written; --http-timeout bounds it. Not bounded here (httplib reads the
+// head before any hook, and its connection loop is private): the number of
+// header lines, and a client that sends slowly (the read timeout restarts
+// at each byte); docs/API.md ("Request bodies") says what to put in front.
 //
 // Each request writes one request-log line (server/log_format.h: rpc is
 // "METHOD /path", code the gRPC code name of its status, http_status, the

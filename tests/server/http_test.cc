@@ -11,12 +11,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/model/model_files.h"
 #include "gtest/gtest.h"
@@ -500,6 +502,21 @@ class RawHttp {
     }
     return true;
   }
+  bool SendBytes(const std::string& bytes) {
+    return write(fd_, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+  }
+  // Reads until the server closes (or the 30 s receive timeout): true on a
+  // close (EOF, or a reset after the answer: a server that closes with
+  // bytes of ours unread resets).
+  bool ReadToEnd() {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(fd_, buf, sizeof(buf));
+      if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+      if (n < 0) return false;
+      got_.append(buf, static_cast<size_t>(n));
+    }
+  }
   const std::string& received() const { return got_; }
   void Close() {
     if (fd_ >= 0) close(fd_);
@@ -538,6 +555,112 @@ TEST(HttpTest, ClientGoneMidStreamReleasesTheSession) {
   EXPECT_EQ(s.store().releases()[static_cast<size_t>(session::ReleaseReason::kCancelled)], 1u);
   // And the server serves the next request.
   EXPECT_EQ(Post(n, "/v1/completions", Greedy("again", 3)).status, 200);
+}
+
+// One raw answer: status and JSON body (Content-Length framed).
+struct RawAnswer {
+  int status = 0;
+  Json body;
+  int answers = 0;      // "HTTP/1.1 " status lines received in all
+  bool closes = false;  // "Connection: close"
+};
+RawAnswer ParseRaw(const std::string& got) {
+  RawAnswer a;
+  for (size_t at = got.find("HTTP/1.1 "); at != std::string::npos;
+       at = got.find("HTTP/1.1 ", at + 1)) {
+    ++a.answers;
+  }
+  if (got.size() > 12) a.status = std::atoi(got.substr(9, 3).c_str());
+  a.closes = got.find("Connection: close\r\n") != std::string::npos;
+  const size_t head_end = got.find("\r\n\r\n");
+  if (head_end != std::string::npos) {
+    a.body = Json::parse(got.substr(head_end + 4), nullptr, false);
+  }
+  return a;
+}
+
+const char kHead[] = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+const char kJsonHead[] = "Content-Type: application/json\r\n";
+
+// A body httplib would read without a bound is refused after the headers,
+// before the body is read: chunked (411), no Content-Length (411, where
+// httplib would read until the client closes), compressed (415: inflated
+// as it is read). Each answer names the header and the limit, in the
+// OpenAI shape, and closes the connection (the unread body must not be
+// read as the next request; so does a 405, answered unread too); the server
+// serves on.
+TEST(HttpTest, BodiesWithoutABoundAreRefusedBeforeTheyAreRead) {
+  ServerConfig c;
+  c.max_prompt_bytes = 1000;  // limit: 4 x 1000 + 64 KiB = 69536 bytes
+  HttpNode n = StartHttpNode(c);
+  ASSERT_TRUE(n.http);
+  const int port = n.server().http_port();
+  const std::string body = Greedy("hi", 1).dump();
+  auto expect_refused = [](const std::string& got, int status, const std::string& header) {
+    SCOPED_TRACE(got);
+    const RawAnswer a = ParseRaw(got);
+    EXPECT_EQ(a.status, status);
+    EXPECT_EQ(a.answers, 1);  // and nothing for the bytes after the headers
+    EXPECT_TRUE(a.closes);
+    ASSERT_TRUE(a.body.is_object() && a.body.contains("error"));
+    const std::string message = a.body["error"]["message"];
+    EXPECT_TRUE(message.starts_with(header + ": ")) << message;
+    EXPECT_NE(message.find("69536 bytes"), std::string::npos) << message;
+    EXPECT_EQ(a.body["error"]["type"], "invalid_request_error");
+  };
+  {  // chunked, a valid body, and a second request behind it
+    RawHttp raw(port);
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw.SendBytes(absl::StrCat(
+        kHead, kJsonHead, "Transfer-Encoding: chunked\r\n\r\n", absl::StrFormat("%x", body.size()),
+        "\r\n", body, "\r\n0\r\n\r\n", "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")));
+    ASSERT_TRUE(raw.ReadToEnd());
+    expect_refused(raw.received(), 411, "Transfer-Encoding");
+  }
+  {  // no Content-Length: httplib would wait for the body's end, the close
+    RawHttp raw(port);
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw.SendBytes(absl::StrCat(kHead, kJsonHead, "\r\n", body)));
+    ASSERT_TRUE(raw.ReadToEnd());
+    expect_refused(raw.received(), 411, "Content-Length");
+  }
+  {  // gzip: {"prompt":"hi","max_tokens":1} in 50 bytes
+    const std::string gz(
+        "\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\x03\xab\x56\x2a\x28\xca\xcf\x2d\x28\x51\xb2\x52"
+        "\xca\xc8\x54\xd2\x51\xca\x4d\xac\x88\x2f\xc9\xcf\x4e\xcd\x2b\x56\xb2\x32\xac\x05\x00"
+        "\xa6\xe7\x9f\x14\x1e\x00\x00\x00",
+        50);
+    RawHttp raw(port);
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw.SendBytes(absl::StrCat(kHead, kJsonHead, "Content-Encoding: gzip\r\n",
+                                           "Content-Length: ", gz.size(), "\r\n\r\n", gz)));
+    ASSERT_TRUE(raw.ReadToEnd());
+    expect_refused(raw.received(), 415, "Content-Encoding");
+  }
+  {  // a 405 is answered before its body is read: closed too, so that the
+     // body is not read as the next request
+    RawHttp raw(port);
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw.SendBytes(absl::StrCat(
+        "POST /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n", kJsonHead, "Content-Length: ",
+        body.size(), "\r\n\r\n", body, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")));
+    ASSERT_TRUE(raw.ReadToEnd());
+    const RawAnswer a = ParseRaw(raw.received());
+    EXPECT_EQ(a.status, 405) << raw.received();
+    EXPECT_EQ(a.answers, 1) << raw.received();
+    EXPECT_TRUE(a.closes) << raw.received();
+    EXPECT_EQ(a.body["error"]["code"], "method_not_allowed") << raw.received();
+  }
+  {  // the same body, plainly, with its length: served
+    RawHttp raw(port);
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw.SendBytes(absl::StrCat(kHead, kJsonHead, "Connection: close\r\n",
+                                           "Content-Length: ", body.size(), "\r\n\r\n", body)));
+    ASSERT_TRUE(raw.ReadToEnd());
+    EXPECT_EQ(ParseRaw(raw.received()).status, 200) << raw.received();
+  }
+  EXPECT_EQ(n.server().store().num_sessions(), 0u);
+  EXPECT_EQ(Post(n, "/v1/completions", Greedy("again", 2)).status, 200);
 }
 
 // A handler that throws is answered 500 server_error in the OpenAI shape,

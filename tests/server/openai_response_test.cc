@@ -204,6 +204,8 @@ TEST(ApiErrorTest, HttpStatusOfTheServerIsAServerError) {
   EXPECT_EQ(ErrorOfHttpStatus(500).status, 500);
   EXPECT_EQ(ErrorOfHttpStatus(400).type, "invalid_request_error");
   EXPECT_EQ(ErrorOfHttpStatus(414).type, "invalid_request_error");
+  EXPECT_EQ(CodeNameOfHttpStatus(411), "INVALID_ARGUMENT");
+  EXPECT_EQ(CodeNameOfHttpStatus(415), "INVALID_ARGUMENT");
 }
 
 TEST(OpenAiResponseTest, StreamErrorIsOneChunkThenDone) {
