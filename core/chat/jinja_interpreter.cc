@@ -465,8 +465,14 @@ EnvPtr Interpreter::MakeGlobals() {
                return interp.MakeArray({});
              const double count = std::max(0.0, std::ceil((stop - start) / step));
              interp.ChargeLoop(static_cast<uint64_t>(std::min(count, 1e18)));
+             // The charged count of elements, each start + k * step: adding
+             // the step in a loop stalls past 2^53 (1e16 + 1 == 1e16), and
+             // the loop then never ended.
              std::vector<Value> out;
-             for (double i = start; step > 0 ? i < stop : i > stop; i += step) {
+             const auto n = static_cast<uint64_t>(count);
+             out.reserve(n);
+             for (uint64_t k = 0; k < n; ++k) {
+               const double i = start + static_cast<double>(k) * step;
                out.push_back(std::trunc(i) == i ? Value::Int(i) : Value::Float(i));
              }
              return interp.MakeArray(std::move(out));
@@ -1048,7 +1054,9 @@ Value Interpreter::ApplyFilter(const Value& operand, const Node* filter, const E
   if (name == "safe") return operand;
   if (name == "tojson") {
     std::string out;
-    AppendJson(operand, JsonOptions{}, 0, /*undefined_to_null=*/true, &out);
+    JsonOptions options;
+    options.max_bytes = limits_.max_output_bytes;
+    AppendJson(operand, options, 0, /*undefined_to_null=*/true, &out);
     return MakeString(std::move(out));
   }
   if (operand.IsArray()) {
@@ -1174,6 +1182,7 @@ Value Interpreter::ApplyFilterCall(const Value& operand, const Node* filter, con
       }
     }
     std::string out;
+    options.max_bytes = limits_.max_output_bytes;
     AppendJson(operand, options, 0, /*undefined_to_null=*/true, &out);
     return MakeString(std::move(out));
   }

@@ -520,6 +520,12 @@ void AppendJson(const Value& v, const JsonOptions& options, int depth, bool unde
   for (int i = 0; i < depth; ++i) base_padding += indent_unit;
   const std::string children_padding = base_padding + indent_unit;
   const bool pretty = options.indent > 0;
+  auto check_size = [&] {
+    if (out->size() > options.max_bytes) {
+      throw RenderError("tojson: the output passes the limit of " +
+                        std::to_string(options.max_bytes) + " bytes");
+    }
+  };
   if (v.IsArray()) {
     const auto& items = v.items();
     out->push_back('[');
@@ -530,6 +536,7 @@ void AppendJson(const Value& v, const JsonOptions& options, int depth, bool unde
         if (pretty) *out += children_padding;
       }
       AppendJson(items[i], options, depth + 1, undefined_to_null, out);
+      check_size();
     }
     if (pretty && !items.empty()) *out += base_padding;
     out->push_back(']');
@@ -543,6 +550,7 @@ void AppendJson(const Value& v, const JsonOptions& options, int depth, bool unde
     AppendJsonString(entries[i].first, options, out);
     *out += key_sep;
     AppendJson(entries[i].second, options, depth + 1, undefined_to_null, out);
+    check_size();
   }
   if (pretty && !entries.empty()) *out += base_padding;
   out->push_back('}');

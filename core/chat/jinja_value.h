@@ -193,6 +193,10 @@ struct JsonOptions {
   bool has_separators = false;
   std::string item_separator;
   std::string key_separator;
+  // AppendJson throws RenderError once *out passes this many bytes: an
+  // indented dump of a client's deep, wide value grows far past the value
+  // itself, so the limit is checked as it is built, not after.
+  size_t max_bytes = SIZE_MAX;
 };
 void AppendJson(const Value& v, const JsonOptions& options, int depth, bool undefined_to_null,
                 std::string* out);

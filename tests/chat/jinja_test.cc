@@ -311,6 +311,31 @@ TEST(JinjaTest, UnsupportedFeaturesFailAtParseWithLineAndColumn) {
   EXPECT_TRUE(JinjaTemplate::Parse("{{ m() }}{% macro m() %}x{% endmacro %}").ok());
 }
 
+// tojson checks the output limit while it builds: an indented dump of a
+// deep, wide value (a client's tools) grows far past the value, and was
+// refused only once whole (hundreds of MB at the default limits).
+TEST(JinjaTest, TojsonStopsAtTheOutputLimitWhileItBuilds) {
+  ordered_json v = ordered_json::array();
+  for (int i = 0; i < 2000; ++i) v.push_back(0);
+  for (int d = 0; d < 20; ++d) v = ordered_json::array({v});
+  jinja::RenderLimits small;
+  small.max_output_bytes = 100000;  // the value dumps in ~6 KB flat, ~200 KB indented
+  const std::string e = RenderError("{{ t|tojson(indent=4) }}", {{"t", v}}, small);
+  EXPECT_NE(e.find("tojson: the output passes the limit of 100000 bytes"), std::string::npos) << e;
+  EXPECT_EQ(R("{{ t|tojson|length > 5000 }}", {{"t", v}}), "true");
+  small.max_output_bytes = 5000;
+  EXPECT_NE(RenderError("{{ t|tojson }}", {{"t", v}}, small).find("tojson: the output passes"),
+            std::string::npos);
+  EXPECT_EQ(R("{{ [[1, 2]]|tojson(indent=1) }}"), "[\n [\n  1,\n  2\n ]\n]");
+}
+
+// range() past 2^53, where adding 1 no longer moves a double: the charged
+// count of elements, each start + k * step (the loop never ended before).
+TEST(JinjaTest, RangePastTwoToThe53Ends) {
+  EXPECT_EQ(R("{{ range(10000000000000000, 10000000000000004)|length }}"), "4");
+  EXPECT_EQ(R("{{ range(5, 1, -2)|list|join(',') }}"), "5,3");
+}
+
 TEST(JinjaTest, RenderErrorsNameThePosition) {
   EXPECT_EQ(RenderError("{{ 'a' }}\n{{ x + 1 }}"),
             "chat_template:2:6: Cannot perform operation + on undefined values");

@@ -143,6 +143,24 @@ TEST(UnicodeTest, StreamingCutNeverChangesTheResult) {
   }
 }
 
+// A long run of combining marks of two alternating classes (a client's
+// text can be one run) is ordered by class, stably, then composed: "a",
+// then n x (U+0301 ccc 230, U+0316 ccc 220) is U+00E1, n x U+0316, n - 1 x
+// U+0301. The run is sorted in O(n log n) now; the insertion sort before
+// took seconds at 40k marks and minutes at a 1 MiB prompt's 500k.
+TEST(UnicodeTest, NfcOrdersALongRunOfMarksByClass) {
+  constexpr int kPairs = 20000;
+  std::string in = "a";
+  std::string want = "\u00E1";
+  for (int i = 0; i < kPairs; ++i) in += "\u0301\u0316";
+  for (int i = 0; i < kPairs; ++i) want += "\u0316";
+  for (int i = 1; i < kPairs; ++i) want += "\u0301";
+  EXPECT_EQ(ToNfc(in), want);
+  // Starters split the runs: each is ordered on its own (b has no acute
+  // composite, c does).
+  EXPECT_EQ(ToNfc("b\u0301\u0316c\u0301\u0316"), "b\u0316\u0301\u0107\u0316");
+}
+
 TEST(UnicodeTest, NfcExamples) {
   EXPECT_EQ(ToNfc("e\u0301"), "\u00E9");
   EXPECT_EQ(ToNfc("\u00E9"), "\u00E9");
