@@ -205,6 +205,8 @@ std::string ServerUsage() {
   --max-concurrent-imports N  ImportSession streams at once; more are refused (default 4)
   --max-concurrent-exports N  ExportSession snapshots held at once (each counted against
                           --memory-budget until sent); more are refused (default 4)
+  --max-o1-m N            largest session_config.o1.m (landmarks) a session may have; sealing a
+                          prompt costs O(m^3) per head on the engine thread (default 256)
   --import-idle-timeout SECONDS  an import with no message for this long ends (default 30)
   --max-batch N           decode rows per engine step (default 32)
   --step-tokens N         rows one engine step may hold: decode rows plus prefill chunk rows;
@@ -320,6 +322,7 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
       util::BytesFlag("max-import-bytes", &c.max_import_bytes),
       IntFlag("max-concurrent-imports", &c.max_concurrent_imports, {.min = 1}),
       IntFlag("max-concurrent-exports", &c.max_concurrent_exports, {.min = 1}),
+      IntFlag("max-o1-m", &c.max_o1_m, {.min = 4}),
       util::SecondsFlag("import-idle-timeout", &c.import_idle_timeout),
       IntFlag("max-batch", &c.max_batch, {.min = 1}),
       IntFlag("step-tokens", &c.step_tokens, {.min = 1}),
@@ -411,6 +414,10 @@ absl::StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& ar
                      " (a request's choices decode in one step)"));
   }
   c.max_n = max_n.value_or(std::min(c.max_n, c.max_batch));
+  if (c.o1.m && *c.o1.m > c.max_o1_m) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--o1-m: ", *c.o1.m, " is above --max-o1-m ", c.max_o1_m));
+  }
   if (prefill_chunk && *prefill_chunk > c.step_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("--prefill-chunk: ", *prefill_chunk,
                                                    " is above --step-tokens ", c.step_tokens,

@@ -66,6 +66,7 @@ struct ServerConfig {
   size_t max_import_bytes = size_t{8} << 30;  // ImportSession stream bound (RESOURCE_EXHAUSTED)
   size_t max_concurrent_imports = 4;          // ImportSession streams at once (RESOURCE_EXHAUSTED)
   size_t max_concurrent_exports = 4;  // ExportSession snapshots at once (RESOURCE_EXHAUSTED)
+  size_t max_o1_m = 256;              // session_config.o1.m a session may have (INVALID_ARGUMENT)
   std::chrono::milliseconds import_idle_timeout{30'000};  // a quiet import ends (DEADLINE_EXCEEDED)
   size_t max_batch = 32;
   // The scheduler (session::EngineOptions): rows one engine step may hold,

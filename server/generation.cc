@@ -25,7 +25,8 @@ absl::Status CheckPromptIds(const ServiceContext& ctx, std::string_view field, s
 session::PlanLimits PlanLimitsOf(const ServiceContext& ctx) {
   return {.max_tokens = ctx.config->max_tokens_limit,
           .max_context = ctx.engine->max_context(),
-          .max_n = ctx.config->max_n};
+          .max_n = ctx.config->max_n,
+          .max_o1_m = ctx.config->max_o1_m};
 }
 
 namespace {
@@ -85,6 +86,9 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
   // trusts it.
   const session::PlanLimits limits = PlanLimitsOf(ctx);
   const auto& mcfg = ctx.model->config();
+  // The request's own fields first: a bad one is INVALID_ARGUMENT before a
+  // named session is looked up, waited for or read back from disk.
+  CORTIQ_RETURN_IF_ERROR(session::CheckRequestFields(g, limits, mcfg));
   session::RequestPlan plan;
   session::SessionStore::Lease lease;
   // n > 1: the other choices' sessions, created here before anything runs,
@@ -93,8 +97,10 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
   if (!target.session_id.empty()) {
     CORTIQ_RETURN_IF_ERROR(CheckSessionId(target.session_id));
     absl::Status st = LeaseNamed(ctx, target, g, limits, caller, &plan, &lease);
+    bool created = false;
     if (st.code() == absl::StatusCode::kNotFound && target.create_if_missing) {
       st = CreateNamed(ctx, target, g, limits, caller, &plan, &lease);
+      created = st.ok();
       // Created meanwhile by another call (or another tenant's id): continue
       // it, once; another tenant's answers NOT_FOUND as any unknown id.
       if (st.code() == absl::StatusCode::kAlreadyExists) {
@@ -103,9 +109,15 @@ absl::StatusOr<SubmittedGeneration> SubmitGeneration(const ServiceContext& ctx,
     }
     CORTIQ_RETURN_IF_ERROR(st);
     if (g.n > 1) {
-      // Refused: the acquired lease returns unused, nothing changed.
-      CORTIQ_ASSIGN_OR_RETURN(forks,
-                              ctx.store->CreateMany(*ctx.model, plan, g.n - 1, caller.tenant));
+      // Refused: the acquired lease returns unused, nothing changed (a
+      // session this call created goes with it).
+      absl::StatusOr<std::vector<session::SessionStore::Lease>> more =
+          ctx.store->CreateMany(*ctx.model, plan, g.n - 1, caller.tenant);
+      if (!more.ok()) {
+        if (created) lease.ReleaseOnReturn(session::ReleaseReason::kCancelled);
+        return more.status();
+      }
+      forks = *std::move(more);
     }
   } else {
     CORTIQ_ASSIGN_OR_RETURN(session::SessionConfig config,

@@ -518,7 +518,8 @@ grpc::ServerUnaryReactor* InferenceService::CreateSession(grpc::CallbackServerCo
     CORTIQ_RETURN_IF_ERROR(Unavailable(*ctx_));
     auto config = ResolveSessionConfig(request->config(), *ctx_);
     if (!config.ok()) return config.status();
-    CORTIQ_RETURN_IF_ERROR(session::CheckSessionConfig(*config, ctx_->engine->max_context()));
+    CORTIQ_RETURN_IF_ERROR(
+        session::CheckSessionConfig(*config, ctx_->engine->max_context(), ctx_->config->max_o1_m));
     auto lease = ctx_->store->Create(*ctx_->model, *config, /*projected_bytes=*/0, caller.tenant);
     if (!lease.ok()) return lease.status();
     const std::string id = (*lease)->id();

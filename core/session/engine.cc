@@ -258,6 +258,9 @@ absl::StatusOr<std::shared_ptr<Job>> Engine::Submit(SessionStore::Lease lease,
   // returns, from here on (a refused Submit included).
   for (SessionStore::Lease& f : forks) f.ReleaseOnReturn(ReleaseReason::kOneshot);
   if (!lease) return absl::InvalidArgumentError("Submit: no session lease");
+  // A one-shot session too (its id never reached the client): FinishJob
+  // sets the real reason when the job runs.
+  if (request.release_at_end) lease.ReleaseOnReturn(ReleaseReason::kCancelled);
   if (forks.size() + 1 != std::max<size_t>(request.n, 1)) {
     return absl::InternalError(absl::StrCat("Submit: ", forks.size(), " forks for n = ",
                                             request.n, " (n - 1 expected)"));

@@ -130,7 +130,7 @@ std::optional<Priority> ParsePriority(std::string_view name) {
 absl::StatusOr<RequestPlan> PlanRequest(const GenerationRequest& request, const PlanLimits& limits,
                                         const model::ModelConfig& model,
                                         const SessionConfig& config) {
-  CORTIQ_RETURN_IF_ERROR(CheckSessionConfig(config, limits.max_context));
+  CORTIQ_RETURN_IF_ERROR(CheckSessionConfig(config, limits.max_context, limits.max_o1_m));
   CORTIQ_ASSIGN_OR_RETURN(RequestPlan plan, Plan(request, limits, model, config, /*history=*/0));
   if (request.reuse_prefix) plan.reuse = PrefixReuse{};  // nothing to keep, nothing cached
   return plan;
@@ -155,7 +155,7 @@ absl::StatusOr<RequestPlan> PlanRequest(const GenerationRequest& request, const 
   return plan;
 }
 
-absl::Status CheckSessionConfig(const SessionConfig& c, size_t max_context) {
+absl::Status CheckSessionConfig(const SessionConfig& c, size_t max_context, size_t max_o1_m) {
   auto over = [&](std::string_view field, size_t v) {
     return absl::InvalidArgumentError(absl::StrCat("session_config.", util::Sv(field), ": ", v,
                                                    " is above the context of ", max_context));
@@ -164,6 +164,11 @@ absl::Status CheckSessionConfig(const SessionConfig& c, size_t max_context) {
     CORTIQ_RETURN_IF_ERROR(
         kv::CheckO1Minimums(c.o1.m, c.o1.w, "session_config.o1.m", "session_config.o1.window"));
     if (c.o1.m > max_context) return over("o1.m", c.o1.m);
+    if (c.o1.m > max_o1_m) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session_config.o1.m: ", c.o1.m, " landmarks are above the limit of ", max_o1_m,
+          " (--max-o1-m: sealing a prompt costs O(m^3) per head, each token O(m^2))"));
+    }
     if (c.o1.w > max_context) return over("o1.window", c.o1.w);
     if (c.o1.sink > max_context) return over("o1.sink", c.o1.sink);
   }

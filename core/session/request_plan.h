@@ -116,6 +116,10 @@ struct PlanLimits {
   size_t max_tokens = 0;   // max_tokens ∈ [1, this] (--max-tokens)
   size_t max_context = 0;  // positions a session may hold (Engine::max_context())
   size_t max_n = 1;        // choices per request (--max-n); at most the engine's max_batch
+  // session_config.o1.m ∈ [kO1MinLandmarks, this] for a new session
+  // (--max-o1-m): sealing a prompt costs O(m³) per head and a decoded token
+  // O(m²), on the engine thread every stream shares.
+  size_t max_o1_m = SIZE_MAX;
 };
 
 // The session a continuation runs on, as it stands before the call
@@ -179,7 +183,8 @@ absl::Status CheckRequestFields(const GenerationRequest& request, const PlanLimi
 // QSA launch scratch is budget × 4 bytes; the O(1) state holds m, w and sink
 // rows). INVALID_ARGUMENT naming "session_config.<field>". Also what
 // CreateSession (a session without a generation) checks.
-absl::Status CheckSessionConfig(const SessionConfig& config, size_t max_context);
+absl::Status CheckSessionConfig(const SessionConfig& config, size_t max_context,
+                                size_t max_o1_m = SIZE_MAX);
 
 // ProjectedSessionBytes split by kind: the exact rows → kv_f32 or kv_int8 (by
 // config.kv_mode), the O(1) query trace and sealed states → o1, the QSA

@@ -117,6 +117,7 @@ Fields FieldsOf(const ServerConfig& c) {
       {"max-import-bytes", Text(c.max_import_bytes)},
       {"max-concurrent-imports", Text(c.max_concurrent_imports)},
       {"max-concurrent-exports", Text(c.max_concurrent_exports)},
+      {"max-o1-m", Text(c.max_o1_m)},
       {"import-idle-timeout", Text(c.import_idle_timeout)},
       {"max-batch", Text(c.max_batch)},
       {"step-tokens", Text(c.step_tokens)},
@@ -185,6 +186,7 @@ TEST_F(ConfigTest, Defaults) {
       {"max-import-bytes", std::to_string(size_t{8} << 30)},
       {"max-concurrent-imports", "4"},
       {"max-concurrent-exports", "4"},
+      {"max-o1-m", "256"},
       {"import-idle-timeout", "30000ms"},
       {"max-batch", "32"},
       {"step-tokens", "128"},
@@ -254,6 +256,7 @@ TEST_F(ConfigTest, EveryFlagInBothSyntaxes) {
       {"max-import-bytes", "256M", std::to_string(size_t{256} << 20)},
       {"max-concurrent-imports", "9", "9"},
       {"max-concurrent-exports", "3", "3"},
+      {"max-o1-m", "64", "64"},
       {"import-idle-timeout", "0.5", "500ms"},
       {"max-batch", "4", "4"},
       {"max-n", "3", "3"},
@@ -347,6 +350,8 @@ TEST_F(ConfigTest, ErrorsNameTheFlagAndTheLimit) {
                    "--max-concurrent-imports: must be at least 1");
   ExpectUsageError({"--max-concurrent-exports", "0"},
                    "--max-concurrent-exports: must be at least 1");
+  ExpectUsageError({"--max-o1-m", "3"}, "--max-o1-m: must be at least 4");
+  ExpectUsageError({"--o1-m", "300"}, "--o1-m: 300 is above --max-o1-m 256");
   ExpectUsageError({"--import-idle-timeout", "0"}, "--import-idle-timeout: must be positive");
   ExpectUsageError({"--kv-dtype", "f16"}, "--kv-dtype: expected f32 or int8");
   ExpectUsageError({"--attention", "sparse"}, "--attention: expected exact, o1, qsa or window");

@@ -156,6 +156,36 @@ TEST_F(ReuseE2eTest, CreateIfMissingCreatesUnderTheCallersIdThenContinues) {
   EXPECT_EQ(node_.server->store().num_sessions(), 1u);
 }
 
+// create_if_missing with n > 1 whose other choices are refused (the session
+// cap) leaves nothing: the session it created goes too. And a request's
+// own bad field is INVALID_ARGUMENT before its named session is looked up
+// (an unknown id was NOT_FOUND, a busy one ABORTED, a spilled one read back).
+TEST_F(ReuseE2eTest, ARefusedCreateIfMissingLeavesNothing) {
+  ServerConfig c;
+  c.max_sessions = 2;
+  Start(c);
+  v1::GenerateRequest r = Greedy({1, 2, 3, 4}, kId);
+  r.set_create_if_missing(true);
+  r.set_n(3);
+  r.mutable_sampling()->set_temperature(0.7f);
+  const Turn refused = Call(*node_.stub, r);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
+  EXPECT_EQ(node_.server->store().num_sessions(), 0u);
+  v1::SessionInfo info;
+  EXPECT_EQ(GetSession(kId, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+  r.set_n(2);  // fits: created, then continued
+  ASSERT_TRUE(Call(*node_.stub, r).status.ok());
+  EXPECT_EQ(node_.server->store().num_sessions(), 1u);
+
+  v1::GenerateRequest bad = Greedy({1, 2, 3, 4}, "fedcba9876543210fedcba9876543210");
+  bad.mutable_sampling()->set_temperature(-1);
+  const Turn unknown = Call(*node_.stub, bad);
+  EXPECT_EQ(unknown.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << unknown.status.error_message();
+  EXPECT_NE(unknown.status.error_message().find("temperature"), std::string::npos);
+}
+
 // Tenants: a session created under an id belongs to its caller's tenant;
 // another tenant naming the same id gets NOT_FOUND, as for any session it
 // cannot see, and creates nothing.

@@ -264,6 +264,24 @@ TEST_F(PlanTest, ContinuedSessionConfigIsNotCheckedAgain) {
   EXPECT_TRUE(PlanRequest(ok_, limits_, model_, ExistingSession{5, o1}).ok());
 }
 
+// A new session's landmark count is capped by --max-o1-m, not only by the
+// context: sealing a prompt costs O(m^3) per head on the engine thread
+// (m = the context made one request stall every stream for minutes).
+TEST_F(PlanTest, O1LandmarksAboveTheLimitAreRefused) {
+  SessionConfig o1;
+  o1.attention = AttentionMode::kO1;
+  o1.o1.layers = {0};
+  PlanLimits limits = limits_;
+  limits.max_o1_m = 16;
+  o1.o1.m = 16;
+  EXPECT_TRUE(PlanRequest(ok_, limits, model_, o1).ok());
+  o1.o1.m = 17;
+  ExpectRefused(PlanRequest(ok_, limits, model_, o1),
+                {"session_config.o1.m: 17", "limit of 16", "--max-o1-m"});
+  EXPECT_EQ(CheckSessionConfig(o1, kContext, 16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckSessionConfig(o1, kContext).ok());  // no limit given
+}
+
 // The O(1) minimums are one named constant each and one policy: a value
 // below is refused, naming the field, on every path that can set it.
 TEST_F(PlanTest, O1MinimumsAreRejectedNeverClamped) {
