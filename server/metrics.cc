@@ -452,7 +452,8 @@ class Metrics::LiveState : public prometheus::Collectable {
                                 static_cast<double>(s.failures)));
     out.push_back(CounterFamily("cortiq_persist_skipped_total",
                                 "Calls whose state no record could describe (an O(1) trace cut "
-                                "inside its prompt): the file keeps the previous turn.",
+                                "inside its prompt, a failed step): the file keeps the previous "
+                                "turn until the next record or the idle TTL writes it.",
                                 static_cast<double>(s.unpersisted)));
     out.push_back(GaugeFamily("cortiq_restore_sessions",
                               "Sessions the last start restored from --state-dir.",
