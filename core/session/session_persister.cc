@@ -523,32 +523,23 @@ bool SessionPersister::Write(const std::string& id, const JournalRecord& record)
       stale = broken_.count(id) > 0 || before + record.bytes.size() != record.mark.file_bytes;
     }
     if (stale) {
-      const double seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
-      std::unique_lock lock(mu_);
-      stats_.write_seconds += seconds;
-      ++stats_.failures;
-      broken_.insert(id);
-      lock.unlock();
-      spdlog::error(
-          "state: session {}: a record prepared before a failed write is not appended; the "
-          "session runs on, its next call rewrites the file",
-          id);
-      return false;
-    }
-    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-    int err = fd < 0 ? errno : WriteAll(fd, record.bytes);
-    if (err == 0 && sync && ::fdatasync(fd) != 0) err = errno;
-    if (err != 0) {
-      // Cut the partial record off: the file ends at its last whole turn.
-      if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(before)) != 0) {
-        spdlog::error("state: session {}: cutting a failed append off failed: {}", id,
-                      Errno(errno));
-      }
-      failure = absl::StrCat("appending to ", path, ": ", Errno(err));
+      failure = "a record prepared before a failed write is not appended";
     } else {
-      size = before + record.bytes.size();
+      const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+      int err = fd < 0 ? errno : WriteAll(fd, record.bytes);
+      if (err == 0 && sync && ::fdatasync(fd) != 0) err = errno;
+      if (err != 0) {
+        // Cut the partial record off: the file ends at its last whole turn.
+        if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(before)) != 0) {
+          spdlog::error("state: session {}: cutting a failed append off failed: {}", id,
+                        Errno(errno));
+        }
+        failure = absl::StrCat("appending to ", path, ": ", Errno(err));
+      } else {
+        size = before + record.bytes.size();
+      }
+      if (fd >= 0) ::close(fd);
     }
-    if (fd >= 0) ::close(fd);
   }
   const double seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   std::unique_lock lock(mu_);

@@ -91,10 +91,10 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Sessio
   std::unique_lock lock(mu_);
   if (closed_) return ImportsClosed();
   // The import's bytes are this session's: admit it as if they were free.
-  import_bytes_ -= held.bytes_;
+  imports_.bytes -= held.bytes_;
   MakeRoomLocked(bytes);
   absl::Status admitted = AdmitLocked(bytes, "the imported session holds");
-  import_bytes_ += held.bytes_;
+  imports_.bytes += held.bytes_;
   CORTIQ_RETURN_IF_ERROR(admitted);
   if (sessions_.contains(session->id())) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: '", session->id(), "' exists"));
@@ -104,8 +104,8 @@ absl::StatusOr<SessionStore::Lease> SessionStore::Install(std::unique_ptr<Sessio
   // The reservation moves to the lease under the same lock.
   e.reservation = held.bytes_;
   if (held.store_ != nullptr) {
-    import_bytes_ -= held.bytes_;
-    --num_imports_;
+    imports_.bytes -= held.bytes_;
+    --imports_.count;
     held.store_ = nullptr;
     held.bytes_ = 0;
   }
@@ -123,24 +123,24 @@ SessionStore::Lease SessionStore::LeaseLocked(Entry& e) {
 absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginImport() {
   std::unique_lock lock(mu_);
   if (closed_) return ImportsClosed();
-  if (options_.max_imports > 0 && num_imports_ >= options_.max_imports) {
+  if (options_.max_imports > 0 && imports_.count >= options_.max_imports) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("import: ", num_imports_, " imports in flight, --max-concurrent-imports ",
+        absl::StrCat("import: ", imports_.count, " imports in flight, --max-concurrent-imports ",
                      options_.max_imports, "; retry later"));
   }
-  ++num_imports_;
-  return ImportReservation(this, /*is_export=*/false);
+  ++imports_.count;
+  return ImportReservation(this, &imports_);
 }
 
 absl::StatusOr<SessionStore::ImportReservation> SessionStore::BeginExport() {
   std::unique_lock lock(mu_);
-  if (options_.max_exports > 0 && num_exports_ >= options_.max_exports) {
+  if (options_.max_exports > 0 && exports_.count >= options_.max_exports) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("export: ", num_exports_, " exports being sent, --max-concurrent-exports ",
+        absl::StrCat("export: ", exports_.count, " exports being sent, --max-concurrent-exports ",
                      options_.max_exports, "; retry later"));
   }
-  ++num_exports_;
-  return ImportReservation(this, /*is_export=*/true);
+  ++exports_.count;
+  return ImportReservation(this, &exports_);
 }
 
 absl::Status SessionStore::DrainingRefusal() {
@@ -153,7 +153,7 @@ void SessionStore::CloseToNewSessions() {
 }
 
 size_t SessionStore::CommittedLocked() const {
-  size_t total = import_bytes_ + export_bytes_;
+  size_t total = imports_.bytes + exports_.bytes;
   for (const auto& [id, e] : sessions_) {
     total += std::max(e.session->Memory().total(), e.reservation);
   }
@@ -836,22 +836,22 @@ size_t SessionStore::committed_bytes() const {
 
 size_t SessionStore::import_bytes() const {
   std::unique_lock lock(mu_);
-  return import_bytes_;
+  return imports_.bytes;
 }
 
 size_t SessionStore::num_imports() const {
   std::unique_lock lock(mu_);
-  return num_imports_;
+  return imports_.count;
 }
 
 size_t SessionStore::export_bytes() const {
   std::unique_lock lock(mu_);
-  return export_bytes_;
+  return exports_.bytes;
 }
 
 size_t SessionStore::num_exports() const {
   std::unique_lock lock(mu_);
-  return num_exports_;
+  return exports_.count;
 }
 
 std::array<uint64_t, kNumReleaseReasons> SessionStore::releases() const {
@@ -986,7 +986,7 @@ SessionStore::ImportReservation& SessionStore::ImportReservation::operator=(
   if (this != &o) {
     Release();
     store_ = std::exchange(o.store_, nullptr);
-    export_ = o.export_;
+    counts_ = std::exchange(o.counts_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
   }
   return *this;
@@ -1001,15 +1001,15 @@ absl::Status SessionStore::ImportReservation::Update(size_t bytes) {
     store_->MakeRoomLocked(bytes - bytes_);
     const size_t others = store_->CommittedLocked() - bytes_;
     if (others + bytes > budget) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          export_ ? "export: the session's snapshot would hold " : "import: the stream would hold ",
-          bytes, " bytes, ", others, " of the --memory-budget ", budget,
-          " bytes are committed to sessions and other imports and exports (",
-          budget - std::min(others, budget), " free); refused"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(counts_ == &store_->exports_ ? "export: the session's snapshot would hold "
+                                                    : "import: the stream would hold ",
+                       bytes, " bytes, ", others, " of the --memory-budget ", budget,
+                       " bytes are committed to sessions and other imports and exports (",
+                       budget - std::min(others, budget), " free); refused"));
     }
   }
-  size_t& held = export_ ? store_->export_bytes_ : store_->import_bytes_;
-  held = held - bytes_ + bytes;
+  counts_->bytes = counts_->bytes - bytes_ + bytes;
   bytes_ = bytes;
   return absl::OkStatus();
 }
@@ -1017,8 +1017,8 @@ absl::Status SessionStore::ImportReservation::Update(size_t bytes) {
 void SessionStore::ImportReservation::Release() {
   if (store_ == nullptr) return;
   std::unique_lock lock(store_->mu_);
-  (export_ ? store_->export_bytes_ : store_->import_bytes_) -= bytes_;
-  --(export_ ? store_->num_exports_ : store_->num_imports_);
+  counts_->bytes -= bytes_;
+  --counts_->count;
   store_ = nullptr;
   bytes_ = 0;
 }

@@ -171,6 +171,13 @@ struct ReleaseResult {
 };
 
 class SessionStore {
+  // What the reservations of one kind in flight hold (imports, export
+  // snapshots): their bytes and how many there are; under mu_.
+  struct Transfers {
+    size_t bytes = 0;
+    size_t count = 0;
+  };
+
  public:
   class Lease;
   class LeaseEnding;
@@ -460,9 +467,9 @@ class SessionStore {
 
    private:
     friend class SessionStore;
-    ImportReservation(SessionStore* store, bool is_export) : store_(store), export_(is_export) {}
+    ImportReservation(SessionStore* store, Transfers* counts) : store_(store), counts_(counts) {}
     SessionStore* store_ = nullptr;
-    bool export_ = false;  // BeginExport's: counted in export_bytes_ / num_exports_
+    Transfers* counts_ = nullptr;  // the store's imports_ or exports_ (BeginExport)
     size_t bytes_ = 0;
   };
 
@@ -561,10 +568,8 @@ class SessionStore {
   std::map<std::string, Entry> sessions_;
   std::array<uint64_t, kNumReleaseReasons> releases_{};
   uint64_t spills_ = 0, unspills_ = 0;
-  size_t import_bytes_ = 0;  // Σ the ImportReservations' bytes
-  size_t num_imports_ = 0;   // ImportReservations alive
-  size_t export_bytes_ = 0;  // Σ the export snapshots' reservations
-  size_t num_exports_ = 0;   // export reservations alive
+  Transfers imports_;        // the import reservations (BeginImport)
+  Transfers exports_;        // the export snapshots' reservations (BeginExport)
   bool closed_ = false;      // CloseToNewSessions ran: no session comes in
 };
 
