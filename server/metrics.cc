@@ -688,6 +688,17 @@ absl::Status Metrics::Register(const MetricsSources& sources) {
         "result.",
         "direction", [](size_t d) { return d == 0 ? "out" : "in"; }, "result",
         [](size_t r) { return r == 0 ? "ok" : "failed"; }, migrations_);
+    current = "cortiq_migration_undos_total";
+    auto& undos = prometheus::BuildCounter()
+                      .Name(current)
+                      .Help(
+                          "Outgoing migrations whose import answer did not come back, so the "
+                          "peer was asked to release what it may have installed, by what it "
+                          "answered (failed: the session may be on both nodes).")
+                      .Register(reg);
+    migration_undos_[0] = &undos.Add({{"result", "released"}});
+    migration_undos_[1] = &undos.Add({{"result", "absent"}});
+    migration_undos_[2] = &undos.Add({{"result", "failed"}});
 
     current = "cortiq_http_requests_total";
     RegisterCounterGrid(reg, current, "Finished HTTP requests by route pattern and HTTP status.",
@@ -731,6 +742,10 @@ void Metrics::CountExportRefused(ExportRefusal reason) {
 
 void Metrics::CountMigration(MigrationDirection direction, MigrationResult result) {
   migrations_[static_cast<size_t>(direction) & 1][static_cast<size_t>(result) & 1]->Increment();
+}
+
+void Metrics::CountMigrationUndo(MigrationUndo result) {
+  migration_undos_[static_cast<size_t>(result) % kNumMigrationUndoLabels]->Increment();
 }
 
 void Metrics::ObserveHttpRequest(std::string_view route, int status, double seconds) {

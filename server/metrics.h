@@ -135,6 +135,11 @@ size_t FinishLabelIndex(session::FinishReason reason, const absl::Status& status
 
 enum class MigrationDirection : uint8_t { kOut = 0, kIn = 1 };  // direction="out|in"
 enum class MigrationResult : uint8_t { kOk = 0, kFailed = 1 };  // result="ok|failed"
+// What a migration's undo found on its peer (MigrateOut: the import's answer
+// did not come back, so the peer was asked to release what it may have
+// installed): result="released|absent|failed".
+enum class MigrationUndo : uint8_t { kReleased = 0, kAbsent = 1, kFailed = 2 };
+inline constexpr size_t kNumMigrationUndoLabels = 3;
 
 // Where the scrape-time series come from. Non-owning; any may be null (its
 // series are then not exported).
@@ -185,6 +190,7 @@ class Metrics : public session::EngineObserver {
   void ObserveRequest(std::string_view rpc, double seconds);
   void CountExportRefused(ExportRefusal reason);
   void CountMigration(MigrationDirection direction, MigrationResult result);
+  void CountMigrationUndo(MigrationUndo result);
   // One finished HTTP request (the HTTP front, once per request, when its
   // response — a stream: its last chunk — is written): counts it in
   // cortiq_http_requests_total{route,status} and observes `seconds` (arrival
@@ -234,6 +240,7 @@ class Metrics : public session::EngineObserver {
   std::array<prometheus::Histogram*, kNumRpcs> request_seconds_{};
   std::array<prometheus::Counter*, kNumExportRefusalLabels> exports_refused_{};  // [label]
   std::array<std::array<prometheus::Counter*, 2>, 2> migrations_{};  // [direction][result]
+  std::array<prometheus::Counter*, kNumMigrationUndoLabels> migration_undos_{};  // [result]
   std::array<std::array<prometheus::Counter*, kNumHttpStatusLabels>, kNumHttpRoutes>
       http_requests_{};                                                // [route][status label]
   std::array<prometheus::Histogram*, kNumHttpRoutes> http_seconds_{};  // [route]

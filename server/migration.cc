@@ -23,18 +23,23 @@
 #include "core/session/session_persister.h"
 #include "core/session/session_wire.h"
 #include "core/util/failpoint.h"
+#include "core/util/log_escape.h"
 #include "core/util/status_macros.h"
 #include "core/util/strings.h"
 #include "core/util/tsan_annotations.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "server/auth.h"
 #include "server/call_util.h"
-#include "server/forwarding.h"
 #include "server/config.h"
+#include "server/forwarding.h"
+#include "server/metrics.h"
 #include "server/peer_dialer.h"
 #include "server/session_router.h"
+#include "server/status_util.h"
 #include "server/wire_chunk.h"
+#include "spdlog/spdlog.h"
 
 namespace cortiq::server {
 
@@ -213,10 +218,13 @@ absl::Status PeerCallError(const grpc::Status& st, const MigrationCancel& cancel
 
 // The client side of a migration: the peer's versions, then its ImportSession.
 // `channel` is the dialer's, to `peer`.
-absl::StatusOr<v1::ImportSessionResponse> SendToPeer(
-    ServiceContext& ctx, const std::string& peer, const std::shared_ptr<grpc::Channel>& channel,
-    const std::string& peer_token, bool f16, session::SessionStore::Lease& lease,
-    const MigrateBounds& bounds, MigrationCancel& cancel, uint32_t* version, size_t* wire_bytes) {
+absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const std::string& peer,
+                                                     const std::shared_ptr<grpc::Channel>& channel,
+                                                     const std::string& peer_token, bool f16,
+                                                     session::SessionStore::Lease& lease,
+                                                     const MigrateBounds& bounds,
+                                                     MigrationCancel& cancel, uint32_t* version,
+                                                     size_t* wire_bytes, bool* answer_lost) {
   const ServerConfig& config = *ctx.config;
   auto stub = v1::Inference::NewStub(channel);
   auto prepare = [&](grpc::ClientContext& c, std::chrono::milliseconds budget) {
@@ -265,6 +273,14 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(
   cancel.Attach(&c);
   const grpc::Status st = StreamToPeer(channel, c, src, &resp);
   cancel.Detach();
+  // Codes the transport gives when the call broke, timed out or was
+  // cancelled: the peer may have installed the session and answered OK on a
+  // connection that failed before the answer arrived. A refusal of the
+  // peer's own (any other code) installed nothing there.
+  const grpc::StatusCode code = st.error_code();
+  *answer_lost = code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                 code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
+                 code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::INTERNAL;
   if (!st.ok()) {
     return PeerCallError(
         st, cancel, bounds, peer, "ImportSession",
@@ -272,6 +288,60 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(
                      " s (--peer-min-throughput ", config.peer_min_throughput, " bytes/s)"));
   }
   return resp;
+}
+
+// An import whose answer did not come back (`answer_lost`): the session
+// may be on the peer as well as here, where the caller is told the move
+// failed and keeps it. The peer is asked to release `session_id`, served
+// there and never forwarded (x-cortiq-hops at the limit), with the token
+// the import used, on behalf of an admin (the session may be any tenant's). Bounded by
+// --peer-connect-timeout and not by the caller's deadline or cancel, which may be what ended the
+// import; the caller holds the session's lease, so no other move of it runs meanwhile. A peer that
+// cannot be asked leaves the session on both nodes: logged and counted
+// (cortiq_migration_undos_total{result="failed"}).
+void UndoImportAtPeer(ServiceContext& ctx, const std::string& peer,
+                      const std::shared_ptr<grpc::Channel>& channel, const std::string& peer_token,
+                      const std::string& session_id, const MigrateBounds& bounds) {
+  auto stub = v1::Inference::NewStub(channel);
+  grpc::ClientContext c;
+  if (!peer_token.empty()) c.AddMetadata("authorization", "Bearer " + peer_token);
+  // A peer token acts as an admin here (it may call only ImportSession and
+  // GetModelInfo on its own); an admin token ignores the header.
+  c.AddMetadata(kOnBehalfOfHeader, OnBehalfOfValue(Caller{"", Role::kAdmin}));
+  c.AddMetadata(kHopsHeader, std::to_string(kMaxForwardHops));
+  ForwardTraceContext(bounds.traceparent, c);
+  c.set_deadline(std::chrono::system_clock::now() + ctx.config->peer_connect_timeout);
+  c.set_wait_for_ready(true);  // the import's connection may just have broken: dial again
+  v1::ReleaseSessionRequest req;
+  req.set_session_id(session_id);
+  v1::ReleaseSessionResponse resp;
+  const grpc::Status st = stub->ReleaseSession(&c, req, &resp);
+  MigrationUndo result = MigrationUndo::kFailed;
+  if (st.ok()) {
+    result = resp.released() ? MigrationUndo::kReleased : MigrationUndo::kAbsent;
+  } else if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
+    result = MigrationUndo::kAbsent;
+  }
+  if (ctx.metrics) ctx.metrics->CountMigrationUndo(result);
+  switch (result) {
+    case MigrationUndo::kReleased:
+      spdlog::warn(
+          "session {}: its import on {} did not answer, but the peer had installed it: "
+          "released there, this node keeps the session",
+          session_id, util::EscapeForLog(peer));
+      break;
+    case MigrationUndo::kAbsent:
+      spdlog::info("session {}: its import on {} did not answer; the peer does not hold it",
+                   session_id, util::EscapeForLog(peer));
+      break;
+    case MigrationUndo::kFailed:
+      spdlog::error(
+          "session {}: its import on {} did not answer, and the peer could not be asked to "
+          "release what it may have installed ({}: {}): the session may be on both nodes",
+          session_id, util::EscapeForLog(peer), GrpcCodeName(st.error_code()),
+          util::EscapeForLog(st.error_message()));
+      break;
+  }
 }
 
 }  // namespace
@@ -340,9 +410,10 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
         moving_marked = marked.ok();
       }
       if (marked.ok()) util::Failpoint("migrate-before-send");
+      bool answer_lost = false;
       absl::StatusOr<v1::ImportSessionResponse> sent =
           marked.ok() ? SendToPeer(ctx, peer, *channel, peer_token, f16, *lease, bounds, *cancel,
-                                   &out.version, &out.wire_bytes)
+                                   &out.version, &out.wire_bytes, &answer_lost)
                       : absl::StatusOr<v1::ImportSessionResponse>(marked);
       if (sent.ok()) {
         util::Failpoint("migrate-after-peer-import");
@@ -355,6 +426,8 @@ absl::StatusOr<MigrateOutcome> MigrateOut(ServiceContext& ctx, const std::string
         result = out;
       } else {
         result = sent.status();
+        // Still under the lease: the session is here and only here after this.
+        if (answer_lost) UndoImportAtPeer(ctx, peer, *channel, peer_token, session_id, bounds);
       }
     }  // the lease returns here: released (migrated, its file deleted) or intact
   }

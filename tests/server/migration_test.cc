@@ -5,9 +5,11 @@
 // mid-stream; corrupt, truncated and oversize imports install nothing.
 // The chunk messages on the wire: at most 1 MiB each, and ImportSession (on
 // the raw byte API) takes every valid encoding of a WireChunk.
+#include <filesystem>
 #include <future>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "core/session/session_wire.h"
 #include "core/util/tsan_annotations.h"
 #include "cortiq/v1/inference.grpc.pb.h"
@@ -16,8 +18,10 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/common/model_test_util.h"
+#include "tests/common/prom_text.h"
 #include "tests/common/raw_call.h"
 #include "tests/common/server_test_util.h"
+#include "tests/common/tcp_proxy.h"
 
 namespace cortiq::server {
 namespace {
@@ -389,6 +393,99 @@ TEST(MigrationTest, EveryFailureLeavesTheSourceSessionIntactAndUsable) {
   Out more = Generate(a, Turn(id, " and on", false));
   EXPECT_TRUE(more.status.ok());
   EXPECT_EQ(more.ids.size(), 10u);
+}
+
+// A migration whose import answer is lost on the way back: the peer
+// installed the session, wrote its file and answered OK, and the connection
+// broke before the answer arrived. The caller is told the move failed, so
+// the source keeps the session, and the peer is asked to release its copy:
+// the session is on one node, not on both (it used to stay on both). When
+// the peer cannot be asked either, the source still keeps it and the
+// failure is counted. The peer is reached through a proxy that loses its
+// answers from the moment the import's file is written.
+TEST(MigrationTest, AnImportWhoseAnswerIsLostLeavesTheSessionOnItsSourceOnly) {
+  namespace fs = std::filesystem;
+  const std::string model = testing::TempModel("tiny");
+  const fs::path dir =
+      absl::StrCat(::testing::TempDir(), "/cortiq_migration_lost_answer_", getpid());
+  fs::remove_all(dir);
+  ServerConfig bc;
+  bc.model_dir = model;
+  bc.grace = milliseconds(0);
+  bc.state_dir = dir.string();
+  bc.metrics_listen = "127.0.0.1:0";
+  Node b = testing::StartTestNode(bc);
+  testing::TcpProxy proxy(b.server->port());
+  ASSERT_TRUE(proxy.ok());
+  ServerConfig ac;
+  ac.model_dir = model;
+  ac.grace = milliseconds(0);
+  ac.migrate_allow = {proxy.addr()};
+  ac.metrics_listen = "127.0.0.1:0";
+  ac.peer_connect_timeout = milliseconds(1'000);
+  Node a = testing::StartTestNode(ac);
+  auto imported_ok = [&] {
+    return testing::Scrape(b.server->metrics_port())
+        .Value("cortiq_migrations_total", {{"direction", "in"}, {"result", "ok"}});
+  };
+  auto undos = [&](const std::string& result) {
+    return testing::Scrape(a.server->metrics_port())
+        .Value("cortiq_migration_undos_total", {{"result", result}});
+  };
+  // Migrates `id` with B's answer lost; `refuse`: B cannot be reached after.
+  auto migrate_losing_the_answer = [&](const std::string& id, bool refuse) {
+    const double imported_before = imported_ok();
+    b.server->persister()->set_write_hook([&, refuse](const std::string&) {
+      proxy.LoseReplies(true);
+      if (refuse) proxy.Refuse(true);
+    });
+    auto migrating = std::async(std::launch::async, [&] {
+      v1::MigrateSessionResponse resp;
+      return MigrateCall(a, id, proxy.addr(), &resp);
+    });
+    // B's import answered OK (its call ended and was counted), into the void.
+    for (int i = 0; i < 3000 && imported_ok() < imported_before + 1; ++i) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    EXPECT_EQ(imported_ok(), imported_before + 1);
+    b.server->persister()->set_write_hook(nullptr);
+    proxy.LoseReplies(false);
+    proxy.CutAll();
+    return migrating.get();
+  };
+
+  const std::string id = Open(a, 0, false);
+  const auto before = a.server->store().Get(id);
+  grpc::Status st = migrate_losing_the_answer(id, /*refuse=*/false);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  // Here, intact, and not on B (released there, its file deleted).
+  auto now = a.server->store().Get(id);
+  ASSERT_TRUE(now.has_value());
+  EXPECT_EQ(now->tokens, before->tokens);
+  EXPECT_FALSE(now->busy);
+  EXPECT_FALSE(b.server->store().Get(id).has_value());
+  EXPECT_FALSE(fs::exists(dir / (id + ".cqsj")));
+  EXPECT_EQ(undos("released"), 1);
+  EXPECT_EQ(undos("failed"), 0);
+  // The conversation goes on here, and a later move goes through.
+  Out more = Generate(a, Turn(id, " and on", false));
+  EXPECT_TRUE(more.status.ok()) << more.status.error_message();
+  v1::MigrateSessionResponse resp;
+  st = MigrateCall(a, id, proxy.addr(), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_FALSE(a.server->store().Get(id).has_value());
+  EXPECT_TRUE(b.server->store().Get(id).has_value());
+
+  // B unreachable once its answer is lost: the source keeps the session,
+  // still usable, and says it may be on both nodes.
+  const std::string id2 = Open(a, 0, false);
+  st = migrate_losing_the_answer(id2, /*refuse=*/true);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_TRUE(a.server->store().Get(id2).has_value());
+  EXPECT_EQ(undos("failed"), 1);
+  EXPECT_TRUE(Generate(a, Turn(id2, " still here", false)).status.ok());
+  proxy.Refuse(false);
+  fs::remove_all(dir);
 }
 
 }  // namespace
