@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/session/session_store.h"
+#include "core/util/failpoint.h"
 #include "core/util/log_escape.h"
 #include "spdlog/spdlog.h"
 
@@ -35,6 +36,11 @@ constexpr size_t kMaxPeerBytes = 1024;
 constexpr size_t kSpares = 4;
 constexpr size_t kSpareMaxBytes = size_t{64} << 20;
 constexpr std::string_view kQuarantine = "quarantine";
+// DIR/<id>.reading: a read of the session's file is under way (ReadMark).
+constexpr std::string_view kReadingSuffix = ".reading";
+// Reads of one file in a row that ended with the process (a crash while it
+// was read) before the next start quarantines the file unread.
+constexpr int kMaxCrashedReads = 2;
 
 std::string Errno(int err) { return std::string(std::strerror(err)); }
 
@@ -161,6 +167,47 @@ class MappedFile {
   int fd_ = -1;
 };
 
+// How many reads of a file a mark (ReadMark) says began and never ended:
+// 0 without a mark; an unreadable or empty mark counts as one.
+int CrashedReads(const std::string& mark) {
+  std::FILE* f = std::fopen(mark.c_str(), "rb");
+  if (f == nullptr) return 0;
+  char buf[16] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  int count = 0;
+  for (size_t i = 0; i < n && buf[i] >= '0' && buf[i] <= '9' && count < 1000; ++i) {
+    count = 10 * count + (buf[i] - '0');
+  }
+  return std::max(count, 1);
+}
+
+// Marks a read of a session file while it runs: DIR/<id>.reading holds
+// the number of reads of that file begun since it last read whole, this
+// one included, and goes when the read ends, whatever its outcome. A mark
+// that outlives its process says the process ended while reading the file:
+// a crash there (a SIGBUS from an I/O error under the mapping, a parser
+// bug), or a kill that had nothing to do with it. RestoreAll reads such a
+// file again, and quarantines it unread once kMaxCrashedReads reads in a
+// row ended that way: one bad file does not keep a node in a crash loop.
+// Not synced: a process crash keeps the page cache; a machine crash may lose
+// the mark, and costs one more try.
+class ReadMark {
+ public:
+  ReadMark(std::string path, int crashed) : path_(std::move(path)) {
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return;  // unmarked: a crash here is then retried for ever, as before
+    (void)WriteAll(fd, std::to_string(crashed + 1));
+    ::close(fd);
+  }
+  ~ReadMark() { ::unlink(path_.c_str()); }
+  ReadMark(const ReadMark&) = delete;
+  ReadMark& operator=(const ReadMark&) = delete;
+
+ private:
+  std::string path_;
+};
+
 // RestoreJournal over a mapped file, streamed in once its layout is read.
 absl::StatusOr<RestoredJournal> RestoreMapped(const MappedFile& file,
                                               const model::Transformer& model,
@@ -229,6 +276,10 @@ std::string SessionPersister::MovingPathOf(const std::string& id) const {
   return (fs::path(options_.dir) / (id + std::string(kMovingSuffix))).string();
 }
 
+std::string SessionPersister::ReadingPathOf(const std::string& id) const {
+  return (fs::path(options_.dir) / (id + std::string(kReadingSuffix))).string();
+}
+
 std::string SessionPersister::PathOf(const std::string& id) const {
   return (fs::path(options_.dir) / (id + std::string(kJournalSuffix))).string();
 }
@@ -238,6 +289,7 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& inst
   RestoreReport report;
   std::vector<fs::path> files;
   std::map<std::string, std::string> moving;  // session id -> the peer of its cut move
+  std::map<std::string, int> reading;         // session id -> reads its mark says crashed
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(options_.dir, ec)) {
     if (!e.is_regular_file()) continue;
@@ -250,6 +302,10 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& inst
       continue;
     }
     if (name.ends_with(kJournalSuffix)) files.push_back(e.path());
+    if (name.ends_with(kReadingSuffix)) {
+      reading[name.substr(0, name.size() - kReadingSuffix.size())] =
+          CrashedReads(e.path().string());
+    }
     if (name.ends_with(kMovingSuffix)) {
       const std::string stem = name.substr(0, name.size() - kMovingSuffix.size());
       std::string peer;
@@ -274,13 +330,34 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& inst
       quarantine(path, "the name is not a session id");
       continue;
     }
-    absl::StatusOr<MappedFile> file = MappedFile::Open(path.string());
-    if (!file.ok()) {
-      quarantine(path, std::string(file.status().message()));
+    const auto crashed = reading.find(stem);
+    const int crashed_reads = crashed == reading.end() ? 0 : crashed->second;
+    if (crashed != reading.end()) reading.erase(crashed);
+    if (crashed_reads >= kMaxCrashedReads) {
+      quarantine(path, absl::StrCat("the last ", crashed_reads,
+                                    " reads of it ended with the process (a crash while "
+                                    "reading it: an I/O error under its mapping?)"));
+      ::unlink(ReadingPathOf(stem).c_str());
       continue;
     }
-    report.bytes += file->view().size();
-    absl::StatusOr<RestoredJournal> back = RestoreMapped(*file, model_, options_.fingerprint);
+    if (crashed_reads > 0) {
+      spdlog::warn(
+          "state: session {}: the last read of its file ended with the process; reading it "
+          "again (quarantined if this read ends the same way)",
+          stem);
+    }
+    absl::StatusOr<RestoredJournal> back;
+    {
+      ReadMark mark(ReadingPathOf(stem), crashed_reads);
+      util::Failpoint("restore-read");
+      absl::StatusOr<MappedFile> file = MappedFile::Open(path.string());
+      if (!file.ok()) {
+        quarantine(path, std::string(file.status().message()));
+        continue;
+      }
+      report.bytes += file->view().size();
+      back = RestoreMapped(*file, model_, options_.fingerprint);
+    }
     if (!back.ok()) {
       quarantine(path, std::string(back.status().message()));
       continue;
@@ -289,7 +366,6 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& inst
       quarantine(path, "the file holds another session");
       continue;
     }
-    file->Reset();
     uint64_t size = back->valid_bytes;
     bool cut = true;
     if (back->torn_bytes > 0) {
@@ -337,6 +413,9 @@ SessionPersister::RestoreReport SessionPersister::RestoreAll(const Install& inst
       moving.erase(stem);
     }
   }
+  // Read marks without a session file (its release came after the crash's
+  // read, or the file was moved away by hand).
+  for (const auto& [id, crashed_reads] : reading) ::unlink(ReadingPathOf(id).c_str());
   // The marks left: their sessions' files are gone (the move had completed
   // and the file was deleted, or the file was quarantined): nothing to doubt.
   for (const auto& [id, peer] : moving) {
@@ -659,6 +738,8 @@ absl::StatusOr<std::unique_ptr<Session>> SessionPersister::Load(const std::strin
   const std::string path = PathOf(id);
   absl::StatusOr<RestoredJournal> back;
   {
+    ReadMark mark(ReadingPathOf(id), CrashedReads(ReadingPathOf(id)));
+    util::Failpoint("restore-read");
     absl::StatusOr<MappedFile> file = MappedFile::Open(path);
     if (absl::IsNotFound(file.status())) {
       std::unique_lock lock(mu_);

@@ -93,8 +93,10 @@ class SessionPersister {
   // were to replace is whole). A session whose move to a peer was cut by a
   // crash (its MarkMoving mark is still there) is handed over with that
   // peer (`moving_to`, else empty): the peer may hold it now. A mark whose
-  // session file is gone is deleted (the move had completed). Call before
-  // serving.
+  // session file is gone is deleted (the move had completed). A file whose
+  // last two reads (here or in Load) ended with the process, a crash while
+  // reading it, is quarantined unread: one bad file does not keep the node
+  // in a crash loop. Call before serving.
   using Install =
       std::function<absl::Status(std::unique_ptr<Session> session, const std::string& moving_to)>;
   RestoreReport RestoreAll(const Install& install);
@@ -187,6 +189,9 @@ class SessionPersister {
   std::string PathOf(const std::string& id) const;
   // DIR/<id>.moving: the mark of a move to a peer (MarkMoving).
   std::string MovingPathOf(const std::string& id) const;
+  // DIR/<id>.reading: the mark of a read of the session's file under way
+  // (RestoreAll, Load), holding how many reads of it in a row have begun.
+  std::string ReadingPathOf(const std::string& id) const;
 
  private:
   SessionPersister(const model::Transformer& model, PersisterOptions options);

@@ -16,7 +16,9 @@
      quarantined (NOT_FOUND); every other session is unchanged. (2e) A
      flipped high bit in an earlier record's length field (it then points
      past the end of the file, as a torn append's does) is corruption too:
-     complete records follow it.
+     complete records follow it. (2f) A file whose read crashes the server
+     at start (failpoint restore-read, as a SIGBUS under its mapping would)
+     twice in a row is quarantined unread by the third start: no crash loop.
   3. ReleaseSession deletes the session's file before it returns.
   4. Disk full: under RLIMIT_FSIZE (and, as root, on a small tmpfs) calls on
      kept sessions still succeed while cortiq_persist_failures_total counts
@@ -674,6 +676,44 @@ def run_checks():
             d.kill9()
 
     check("2e corrupt length field of an earlier record: quarantined", corrupt_length)
+
+    # ---- 2f. a file whose read crashes the server: no crash loop ------------------------
+    def crash_loop():
+        # The failpoint restore-read kills the server while it reads its
+        # first session file at start, as a SIGBUS from an I/O error under
+        # the file's mapping would: twice in a row. The next start
+        # quarantines that file unread and restores the others.
+        files = session_files(state)
+        assert len(files) >= 2, f"{len(files)} session files"
+        first = files[0].name[: -len(SUFFIX)]
+        others = [p.name[: -len(SUFFIX)] for p in files[1:]]
+        mark = state / (first + ".reading")
+        for attempt in (1, 2):
+            try:
+                srv = Server(f"crash-loop-{attempt}", ["--state-dir", str(state)],
+                             env_extra={"CORTIQ_FAILPOINTS": "restore-read"})
+            except RuntimeError as e:
+                assert "failpoint restore-read" in str(e), f"start {attempt}: {e}"
+            else:
+                srv.kill9()
+                raise AssertionError(f"start {attempt}: the failpoint did not kill the server")
+            assert mark.is_file() and mark.read_text() == str(attempt), (
+                f"start {attempt}: the read mark holds "
+                f"{mark.read_text() if mark.exists() else '(none)'}")
+        e = Server("crash-loop-3", ["--state-dir", str(state)])
+        try:
+            assert (state / "quarantine" / (first + SUFFIX)).is_file(), "not quarantined"
+            expect_not_found(e.stub, first)
+            for sid in others:
+                get_session(e.stub, sid)
+            left = sorted(p.name for p in state.iterdir() if p.name.endswith(".reading"))
+            assert not left, f"read marks left: {left}"
+            assert "the last 2 reads of it ended with the process" in e.log_text()
+            return f"quarantined after 2 crashed starts; {len(others)} others restored"
+        finally:
+            e.kill9()
+
+    check("2f a file whose read crashed two starts is quarantined: no crash loop", crash_loop)
 
 
 def disk_full_checks():

@@ -674,6 +674,47 @@ TEST_F(PersisterTest, ACorruptFileIsQuarantinedAndTheOthersLoad) {
   EXPECT_TRUE(store_->Get(ids[2]).has_value());
 }
 
+// A read of a session file that ended with the process (a crash while
+// reading it: a SIGBUS from an I/O error under the mapping) leaves its
+// mark, DIR/<id>.reading, behind. The next start reads the file again; after
+// two such reads in a row it quarantines the file unread, so one bad file
+// does not keep the node in a crash loop. A read that ends (restore or read
+// back, whatever its outcome) leaves no mark; a mark without a file goes.
+TEST_F(PersisterTest, AFileWhoseReadsCrashedTwiceIsQuarantinedUnread) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(NewSession(*store_));
+    Run(ids[i], Req(testing::TestIds(10, 259, i), 3));
+  }
+  engine_.reset();
+  store_.reset();
+  persister_.reset();
+  auto mark = [&](const std::string& id) { return dir_ / (id + ".reading"); };
+  std::ofstream(mark(ids[0])) << "1";                              // one read crashed: read again
+  std::ofstream(mark(ids[1])) << "2";                              // two in a row: quarantined
+  std::ofstream(mark("0123456789abcdef0123456789abcdef")) << "1";  // no such file
+  StoreOptions spill_at_once;
+  spill_at_once.ttl = std::chrono::milliseconds(0);
+  ASSERT_NO_FATAL_FAILURE(Start(spill_at_once));
+  auto report = Restore();
+  EXPECT_EQ(report.restored, 2u);
+  EXPECT_EQ(report.quarantined, 1u);
+  EXPECT_TRUE(store_->Get(ids[0]).has_value());
+  EXPECT_FALSE(store_->Get(ids[1]).has_value());
+  EXPECT_TRUE(fs::exists(dir_ / "quarantine" / (ids[1] + ".cqsj")));
+  EXPECT_TRUE(store_->Get(ids[2]).has_value());
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    EXPECT_NE(e.path().extension(), ".reading") << e.path();
+  }
+  // A read back (a spilled session's next call) leaves no mark either.
+  store_->ReapIdle();
+  ASSERT_TRUE(store_->Get(ids[2])->spilled);
+  EXPECT_EQ(Run(ids[2], Req(testing::TestIds(3, 259, 7), 2)).size(), 2u);
+  EXPECT_EQ(persister_->stats().files, 2u);
+  EXPECT_FALSE(fs::exists(mark(ids[2])));
+}
+
 // A move to a peer cut by a crash (its mark left on disk): the restart
 // holds the session in doubt (spilled, listed, every call UNAVAILABLE)
 // until the peers answer. A peer that holds it: released here, its file
