@@ -61,8 +61,9 @@ absl::Status SamplingParams::Validate() const {
   if (top_k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("top_k: must be >= 0 (0 = off), got ", top_k));
   }
-  if (!(top_p > 0 && top_p <= 1)) {  // also rejects NaN
-    return absl::InvalidArgumentError(absl::StrCat("top_p: must be in (0, 1], got ", top_p));
+  // 0 keeps only the most likely token (OpenAI accepts it: greedy).
+  if (!(top_p >= 0 && top_p <= 1)) {  // also rejects NaN
+    return absl::InvalidArgumentError(absl::StrCat("top_p: must be in [0, 1], got ", top_p));
   }
   if (!(min_p >= 0 && min_p <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("min_p: must be in [0, 1], got ", min_p));

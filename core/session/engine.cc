@@ -564,6 +564,7 @@ void Engine::OnLogits(Job& job, size_t c, const float* logits) {
       std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), t) != r.stop_token_ids.end();
   const bool eos = !stop_id && !r.ignore_eos &&
                    std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end();
+  ev.end_token = eos || stop_id;
   if (!eos && !stop_id) ch.held += ch.detok->Push(t);
   FinishReason finish = FinishReason::kNone;
   size_t stop_at = std::string::npos;

@@ -85,6 +85,9 @@ struct GenerationEvent {
   int32_t token_id = 0;
   std::string text;  // whole UTF-8 characters; stop-sequence prefixes held back
   std::optional<model::Logprobs> logprobs;
+  // token_id is an end-of-sequence or stop id: it ends the choice and is not
+  // part of the text (`text` may still hold bytes held back before it).
+  bool end_token = false;
 };
 
 // How one choice of an n > 1 request ended.

@@ -704,8 +704,10 @@ absl::Status HttpServer::Impl::Prepare(const Json& body, const httplib::Request&
     // A ChatML turn ends at <|im_end|> (Qwen's generation_config lists it
     // among the end-of-sequence ids; a model whose config.json does not
     // would otherwise run on past its turn): a stop id, not streamed.
+    // Unless ignore_eos (benchmark clients), which runs to max_tokens past
+    // it, as vLLM does.
     if (auto im_end = ctx_->tokenizer->im_end_id();
-        im_end && text.find("<|im_end|>") != std::string::npos &&
+        !g.ignore_eos && im_end && text.find("<|im_end|>") != std::string::npos &&
         std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), *im_end) ==
             g.stop_token_ids.end()) {
       g.stop_token_ids.push_back(*im_end);

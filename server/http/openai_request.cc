@@ -369,6 +369,7 @@ absl::StatusOr<Json> Content(const Json& content, std::string_view field) {
     const Json* t = Member(part, "text");
     if (t == nullptr) return FieldError(absl::StrCat(pf, ".text"), "required");
     CORTIQ_ASSIGN_OR_RETURN(std::string s, String(*t, absl::StrCat(pf, ".text")));
+    if (j > 0) text += '\n';  // parts are paragraphs, as vLLM joins them
     text += s;
   }
   return Json(std::move(text));
@@ -411,6 +412,18 @@ absl::StatusOr<Json> Message(const Json& m, size_t i) {
       if (name == nullptr || !name->is_string()) {
         return FieldError(cf + ".function.name", "must be a string");
       }
+      // OpenAI clients send the arguments as a JSON string; the templates
+      // render an object (`| tojson`, which on a string prints it quoted and
+      // escaped), as the model wrote it: parsed here, as vLLM does (under
+      // the body's limits). Absent or empty: {}. A string that is not a JSON
+      // object stays as it came.
+      Json& args = out["tool_calls"][k]["function"]["arguments"];
+      if (args.is_null() || (args.is_string() && args.get_ref<const std::string&>().empty())) {
+        args = Json::object();
+      } else if (args.is_string()) {
+        absl::StatusOr<Json> parsed = ParseBody(args.get_ref<const std::string&>());
+        if (parsed.ok() && parsed->is_object()) args = *std::move(parsed);
+      }
     }
   }
   if (r == "tool") {
@@ -433,6 +446,13 @@ absl::StatusOr<ChatRequest> ParseChat(const Json& body) {
   for (size_t i = 0; i < messages->size(); ++i) {
     CORTIQ_ASSIGN_OR_RETURN(Json m, Message((*messages)[i], i));
     c.messages.push_back(std::move(m));
+  }
+  // The deprecated function-calling fields: ignored, the model would never
+  // see the functions and the client would wait for a call.
+  for (const char* legacy : {"functions", "function_call"}) {
+    if (Member(body, legacy) != nullptr) {
+      return NotSupported(legacy, absl::StrCat("'", legacy, "' (use tools and tool_choice)"));
+    }
   }
   std::string tool_choice = "auto";
   if (const Json* v = Member(body, "tool_choice")) {

@@ -188,11 +188,13 @@ std::string ResponseBuilder::StreamStart() {
 std::string ResponseBuilder::Add(session::GenerationEvent ev) {
   Choice& c = ChoiceAt(ev.index);
   const size_t lp_from = c.logprobs.size();
-  if (out_.logprobs && ev.logprobs) {
+  // The end token is not in the text: OpenAI's logprobs list the content's
+  // tokens only, so that their texts join up to it.
+  if (out_.logprobs && ev.logprobs && !ev.end_token) {
     c.logprobs.push_back({ev.token_id, ev.logprobs->chosen.logprob, std::move(ev.logprobs->top)});
     c.text_offset.push_back(c.text_bytes);
   }
-  c.text_bytes += tokenizer_.TokenBytes(ev.token_id).size();
+  if (!ev.end_token) c.text_bytes += tokenizer_.TokenBytes(ev.token_id).size();
   AssistantDelta d;
   if (kind_ == Kind::kChat) {
     d = c.parser.Push(ev.text);

@@ -109,7 +109,7 @@ TEST(SamplingParamsTest, ValidateNamesTheField) {
       {with([](SamplingParams& p) { p.temperature = kInf; }), "temperature"},
       {with([](SamplingParams& p) { p.temperature = std::nanf(""); }), "temperature"},
       {with([](SamplingParams& p) { p.top_k = -1; }), "top_k"},
-      {with([](SamplingParams& p) { p.top_p = 0.0f; }), "top_p"},
+      {with([](SamplingParams& p) { p.top_p = -0.01f; }), "top_p"},
       {with([](SamplingParams& p) { p.top_p = 1.01f; }), "top_p"},
       {with([](SamplingParams& p) { p.top_p = std::nanf(""); }), "top_p"},
       {with([](SamplingParams& p) { p.min_p = -0.01f; }), "min_p"},
@@ -121,11 +121,26 @@ TEST(SamplingParamsTest, ValidateNamesTheField) {
       {with([](SamplingParams& p) { p.presence_penalty = std::nanf(""); }), "presence_penalty"},
       {with([](SamplingParams& p) { p.frequency_penalty = -2.5f; }), "frequency_penalty"},
       {with([](SamplingParams& p) { p.frequency_penalty = std::nanf(""); }), "frequency_penalty"},
-      {with([](SamplingParams& p) { p.logit_bias = {{-1, 1.0f}}; }), "logit_bias"},
-      {with([](SamplingParams& p) { p.logit_bias = {{3, 1.0f}, {3, 2.0f}}; }), "logit_bias"},
-      {with([](SamplingParams& p) { p.logit_bias = {{4, 1.0f}, {3, 2.0f}}; }), "logit_bias"},
-      {with([](SamplingParams& p) { p.logit_bias = {{3, 100.5f}}; }), "logit_bias[3]"},
-      {with([](SamplingParams& p) { p.logit_bias = {{3, std::nanf("")}}; }), "logit_bias[3]"},
+      {with([](SamplingParams& p) {
+         p.logit_bias = {{-1, 1.0f}};
+       }),
+       "logit_bias"},
+      {with([](SamplingParams& p) {
+         p.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+       }),
+       "logit_bias"},
+      {with([](SamplingParams& p) {
+         p.logit_bias = {{4, 1.0f}, {3, 2.0f}};
+       }),
+       "logit_bias"},
+      {with([](SamplingParams& p) {
+         p.logit_bias = {{3, 100.5f}};
+       }),
+       "logit_bias[3]"},
+      {with([](SamplingParams& p) {
+         p.logit_bias = {{3, std::nanf("")}};
+       }),
+       "logit_bias[3]"},
       {with([](SamplingParams& p) { p.logit_bias.resize(kMaxLogitBias + 1); }), "at most 1024"},
   };
   for (const Case& c : cases) {
@@ -246,6 +261,9 @@ TEST(SamplerTest, TopPKeepsTheNucleus) {
   EXPECT_EQ(Keys(Histogram(b, logits, 3000)), (std::set<int32_t>{0, 1, 2}));
   Sampler c = Make({.temperature = 1.0f, .top_p = 0.4f, .seed = 1});
   EXPECT_EQ(Keys(Histogram(c, logits, 300)), (std::set<int32_t>{0}));
+  // 0 (OpenAI's range is [0, 1]): the most likely token only.
+  Sampler d = Make({.temperature = 1.0f, .top_p = 0.0f, .seed = 1});
+  EXPECT_EQ(Keys(Histogram(d, logits, 300)), (std::set<int32_t>{0}));
 }
 
 TEST(SamplerTest, MinPFilters) {
@@ -378,7 +396,7 @@ TEST(SamplerTest, WithParamsRejectsWhatCreateRejects) {
   Sampler s = Make(kRich);
   s.Sample(RandomLogits(300, 1), {});
   SamplingParams bad = kRich;
-  bad.top_p = 0.0f;
+  bad.top_p = -0.5f;
   auto refused = s.WithParams(bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status(), Sampler::Create(bad).status());

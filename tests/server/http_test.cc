@@ -361,7 +361,7 @@ TEST(HttpTest, BadRequestsNameTheField) {
   ExpectError(Post(n, "/v1/completions", with(ok, "max_tokens", 100000)), 400, "max_tokens");
   ExpectError(Post(n, "/v1/completions", with(ok, "temperature", "hot")), 400, "temperature");
   ExpectError(Post(n, "/v1/completions", with(ok, "temperature", -1)), 400, "temperature");
-  ExpectError(Post(n, "/v1/completions", with(ok, "top_p", 0)), 400, "top_p");
+  ExpectError(Post(n, "/v1/completions", with(ok, "top_p", -0.1)), 400, "top_p");
   ExpectError(Post(n, "/v1/completions", with(ok, "stop", Json::array({1}))), 400, "stop[0]");
   ExpectError(Post(n, "/v1/completions", with(ok, "stop", Json::array({""}))), 400, "stop[0]");
   ExpectError(Post(n, "/v1/completions", with(ok, "logit_bias", {{"x", 1}})), 400, "logit_bias");
@@ -714,6 +714,32 @@ Json Chat(const std::string& user, int max_tokens) {
           {"max_tokens", max_tokens},
           {"temperature", 0},
           {"ignore_eos", true}};
+}
+
+// The end of a chat turn (<|im_end|>, a stop id) is not a content token:
+// it has no logprobs entry (they used to list it, so their tokens did not
+// join up to the content). ignore_eos (benchmark clients) runs past it to
+// max_tokens, as vLLM does (it used to stop there all the same).
+TEST(HttpTest, AChatTurnsEndIsNoContentAndIgnoreEosRunsPastIt) {
+  HttpNode n = StartHttpNode();
+  ASSERT_TRUE(n.http);
+  Json b = Chat("Where is the whale?", 5);
+  b["ignore_eos"] = false;
+  b["logit_bias"] = {{"258", 100}};  // <|im_end|> at once
+  b["logprobs"] = true;
+  Reply r = Post(n, "/v1/chat/completions", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = r.json();
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << r.body;
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "") << r.body;
+  EXPECT_EQ(j["usage"]["completion_tokens"], 1) << r.body;
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"].size(), 0u) << r.body;
+  b["ignore_eos"] = true;
+  r = Post(n, "/v1/chat/completions", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = r.json();
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length") << r.body;
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5) << r.body;
 }
 
 TEST(HttpTest, ChatCompletionWholeAndStreamed) {

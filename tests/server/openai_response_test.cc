@@ -230,8 +230,24 @@ TEST(OpenAiRequestTest, ChatFieldsAndRefusals) {
       "chat_template_kwargs":{"enable_thinking":false}})");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->messages[0]["role"], "system");
-  EXPECT_EQ(ok->messages[1]["content"], "ab");
+  EXPECT_EQ(ok->messages[1]["content"], "a\nb");  // parts joined as vLLM does
   EXPECT_EQ(ok->messages[2]["content"], "");  // null: rendered as empty
+  // A call's arguments string becomes the object the template renders.
+  EXPECT_TRUE(ok->messages[2]["tool_calls"][0]["function"]["arguments"].is_object());
+  auto args = [&](const char* a) {
+    auto r = ParseChat(Json::parse(std::string(R"({"messages":[{"role":"assistant","content":null,
+        "tool_calls":[{"function":{"name":"f")") +
+                                   a + "}}]}]}"));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->messages[0]["tool_calls"][0]["function"]["arguments"].dump() : "";
+  };
+  EXPECT_EQ(args(R"(,"arguments":"{\"city\": \"Paris\", \"a\": [1]}")"),
+            R"({"city":"Paris","a":[1]})");
+  EXPECT_EQ(args(""), "{}");
+  EXPECT_EQ(args(R"(,"arguments":"")"), "{}");
+  EXPECT_EQ(args(R"(,"arguments":"not json")"), R"("not json")");  // kept as it came
+  EXPECT_EQ(args(R"(,"arguments":"[1]")"), R"("[1]")");
+  EXPECT_EQ(args(R"(,"arguments":{"x":1})"), R"({"x":1})");
   EXPECT_TRUE(ok->parse_tools);
   EXPECT_FALSE(ok->thinking);
   // Member order survives (a tool schema renders as the client sent it).
@@ -247,7 +263,9 @@ TEST(OpenAiRequestTest, ChatFieldsAndRefusals) {
         R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
         R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function"}})",
         R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-        R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})"}) {
+        R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
+        R"({"messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})",
+        R"({"messages":[{"role":"user","content":"x"}],"function_call":"auto"})"}) {
     EXPECT_EQ(chat(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_TRUE(chat(R"({"messages":[{"role":"user","content":"x"}],
