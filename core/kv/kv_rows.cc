@@ -119,15 +119,20 @@ KvRows KvRows::Copy() const {
   c.capacity_ = capacity_;
   c.stride_ = stride_;
   c.paged_ = paged_;
-  c.committed_ = capacity_;  // fresh buffers: every page (under capacity) resident
+  // A paged copy commits what the original holds (its rows, and a
+  // reservation's pages), not its whole capacity: a session's capacity
+  // stays after a turn that ended short of it (ReleaseUnused), and a fork of
+  // n > 1 choices is admitted for the positions its plan needs, which the
+  // engine then reserves. A plain buffer is copied whole.
+  c.committed_ = paged_ ? committed_ : capacity_;
   c.seq_len_ = seq_len_;
   c.head_len_ = head_len_.Copy();
   if (paged_) {
-    // The same stride, committed to the capacity; the stored rows copied.
+    // The same stride, committed as the original is; the stored rows copied.
     auto copy = [&](const auto& from, auto& to) {
       if (from.empty()) return;
       to = NewHeadBlocks(from, stride_, num_kv_heads_, stride_, head_dim_, head_len_.data(),
-                         /*paged=*/true, capacity_);
+                         /*paged=*/true, committed_);
     };
     copy(k_f32_, c.k_f32_);
     copy(v_f32_, c.v_f32_);
@@ -143,6 +148,9 @@ KvRows KvRows::Copy() const {
   c.v_scale_ = v_scale_.Copy();
   c.importance_ = importance_.Copy();
   c.alive_log_ = alive_log_.Copy();
+  // The scales' pages past the committed rows, which the whole-buffer copy
+  // touched, given back as the original's were.
+  if (c.committed_ < c.capacity_) c.dropped_bytes_ = c.TailPageBytes(c.committed_, /*drop=*/true);
   return c;
 }
 

@@ -138,7 +138,7 @@ absl::Status LayerKvCache::O1Begin(size_t m, size_t w, size_t sink, O1Rect rect)
 }
 
 void LayerKvCache::O1PushQ(std::span<const float> q_all) {
-  if (O1Collecting()) o1_->PushQ(q_all, rows_.capacity());
+  if (O1Collecting()) o1_->PushQ(q_all);
 }
 
 absl::Status LayerKvCache::O1Seal(size_t num_heads) {

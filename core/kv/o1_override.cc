@@ -107,7 +107,7 @@ O1Override O1Override::Copy() const {
 // ---------------------------------------------------------------------------
 // Collecting.
 
-void O1Override::PushQ(std::span<const float> q_all, size_t reserve_rows) {
+void O1Override::PushQ(std::span<const float> q_all) {
   CORTIQ_KV_CHECK(!sealed_);
   CORTIQ_KV_CHECK(!q_all.empty() && q_all.size() % settings_.head_dim == 0);
   const size_t heads = q_all.size() / settings_.head_dim;
@@ -115,9 +115,9 @@ void O1Override::PushQ(std::span<const float> q_all, size_t reserve_rows) {
   CORTIQ_KV_CHECK(heads == trace_heads_);
   const size_t need = trace_.size() + q_all.size();
   if (trace_.capacity() < need) {
-    // Follow the exact rows: the caller reserved reserve_rows positions for
-    // this prompt; past that, double (amortised, never per token).
-    trace_.reserve(std::max({need, reserve_rows * q_all.size(), 2 * trace_.capacity()}));
+    // Doubling (amortised, never per token): a power of two of rows, as
+    // the request plan projects (NextPow2 of the prompt's positions).
+    trace_.reserve(std::max(need, 2 * trace_.capacity()));
   }
   trace_.insert(trace_.end(), q_all.begin(), q_all.end());
   ++trace_rows_;

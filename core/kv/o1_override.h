@@ -89,10 +89,11 @@ class O1Override {
   // ---- collecting ----
   // Records one position's rotated queries, q_all: [num_heads × head_dim]
   // (every Q head, head-major). The head count is fixed by the first push; a
-  // different size afterwards is a programmer error. When the trace must
-  // grow it reserves max(reserve_rows positions, twice its capacity): pass
-  // the exact rows' capacity, which the caller reserved for this prompt.
-  void PushQ(std::span<const float> q_all, size_t reserve_rows);
+  // different size afterwards is a programmer error. The trace doubles when
+  // it must grow, so it holds at most NextPow2(prompt positions) rows, as
+  // the request plan projects (the exact rows' capacity, which it used to
+  // reserve, also holds the call's max_tokens).
+  void PushQ(std::span<const float> q_all);
   // Keeps only the first `rows` pushed positions (a rollback; no-op when
   // fewer were pushed). Keeps the capacity; never allocates.
   void TruncateTrace(size_t rows);

@@ -192,8 +192,15 @@ Engine::Engine(const model::Transformer& model, const tokenizer::Tokenizer& toke
                EngineOptions options)
     : model_(model), tokenizer_(tokenizer), options_(options) {
   const auto& cfg = model_.config();
-  max_context_ = options_.max_context > 0 ? options_.max_context
-                                          : static_cast<size_t>(cfg.max_position_embeddings);
+  // Never past the model's positions: the forward refuses a row there, and
+  // a refused step ends every job in it, not only the one that went too far.
+  const auto model_positions = static_cast<size_t>(cfg.max_position_embeddings);
+  max_context_ =
+      options_.max_context > 0 ? std::min(options_.max_context, model_positions) : model_positions;
+  if (options_.max_context > model_positions) {
+    spdlog::warn("engine: --max-context {} is past the model's {} positions: {} used",
+                 options_.max_context, model_positions, max_context_);
+  }
   eos_ids_ = cfg.eos_token_ids;
   for (auto id : {tokenizer_.endoftext_id(), tokenizer_.im_end_id()}) {
     if (id && std::find(eos_ids_.begin(), eos_ids_.end(), *id) == eos_ids_.end()) {
@@ -774,6 +781,13 @@ void Engine::Loop() {
       if (stop || j->cancelled_.load()) {
         j->phase_ = Job::Phase::kPrefill;
         FinishJob(*j, FinishReason::kCancelled, absl::OkStatus());
+      } else if (Clock::now() >= j->request_.deadline) {
+        // Past its deadline before it began: not admitted, so its session
+        // is as it was (admission appends the prompt, reserves its
+        // positions and, reusing a prefix, cuts the history back).
+        j->phase_ = Job::Phase::kPrefill;
+        FinishJob(*j, FinishReason::kCancelled,
+                  absl::DeadlineExceededError("deadline exceeded before the generation began"));
       } else if (Admit(*j)) {
         jobs_.push_back(std::move(j));
       }
@@ -793,6 +807,9 @@ void Engine::Loop() {
 
     PlanStep();
     if (step_.empty()) {
+      // Idle: the last-step gauges read 0, not the last busy step's rows.
+      last_batch_.store(0, std::memory_order_relaxed);
+      last_step_tokens_.store(0, std::memory_order_relaxed);
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return wake_ || stop_; });
       continue;

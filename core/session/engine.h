@@ -326,7 +326,7 @@ class Engine {
     return waiting_[static_cast<size_t>(priority)].load(std::memory_order_relaxed);
   }
   // Rows of the last step: decode rows + prefill chunk rows (<= about
-  // step_tokens(): see the class comment).
+  // step_tokens(): see the class comment). Both gauges read 0 while idle.
   size_t last_step_tokens() const { return last_step_tokens_.load(std::memory_order_relaxed); }
   size_t step_tokens() const { return options_.step_tokens; }
   uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }

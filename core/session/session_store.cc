@@ -447,8 +447,11 @@ bool SessionStore::ReleaseIfIdle(const std::string& id, ReleaseReason reason) {
 }
 
 void SessionStore::Forget(std::unique_ptr<Session> session) {
-  if (options_.persister != nullptr) options_.persister->Remove(session->id());
+  // The state first: the entry is out of the count already, and Remove may
+  // wait behind the writer's queue (a slow disk's fsyncs), while admission
+  // would see room that the state still held. A queued record is a copy.
   session->ReleaseState();
+  if (options_.persister != nullptr) options_.persister->Remove(session->id());
 }
 
 size_t SessionStore::ReapIdle(Clock::time_point now) {

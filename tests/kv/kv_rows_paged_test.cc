@@ -171,6 +171,23 @@ TEST(KvRowsPagedTest, CopyAndShrinkToFitKeepEveryRowAndCountExactly) {
     Append(c, rng, 5);  // appends on without disturbing the original
     EXPECT_EQ(StoredAll(r), rows);
 
+    // Pages given back (ReleaseUnused: a turn that ended short of its
+    // reservation) are not committed again by a copy (a fork of n > 1
+    // choices): it holds what the original holds, not its capacity (it
+    // used to commit the whole capacity, past what admission reserved).
+    KvRows q = r.Copy();
+    q.ReleaseUnused();
+    KvRows f = q.Copy();
+    EXPECT_EQ(StoredAll(f), rows);
+    EXPECT_EQ(f.MemoryBytes(), q.MemoryBytes());
+    EXPECT_LT(f.MemoryBytes(), KvRows::ProjectedBytes(kH, kD, mode, 1700));
+    EXPECT_EQ(ResidentKeyPages(f), RoundUpPage(1500 * RowBytes(mode)) / Page());
+    f.Reserve(1700);
+    Append(f, rng, 200);
+    EXPECT_EQ(f.MemoryBytes(), KvRows::ProjectedBytes(kH, kD, mode, 1700));
+    Append(f, rng, 10);  // past the reservation, inside the capacity
+    EXPECT_EQ(StoredAll(q), rows);
+
     r.ShrinkToFit();
     EXPECT_EQ(r.capacity(), 1500u);
     EXPECT_EQ(r.MemoryBytes(), KvRows::ProjectedBytes(kH, kD, mode, 1500));

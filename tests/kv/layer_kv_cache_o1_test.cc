@@ -190,6 +190,19 @@ TEST(LayerKvCacheO1Test, BeginNeedsAnEmptyCacheAndValidSettings) {
 
 // ---- memory -------------------------------------------------------------------------
 
+// The rows a call reserves hold its max_tokens as well as its prompt; the
+// query trace is the prompt's alone (it used to reserve the rows' whole
+// capacity: a 100-position prompt with 4,000 tokens to come held a trace of
+// 4,100 positions per O(1) layer, where the plan had counted 128).
+TEST(LayerKvCacheO1Test, TheQueryTraceIsThePromptsNotTheReservation) {
+  Stream s = MakeStream(140, 100, 9);
+  LayerKvCache c(kKv, kD);
+  c.Reserve(100 + 4000);
+  ASSERT_TRUE(c.O1Begin(kM, kW, kSink, O1Rect::kAggregate).ok());
+  Absorb(c, s, 0, 100);
+  EXPECT_EQ(c.O1MemoryBytes(), 128 * kHeads * kD * sizeof(float));
+}
+
 TEST(LayerKvCacheO1Test, SealFreesTheExactRowsAndMemoryIsExactlyTheStates) {
   const size_t t = 300;
   Stream s = MakeStream(t + 40, t, 5);
@@ -200,8 +213,9 @@ TEST(LayerKvCacheO1Test, SealFreesTheExactRowsAndMemoryIsExactlyTheStates) {
   ASSERT_TRUE(c.O1Begin(kM, kW, kSink, O1Rect::kAggregate).ok());
   Absorb(c, s, 0, t);
   const size_t exact = LayerKvCache::ProjectedBytes(kKv, kD, KvMode::kF32, t);
-  // Collecting: the trace follows the reserved capacity exactly.
-  EXPECT_EQ(c.O1MemoryBytes(), t * kHeads * kD * sizeof(float));
+  // Collecting: the trace doubles as it grows, to a power of two of rows,
+  // as the request plan projects (NextPow2 of the prompt's positions).
+  EXPECT_EQ(c.O1MemoryBytes(), 512 * kHeads * kD * sizeof(float));
   EXPECT_EQ(c.MemoryBytes(), exact + c.O1MemoryBytes());
   EXPECT_EQ(cortiq::testing::LiveBytes() - live0, static_cast<long long>(c.O1MemoryBytes()));
   const size_t before = c.MemoryBytes();

@@ -261,59 +261,79 @@ TEST_F(E2eTest, BadInputGetsInvalidArgumentNamingTheFieldAndChangesNothing) {
       {"prompt and tokens", [](auto& r) { r.add_prompt_tokens(1); }, "not both"},
       {"max_tokens 0", [](auto& r) { r.set_max_tokens(0); }, "max_tokens"},
       {"max_tokens over", [](auto& r) { r.set_max_tokens(65); }, "[1, 64]"},
-      {"temperature < 0", [](auto& r) { r.mutable_sampling()->set_temperature(-1); }, "temperature"},
-      {"temperature NaN", [nan](auto& r) { r.mutable_sampling()->set_temperature(nan); }, "temperature"},
-      {"top_p 0", [](auto& r) { r.mutable_sampling()->set_top_p(0); }, "top_p"},
+      {"temperature < 0", [](auto& r) { r.mutable_sampling()->set_temperature(-1); },
+       "temperature"},
+      {"temperature NaN", [nan](auto& r) { r.mutable_sampling()->set_temperature(nan); },
+       "temperature"},
+      {"top_p below 0", [](auto& r) { r.mutable_sampling()->set_top_p(-0.1f); }, "top_p"},
       {"top_p > 1", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); }, "top_p"},
       {"top_logprobs", [](auto& r) { r.set_top_logprobs(21); }, "top_logprobs"},
       {"unknown mode",
-       [](auto& r) { r.mutable_session_config()->set_attention(static_cast<v1::AttentionMode>(7)); },
+       [](auto& r) {
+         r.mutable_session_config()->set_attention(static_cast<v1::AttentionMode>(7));
+       },
        "session_config.attention"},
       {"unknown kv",
        [](auto& r) { r.mutable_session_config()->set_kv_dtype(static_cast<v1::KvDtype>(9)); },
        "session_config.kv_dtype"},
-      {"o1 m", [](auto& r) {
+      {"o1 m",
+       [](auto& r) {
          r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_O1);
          r.mutable_session_config()->mutable_o1()->set_m(2);
-       }, "session_config.o1.m"},
-      {"qsa budget beyond the context", [](auto& r) {
+       },
+       "session_config.o1.m"},
+      {"qsa budget beyond the context",
+       [](auto& r) {
          r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_QSA);
          r.mutable_session_config()->mutable_qsa()->set_budget(1u << 30);
-       }, "session_config.qsa.budget"},
-      {"window 0", [](auto& r) {
+       },
+       "session_config.qsa.budget"},
+      {"window 0",
+       [](auto& r) {
          r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_WINDOW);
          r.mutable_session_config()->mutable_window()->set_window(0);
-       }, "session_config.window"},
-      {"window beyond the context", [](auto& r) {
+       },
+       "session_config.window"},
+      {"window beyond the context",
+       [](auto& r) {
          r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_WINDOW);
          r.mutable_session_config()->mutable_window()->set_window(1u << 30);
-       }, "session_config.window.window"},
-      {"window on int8 rows", [](auto& r) {
+       },
+       "session_config.window.window"},
+      {"window on int8 rows",
+       [](auto& r) {
          r.mutable_session_config()->set_attention(v1::ATTENTION_MODE_WINDOW);
          r.mutable_session_config()->set_kv_dtype(v1::KV_DTYPE_INT8);
-       }, "session_config.window"},
-      {"token id >= vocab", [](auto& r) {
+       },
+       "session_config.window"},
+      {"token id >= vocab",
+       [](auto& r) {
          r.clear_prompt();
          r.add_prompt_tokens(3);
          r.add_prompt_tokens(259);
-       }, "prompt_tokens[1]"},
-      {"oversize prompt", [](auto& r) { r.set_prompt(std::string(1001, 'a')); }, "--max-prompt-bytes"},
-      {"unknown priority",
-       [](auto& r) { r.set_priority(static_cast<v1::Priority>(9)); },
+       },
+       "prompt_tokens[1]"},
+      {"oversize prompt", [](auto& r) { r.set_prompt(std::string(1001, 'a')); },
+       "--max-prompt-bytes"},
+      {"unknown priority", [](auto& r) { r.set_priority(static_cast<v1::Priority>(9)); },
        "priority: unknown value 9 (PRIORITY_UNSPECIFIED = 0 (normal) | PRIORITY_LOW = 1 | "
        "PRIORITY_NORMAL = 2 | PRIORITY_HIGH = 3)"},
       {"negative priority", [](auto& r) { r.set_priority(static_cast<v1::Priority>(-1)); },
        "priority: unknown value -1"},
-      {"continued, unknown priority", [id](auto& r) {
+      {"continued, unknown priority",
+       [id](auto& r) {
          r.set_session_id(id);
          r.set_priority(static_cast<v1::Priority>(4));
-       }, "priority: unknown value 4"},
+       },
+       "priority: unknown value 4"},
       {"stop too long", [](auto& r) { r.add_stop(std::string(300, 's')); }, "stop[0]"},
-      {"continued, over context", [id](auto& r) {
+      {"continued, over context",
+       [id](auto& r) {
          r.set_session_id(id);
          r.set_prompt(std::string(990, 'x'));
          r.set_max_tokens(64);
-       }, "context"},
+       },
+       "context"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -60,6 +60,16 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<tokenizer::Tokenizer> tok_;
 };
 
+// --max-context past the model's positions is the model's: the forward
+// refuses a row past them, and a refused step ends every job in it (one
+// client's request failed everyone's step).
+TEST_F(EngineTest, TheContextIsNeverPastTheModelsPositions) {
+  const auto positions = static_cast<size_t>(model_->config().max_position_embeddings);
+  EXPECT_EQ(MakeEngine({.max_context = 4 * positions})->max_context(), positions);
+  EXPECT_EQ(MakeEngine({.max_context = positions / 2})->max_context(), positions / 2);
+  EXPECT_EQ(MakeEngine()->max_context(), positions);
+}
+
 TEST_F(EngineTest, GreedyEqualsAHandWrittenDecodeLoop) {
   const auto prompt = testing::TestIds(37, model_->config().vocab_size, 1);
   // Reference: prefill, then one DecodeBatch per token, argmax.
@@ -236,6 +246,42 @@ TEST_F(EngineTest, DeadlineEndsTheJobWithDeadlineExceeded) {
   Output o = Drain(*Start(*engine, store, r));
   EXPECT_EQ(o.result.status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(o.result.completion_tokens, 4000u);
+}
+
+// A call whose deadline has passed before the engine takes it is not
+// admitted: the kept session it names is as it was (admission would append
+// its prompt and reserve its positions; reusing a prefix, cut the history).
+TEST_F(EngineTest, ACallPastItsDeadlineBeforeItBeginsLeavesItsSessionAsItWas) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  auto first = Start(*engine, store, Greedy({1, 2, 3}, 4));
+  const std::string id = first->session_id();
+  ASSERT_TRUE(Drain(*first).result.status.ok());
+  const auto before = store.Get(id);
+  ASSERT_TRUE(before.has_value());
+  GenerationRequest late = Greedy({4, 5, 6, 7}, 100);
+  late.deadline = Clock::now() - milliseconds(1);
+  Output o = Drain(*Start(*engine, store, late, {}, id));
+  EXPECT_EQ(o.result.status.code(), absl::StatusCode::kDeadlineExceeded) << o.result.status;
+  EXPECT_EQ(o.result.completion_tokens, 0u);
+  const auto after = store.Get(id);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->tokens, before->tokens);
+  EXPECT_EQ(after->memory.total(), before->memory.total());
+}
+
+// The last-step gauges read 0 once the engine is idle (they used to keep
+// the last busy step's rows: a dashboard showed streams that had ended).
+TEST_F(EngineTest, TheLastStepGaugesReadZeroWhenIdle) {
+  SessionStore store({});
+  auto engine = MakeEngine();
+  ASSERT_TRUE(Drain(*Start(*engine, store, Greedy({1, 2, 3}, 8))).result.status.ok());
+  for (int i = 0; i < 500 && (engine->last_batch() != 0 || engine->last_step_tokens() != 0); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(engine->last_batch(), 0u);
+  EXPECT_EQ(engine->last_step_tokens(), 0u);
+  EXPECT_GT(engine->steps(), 0u);
 }
 
 TEST_F(EngineTest, ARetryRightAfterACancelWaitsForTheLeaseAConcurrentCallDoesNot) {
