@@ -389,6 +389,13 @@ size_t Engine::EffectivePriority(const Job& job) const {
       std::min<uint64_t>(static_cast<uint64_t>(job.request_.priority) + aged, kNumPriorities - 1));
 }
 
+size_t Engine::DecodePriority(const Job& job) const {
+  const uint64_t waited = steps_.load(std::memory_order_relaxed) - job.decoded_step_;
+  const uint64_t aged = waited / std::max<size_t>(options_.aging_steps, 1);
+  return static_cast<size_t>(
+      std::min<uint64_t>(static_cast<uint64_t>(job.request_.priority) + aged, kNumPriorities - 1));
+}
+
 void Engine::DoneWaiting(Job& job) {
   if (!job.waiting_) return;
   job.waiting_ = false;
@@ -607,6 +614,9 @@ void Engine::OnLogits(Job& job, size_t c, const float* logits) {
 
 void Engine::PromptDone(Job& job, const float* logits) {
   DoneWaiting(job);
+  // Its first token comes from these logits: it decoded in this step (the
+  // decode rows age from here).
+  job.decoded_step_ = steps_.load(std::memory_order_relaxed);
   // The prompt is absorbed: O(1) layers seal now (their exact rows are freed).
   model_.SealO1(job.lease_.sequence());
   // Every choice samples its first token from these logits; the forks first
@@ -624,9 +634,10 @@ void Engine::PlanStep() {
   const size_t chunk = std::max<size_t>(options_.prefill_chunk, 1);
   size_t rows = 0;
   // Decode rows: every running job with room in its event queue, all of a
-  // job's live choices together; past max_batch, by priority, then tenant
-  // share, then the job that decoded least recently (a round robin: no job
-  // starves).
+  // job's live choices together; past max_batch, by priority aged since the
+  // job last decoded (DecodePriority: a lower level still advances while
+  // higher ones fill the batch), then tenant share, then the job that
+  // decoded least recently (a round robin among equals).
   order_.clear();
   size_t wanted = 0;
   for (auto& j : jobs_) {
@@ -637,9 +648,8 @@ void Engine::PlanStep() {
   }
   if (wanted > options_.max_batch) {
     std::sort(order_.begin(), order_.end(), [&](const Job* a, const Job* b) {
-      if (a->request_.priority != b->request_.priority) {
-        return a->request_.priority > b->request_.priority;
-      }
+      const size_t pa = DecodePriority(*a), pb = DecodePriority(*b);
+      if (pa != pb) return pa > pb;
       if (Vtime(*a) != Vtime(*b)) return Vtime(*a) < Vtime(*b);
       if (a->decoded_step_ != b->decoded_step_) return a->decoded_step_ < b->decoded_step_;
       return a->serial_ < b->serial_;

@@ -23,7 +23,10 @@
 // options.aging_steps steps since it was submitted (capped at kHigh): a job
 // of level p starts its prefill at most (kHigh - p) · aging_steps steps
 // after submission plus the chunks queued ahead of it at kHigh then (tested
-// on counted steps). Tenants (Session::tenant) with waiting work share the
+// on counted steps). The decode rows, when more jobs run than max_batch, age
+// the same way from each job's last decode row, so a running lower level
+// has a row at least every (kHigh - p + 1) · aging_steps steps or so among
+// jobs of one tenant. Tenants (Session::tenant) with waiting work share the
 // prefill tokens and, when more jobs decode than max_batch, the decode rows
 // in proportion to options.tenant_weights (weighted fair queueing on
 // virtual time: a tenant's served rows / its weight; a tenant that becomes
@@ -344,6 +347,9 @@ class Engine {
   void LeaveTenant(Job& job);
   // The job's level plus one per aging_steps steps since admission (capped).
   size_t EffectivePriority(const Job& job) const;
+  // A running job's level for the decode rows past max_batch: its own plus
+  // one per aging_steps steps since it last decoded, capped at kHigh.
+  size_t DecodePriority(const Job& job) const;
   double Vtime(const Job& job) const;
   // The job no longer waits for its prompt (counted in waiting_ no more).
   void DoneWaiting(Job& job);

@@ -6,6 +6,7 @@
 // the observer (never timed): a test observer can hold the engine thread in
 // OnStep (a gate) so that a batch of submissions lands between two steps.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -302,6 +303,40 @@ TEST_F(SchedulerTest, DecodeRowsPastMaxBatchTakeTurns) {
     return s;
   }();
   EXPECT_LE(steps.size() - next, 1u + 28u + 1u);
+}
+
+// A low stream decoding beside high ones that fill max_batch still decodes:
+// its rows age from its last one (it used to wait for every high stream to
+// end). The highs' consumers read all the while, so their queues never
+// pause them.
+TEST_F(SchedulerTest, ALowStreamDecodesWhileHigherOnesFillTheBatch) {
+  CountingObserver obs;
+  EngineOptions o = Budget(128, 64, &obs);
+  o.max_batch = 2;
+  o.aging_steps = 4;
+  SessionStore store({});  // outlives the engine
+  Engine engine(*model_, *tok_, o);
+  auto warm = HoldTheEngine(engine, store, obs);
+  auto low = Start(engine, store, Greedy(6, 4, 50, Priority::kLow));
+  std::vector<std::shared_ptr<Job>> high;
+  for (int i = 0; i < 2; ++i)
+    high.push_back(Start(engine, store, Greedy(6, 300, 60 + i, Priority::kHigh)));
+  warm->Cancel();
+  obs.Open();
+  std::atomic<int> highs_done{0};
+  std::vector<std::thread> readers;
+  for (auto& h : high) {
+    readers.emplace_back([&, h] {
+      DrainTrace(*h);
+      ++highs_done;
+    });
+  }
+  DrainTrace(*warm);
+  const Trace t = DrainTrace(*low);
+  const int done_then = highs_done.load();
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(t.ids.size(), 4u);
+  EXPECT_EQ(done_then, 0) << "the low stream decoded only once the high ones had ended";
 }
 
 // Eight short prompts that arrive together are absorbed in ONE step with
