@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -740,12 +741,24 @@ Engine::StepRows Engine::RunStep() {
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   if (logits_.size() < with_logits * vocab) logits_.resize(with_logits * vocab);
   const absl::Status st = model_.Step(segments_, scratch_, logits_.data());
-  // Tenants' shares: the rows each was served.
+  // Tenants' shares: the rows each was served. A busy tenant served
+  // nothing in a step that served others (its streams paused on full
+  // queues, its work of a lower level) earns no credit for it: its virtual
+  // time is kept level with the least of the served ones' as the step began
+  // (it used to stay behind and bank the difference, then take it back as
+  // a burst ahead of everyone).
+  double clock = std::numeric_limits<double>::infinity();
   for (auto& [name, t] : tenants_) {
     if (t.step_decode + t.step_prefill == 0) continue;
+    clock = std::min(clock, t.vtime);
     t.vtime += double(t.step_decode + t.step_prefill) / t.weight;
     if (options_.observer) options_.observer->OnTenantStep(name, t.step_decode, t.step_prefill);
     t.step_decode = t.step_prefill = 0;
+  }
+  if (clock != std::numeric_limits<double>::infinity()) {
+    for (auto& [name, t] : tenants_) {
+      if (t.vtime < clock) t.vtime = clock;  // (the served ones are past it)
+    }
   }
   last_batch_.store(rows.decode, std::memory_order_relaxed);
   last_step_tokens_.store(rows.decode + rows.prefill, std::memory_order_relaxed);

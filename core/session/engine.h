@@ -30,7 +30,9 @@
 // prefill tokens and, when more jobs decode than max_batch, the decode rows
 // in proportion to options.tenant_weights (weighted fair queueing on
 // virtual time: a tenant's served rows / its weight; a tenant that becomes
-// busy starts at the busy tenants' minimum, so idle time earns no credit).
+// busy starts at the busy tenants' minimum, and one served nothing in a step
+// that served others is kept level with the least served: idle or paused
+// time earns no credit).
 // The math runs on the model's thread pool, driven from this thread; callers
 // (gRPC threads) only submit jobs and pop their events.
 //

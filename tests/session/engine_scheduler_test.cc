@@ -401,6 +401,43 @@ TEST_F(SchedulerTest, AgingBoundsTheWaitOfALowerPriority) {
   EXPECT_LE(low_step - next, 2 * o.aging_steps) << "aging did not bound the wait";
 }
 
+// A tenant whose only stream is paused (its consumer does not read: a full
+// event queue) while another tenant is served banks no share for that time:
+// when both then flood with prompts, they share the prefill evenly (the
+// paused tenant's virtual time used to stay behind, and its prompts all went
+// first until it had caught up).
+TEST_F(SchedulerTest, APausedStreamBanksNoShareForItsTenant) {
+  CountingObserver obs;
+  EngineOptions o = Budget(16, 16, &obs);
+  SessionStore store({});  // outlives the engine
+  Engine engine(*model_, *tok_, o);
+  auto paused = Start(engine, store, Greedy(4, 1000, 7), {}, "h");  // never read
+  auto busy = Start(engine, store, Greedy(4, 1000, 8), {}, "g");
+  GenerationEvent ev;
+  for (int i = 0; i < 400; ++i) ASSERT_TRUE(busy->WaitPop(&ev));
+  obs.Shut();
+  obs.WaitHeld();
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const char* tenant : {"h", "g"}) {
+    for (int i = 0; i < 8; ++i) {
+      jobs.push_back(Start(engine, store, Greedy(128, 1, 40 + i), {}, tenant));
+    }
+  }
+  const size_t next = obs.Open();
+  std::thread reader([&] { DrainTrace(*busy); });
+  for (auto& j : jobs) DrainTrace(*j);
+  Stop(*paused);
+  busy->Cancel();  // (its reader drains it)
+  reader.join();
+  std::map<std::string, size_t> served;
+  for (const auto& s : obs.served()) {
+    if (s.step >= next && s.step < next + 40) served[s.tenant] += s.prefill;
+  }
+  ASSERT_GT(served["g"], 0u);
+  EXPECT_NEAR(double(served["h"]) / double(served["g"]), 1.0, 0.2)
+      << "h " << served["h"] << ", g " << served["g"];
+}
+
 // Two tenants with waiting prompts share the prefill tokens by weight, and a
 // light tenant's prompt is not queued behind a flood from another tenant.
 TEST_F(SchedulerTest, TenantsShareThePrefillByWeight) {
