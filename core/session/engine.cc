@@ -383,15 +383,8 @@ double Engine::Vtime(const Job& job) const {
   return job.tenant_ != nullptr ? job.tenant_->vtime : 0.0;
 }
 
-size_t Engine::EffectivePriority(const Job& job) const {
-  const uint64_t waited = steps_.load(std::memory_order_relaxed) - job.admitted_step_;
-  const uint64_t aged = waited / std::max<size_t>(options_.aging_steps, 1);
-  return static_cast<size_t>(
-      std::min<uint64_t>(static_cast<uint64_t>(job.request_.priority) + aged, kNumPriorities - 1));
-}
-
-size_t Engine::DecodePriority(const Job& job) const {
-  const uint64_t waited = steps_.load(std::memory_order_relaxed) - job.decoded_step_;
+size_t Engine::AgedPriority(const Job& job, uint64_t since) const {
+  const uint64_t waited = steps_.load(std::memory_order_relaxed) - since;
   const uint64_t aged = waited / std::max<size_t>(options_.aging_steps, 1);
   return static_cast<size_t>(
       std::min<uint64_t>(static_cast<uint64_t>(job.request_.priority) + aged, kNumPriorities - 1));
@@ -636,7 +629,7 @@ void Engine::PlanStep() {
   size_t rows = 0;
   // Decode rows: every running job with room in its event queue, all of a
   // job's live choices together; past max_batch, by priority aged since the
-  // job last decoded (DecodePriority: a lower level still advances while
+  // job last decoded (AgedPriority: a lower level still advances while
   // higher ones fill the batch), then tenant share, then the job that
   // decoded least recently (a round robin among equals).
   order_.clear();
@@ -649,7 +642,7 @@ void Engine::PlanStep() {
   }
   if (wanted > options_.max_batch) {
     std::sort(order_.begin(), order_.end(), [&](const Job* a, const Job* b) {
-      const size_t pa = DecodePriority(*a), pb = DecodePriority(*b);
+      const size_t pa = AgedPriority(*a, a->decoded_step_), pb = AgedPriority(*b, b->decoded_step_);
       if (pa != pb) return pa > pb;
       if (Vtime(*a) != Vtime(*b)) return Vtime(*a) < Vtime(*b);
       if (a->decoded_step_ != b->decoded_step_) return a->decoded_step_ < b->decoded_step_;
@@ -675,7 +668,7 @@ void Engine::PlanStep() {
     if (j->phase_ == Job::Phase::kPrefill) order_.push_back(j.get());
   }
   std::sort(order_.begin(), order_.end(), [&](const Job* a, const Job* b) {
-    const size_t pa = EffectivePriority(*a), pb = EffectivePriority(*b);
+    const size_t pa = AgedPriority(*a, a->admitted_step_), pb = AgedPriority(*b, b->admitted_step_);
     if (pa != pb) return pa > pb;
     const double va = Vtime(*a), vb = Vtime(*b);
     if (va != vb) return va < vb;

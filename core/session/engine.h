@@ -347,11 +347,10 @@ class Engine {
   void AdmitReuse(Job& job);
   void JoinTenant(Job& job);
   void LeaveTenant(Job& job);
-  // The job's level plus one per aging_steps steps since admission (capped).
-  size_t EffectivePriority(const Job& job) const;
-  // A running job's level for the decode rows past max_batch: its own plus
-  // one per aging_steps steps since it last decoded, capped at kHigh.
-  size_t DecodePriority(const Job& job) const;
+  // The job's level plus one per aging_steps steps since `since` (an
+  // engine step), capped at kHigh: from admission for the prefill chunks,
+  // from its last decode row for the decode rows past max_batch.
+  size_t AgedPriority(const Job& job, uint64_t since) const;
   double Vtime(const Job& job) const;
   // The job no longer waits for its prompt (counted in waiting_ no more).
   void DoneWaiting(Job& job);
