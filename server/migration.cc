@@ -216,6 +216,15 @@ absl::Status PeerCallError(const grpc::Status& st, const MigrationCancel& cancel
                    what == "ImportSession" ? "the import" : util::Sv(what), ": ", peer_says));
 }
 
+// What every call to a migration's peer carries: the bearer token the
+// migration was given, the caller's trace context, and `deadline`.
+void PreparePeerCall(grpc::ClientContext& c, const std::string& peer_token,
+                     const MigrateBounds& bounds, std::chrono::system_clock::time_point deadline) {
+  if (!peer_token.empty()) c.AddMetadata("authorization", "Bearer " + peer_token);
+  ForwardTraceContext(bounds.traceparent, c);
+  c.set_deadline(deadline);
+}
+
 // The client side of a migration: the peer's versions, then its ImportSession.
 // `channel` is the dialer's, to `peer`.
 absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const std::string& peer,
@@ -228,9 +237,7 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const 
   const ServerConfig& config = *ctx.config;
   auto stub = v1::Inference::NewStub(channel);
   auto prepare = [&](grpc::ClientContext& c, std::chrono::milliseconds budget) {
-    if (!peer_token.empty()) c.AddMetadata("authorization", "Bearer " + peer_token);
-    ForwardTraceContext(bounds.traceparent, c);
-    c.set_deadline(DeadlineWithin(budget, bounds.deadline));
+    PreparePeerCall(c, peer_token, bounds, DeadlineWithin(budget, bounds.deadline));
   };
   // The channel connects on this first call (not wait-for-ready: a refused
   // connection fails at once), so the connect timeout bounds both.
@@ -294,9 +301,10 @@ absl::StatusOr<v1::ImportSessionResponse> SendToPeer(ServiceContext& ctx, const 
 // may be on the peer as well as here, where the caller is told the move
 // failed and keeps it. The peer is asked to release `session_id`, served
 // there and never forwarded (x-cortiq-hops at the limit), with the token
-// the import used, on behalf of an admin (the session may be any tenant's). Bounded by
-// --peer-connect-timeout and not by the caller's deadline or cancel, which may be what ended the
-// import; the caller holds the session's lease, so no other move of it runs meanwhile. A peer that
+// the import used, on behalf of an admin (the session may be any tenant's).
+// Bounded by --peer-connect-timeout and not by the caller's deadline or
+// cancel, which may be what ended the import; the caller holds the
+// session's lease, so no other move of it runs meanwhile. A peer that
 // cannot be asked leaves the session on both nodes: logged and counted
 // (cortiq_migration_undos_total{result="failed"}).
 void UndoImportAtPeer(ServiceContext& ctx, const std::string& peer,
@@ -304,13 +312,12 @@ void UndoImportAtPeer(ServiceContext& ctx, const std::string& peer,
                       const std::string& session_id, const MigrateBounds& bounds) {
   auto stub = v1::Inference::NewStub(channel);
   grpc::ClientContext c;
-  if (!peer_token.empty()) c.AddMetadata("authorization", "Bearer " + peer_token);
+  PreparePeerCall(c, peer_token, bounds,
+                  std::chrono::system_clock::now() + ctx.config->peer_connect_timeout);
   // A peer token acts as an admin here (it may call only ImportSession and
   // GetModelInfo on its own); an admin token ignores the header.
   c.AddMetadata(kOnBehalfOfHeader, OnBehalfOfValue(Caller{"", Role::kAdmin}));
   c.AddMetadata(kHopsHeader, std::to_string(kMaxForwardHops));
-  ForwardTraceContext(bounds.traceparent, c);
-  c.set_deadline(std::chrono::system_clock::now() + ctx.config->peer_connect_timeout);
   c.set_wait_for_ready(true);  // the import's connection may just have broken: dial again
   v1::ReleaseSessionRequest req;
   req.set_session_id(session_id);
